@@ -1,0 +1,92 @@
+"""Command line: argument parsing and exit codes only.
+
+Each sub-command lives in ``refreplay/commands/<name>.py`` and defines
+``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``.  Command modules
+import the library inside ``run`` so that start-up stays fast.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from . import __version__
+from .errors import InputError, VerificationFailure
+
+# name -> module under refreplay.commands (order is the order of --help)
+COMMANDS = {
+    "demo": "demo",
+    "train": "train",
+    "replay": "replay",
+    "audit": "audit",
+    "coverage": "coverage",
+    "conform": "conform",
+    "vectors": "vectors",
+    "probe-order": "probe_order",
+    "spec": "spec",
+    "doctor": "doctor",
+}
+
+
+def _version_text() -> str:
+    from . import spec
+
+    return (f"refreplay {__version__}\n"
+            f"spec {spec.version()} sha256:{spec.spec_sha256()}")
+
+
+class _VersionAction(argparse.Action):
+    def __init__(self, option_strings, dest, **kw):
+        super().__init__(option_strings, dest, nargs=0, help="print package and spec versions")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(_version_text())
+        parser.exit(0)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="refreplay",
+        description="Normative reference for bitwise-reproducible training arithmetic.")
+    parser.add_argument("--version", action=_VersionAction)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module in COMMANDS.items():
+        try:
+            mod = importlib.import_module(f"refreplay.commands.{module}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"refreplay.commands.{module}":
+                raise
+            continue  # command not built yet
+        p = sub.add_parser(name, help=mod.HELP, description=mod.HELP)
+        mod.add_arguments(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(args._run(args))
+    except InputError as exc:
+        print(f"refreplay {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except VerificationFailure as exc:
+        print(f"refreplay {args.command}: FAILED: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception:  # a bug in refreplay, not in the input
+        import traceback
+
+        traceback.print_exc()
+        print(f"refreplay {args.command}: internal error (a bug: please report it)", file=sys.stderr)
+        return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())
