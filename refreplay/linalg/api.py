@@ -1,0 +1,128 @@
+"""Python API of the fixed-order linear algebra: validate, allocate, dispatch.
+
+Arithmetic lives in the compiled kernels (``matmul.py``, ``reduce.py``,
+``int8.py``); this module only checks dtypes, ranks, contiguity and shapes,
+so that a caller sees a clear ``TypeError``/``ValueError`` instead of a Numba
+typing traceback.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import matmul as _mm
+from . import reduce as _red
+from .int8 import I8_MAX_K, mm_i8
+
+
+def _matrix(name, x, dtype=np.float32, ndim=2):
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"{name} must be a numpy.ndarray, got {type(x).__name__}")
+    if x.dtype != dtype:
+        raise TypeError(f"{name} must have dtype {np.dtype(dtype).name}, got {x.dtype}")
+    if x.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {x.shape}")
+    if not x.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous (use np.ascontiguousarray)")
+    return x
+
+
+def _output(out, shape, dtype=np.float32, accumulate=False):
+    if out is None:
+        if accumulate:
+            raise ValueError("accumulate=True needs out= (the array to accumulate into)")
+        return np.empty(shape, dtype=dtype)
+    _matrix("out", out, dtype, len(shape))
+    if out.shape != shape:
+        raise ValueError(f"out must have shape {shape}, got {out.shape}")
+    if not out.flags.writeable:
+        raise ValueError("out must be writeable")
+    return out
+
+
+def _contracted(what, ka, kb):
+    if ka != kb:
+        raise ValueError(f"{what}: contracted lengths differ (K = {ka} vs {kb})")
+
+
+def matmul(A, B, out=None, accumulate=False):
+    """[mm.nn.c1] C = A·B, A: I×K, B: K×J -> C: I×J (float32).
+
+    With ``out`` the result is written there; with ``accumulate=True`` it is
+    added to ``out`` ([mm.accumulate.c1]).  Returns the output array.
+    """
+    _matrix("A", A), _matrix("B", B)
+    _contracted("matmul", A.shape[1], B.shape[0])
+    C = _output(out, (A.shape[0], B.shape[1]), accumulate=accumulate)
+    _mm.mm_nn(A, B, C, bool(accumulate))
+    return C
+
+
+def matmul_nt(A, B, out=None, accumulate=False):
+    """[mm.nt.c1] C = A·Bᵀ, A: I×K, B: J×K -> C: I×J (float32)."""
+    _matrix("A", A), _matrix("B", B)
+    _contracted("matmul_nt", A.shape[1], B.shape[1])
+    C = _output(out, (A.shape[0], B.shape[0]), accumulate=accumulate)
+    _mm.mm_nt(A, B, C, bool(accumulate))
+    return C
+
+
+def matmul_tn(A, B, out=None, accumulate=False):
+    """[mm.tn.c1] C = Aᵀ·B, A: K×I, B: K×J -> C: I×J (float32)."""
+    _matrix("A", A), _matrix("B", B)
+    _contracted("matmul_tn", A.shape[0], B.shape[0])
+    C = _output(out, (A.shape[1], B.shape[1]), accumulate=accumulate)
+    _mm.mm_tn(A, B, C, bool(accumulate))
+    return C
+
+
+def bias_add(C, b, inplace=True):
+    """[mm.bias.c1] C[i,j] + b[j] for C: I×J, b: J.  In place (returns C) or,
+    with ``inplace=False``, into a new array."""
+    _matrix("C", C), _matrix("b", b, ndim=1)
+    if b.shape[0] != C.shape[1]:
+        raise ValueError(f"bias_add: b has length {b.shape[0]}, C has {C.shape[1]} columns")
+    if inplace and not C.flags.writeable:
+        raise ValueError("C must be writeable for an in-place bias_add")
+    target = C if inplace else C.copy()
+    _mm.bias_add(target, b)
+    return target
+
+
+def row_sum(X, out=None):
+    """[red.rowsum.c1] X: I×N -> I, each row summed in increasing n."""
+    _matrix("X", X)
+    o = _output(out, (X.shape[0],))
+    _red.row_sum_k(X, o)
+    return o
+
+
+def col_sum(X, out=None, accumulate=False):
+    """[red.colsum.c1] X: N×J -> J, each column summed in increasing row index
+    (the bias-gradient reduction); ``accumulate=True`` adds into ``out``."""
+    _matrix("X", X)
+    o = _output(out, (X.shape[1],), accumulate=accumulate)
+    _red.col_sum_k(X, o, bool(accumulate))
+    return o
+
+
+def row_max(X, out=None):
+    """[red.rowmax.c1] X: I×N -> I, fmax of each row (NaN propagates, +0 beats -0)."""
+    _matrix("X", X)
+    o = _output(out, (X.shape[0],))
+    _red.row_max_k(X, o)
+    return o
+
+
+def matmul_i8(A, B, out=None):
+    """[mm.i8.c1] int8 A: I×K times int8 B: K×J -> exact int32 C: I×J.
+
+    Refuses K > 131071 ([mm.i8.c2]): beyond it an int32 sum can overflow.
+    """
+    _matrix("A", A, np.int8), _matrix("B", B, np.int8)
+    _contracted("matmul_i8", A.shape[1], B.shape[0])
+    if A.shape[1] > I8_MAX_K:
+        raise ValueError(f"matmul_i8: K = {A.shape[1]} exceeds {I8_MAX_K}; an int32 sum of "
+                         f"K products of magnitude up to 2**14 could overflow ([mm.i8.c2])")
+    C = _output(out, (A.shape[0], B.shape[1]), np.int32)
+    mm_i8(A, B, C)
+    return C
