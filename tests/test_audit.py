@@ -1,0 +1,108 @@
+"""Audit sampling, certificates and coverage arithmetic (no replay here; the
+end-to-end replay/audit tests are in test_replay.py)."""
+import itertools
+import math
+from fractions import Fraction
+
+import pytest
+
+from refreplay import audit
+from refreplay.errors import InputError
+
+HEAD = "ab" * 32
+BEACON = "00112233445566778899aabbccddeeff"
+
+
+def test_sampling_is_a_pure_function_and_depends_on_every_input():
+    a = audit.sample_steps(HEAD, BEACON, "5ec7e7", 30, 4)
+    assert a == audit.sample_steps(HEAD, BEACON, "5ec7e7", 30, 4)
+    assert len(set(a)) == 4 and all(1 <= s <= 30 for s in a) and a == sorted(a)
+    others = {tuple(audit.sample_steps(h, b, s, 30, 4)) for h, b, s in [
+        ("cd" * 32, BEACON, "5ec7e7"), (HEAD, "ff" + BEACON[2:], "5ec7e7"), (HEAD, BEACON, "5ec7e8")]}
+    assert tuple(a) not in others
+
+
+def test_sampling_is_uniform_over_steps():
+    # 3000 samples of 1 step out of 6: each step ~500 times; chi-square, 5 dof
+    counts = [0] * 6
+    for i in range(3000):
+        counts[audit.sample_steps(HEAD, BEACON, f"{i:08x}", 6, 1)[0] - 1] += 1
+    chi2 = sum((c - 500) ** 2 / 500 for c in counts)
+    assert chi2 < 20.5  # p ~ 0.001 for 5 degrees of freedom
+
+
+def test_sampling_rejects_bad_input():
+    with pytest.raises(InputError):
+        audit.sample_steps(HEAD, "xyz", "00", 10, 2)
+    with pytest.raises(InputError):
+        audit.sample_steps(HEAD, BEACON, "00", 10, 11)
+
+
+def test_escape_probability_matches_enumeration():
+    n, ks, t = 7, [2, 3], 2
+    tampered = {1, 5}
+    total = escaped = 0
+    for s1 in itertools.combinations(range(1, n + 1), ks[0]):
+        for s2 in itertools.combinations(range(1, n + 1), ks[1]):
+            total += 1
+            escaped += not (tampered & (set(s1) | set(s2)))
+    assert audit.escape_probability(n, ks, t) == Fraction(escaped, total)
+
+
+def test_escape_probability_hypergeometric_single_auditor():
+    # N=100, k=10, t=5: C(95,10)/C(100,10)
+    assert audit.escape_probability(100, [10], 5) == Fraction(math.comb(95, 10), math.comb(100, 10))
+    assert audit.escape_probability(10, [10], 1) == 0
+
+
+def _cert(secret, step=None, **over):
+    steps = audit.sample_steps(HEAD, BEACON, secret, 20, 3)
+    step = steps[0] if step is None else step
+    hashes = {"state_root": f"{step:064x}", "data_hash": "d" * 64, "chain_link": "c" * 64}
+    fields = dict(run={"chain_head": HEAD, "recipe_sha256": "r" * 64, "steps": 20}, step=step,
+                  verdict="verified", replayed=hashes, published=hashes,
+                  sampling={"beacon": BEACON, "secret": secret, "k": 3, "steps": steps},
+                  auditor="alice", spec_version="0.1.0", spec_sha256="s" * 64,
+                  refreplay_version="0.1.0", platform={"cpu": "x"})
+    fields.update(over)
+    return audit.make_certificate(**fields)
+
+
+PUBLISHED = {s: {"state_root": f"{s:064x}", "data_hash": "d" * 64, "chain_link": "c" * 64}
+             for s in range(1, 21)}
+
+
+def test_certificates_from_two_auditors_combine():
+    c1, c2 = _cert("01"), _cert("02", auditor="bob")
+    cov = audit.coverage([("a", c1), ("b", c2)], HEAD, 20, PUBLISHED)
+    assert not cov.rejected
+    assert set(cov.certified) == {c1["step"], c2["step"]}
+    assert cov.sample_sizes == [3, 3]
+
+
+def test_altered_or_foreign_certificate_is_rejected():
+    good = _cert("01")
+    altered = dict(good, step=good["step"] % 20 + 1)  # digest no longer matches
+    foreign = _cert("01", run={"chain_head": "ee" * 32, "recipe_sha256": "r", "steps": 20})
+    unsampled_step = next(s for s in range(1, 21) if s not in good["sampling"]["steps"])
+    forged = _cert("01", step=unsampled_step)
+    cov = audit.coverage([("alt", altered), ("foreign", foreign), ("forged", forged), ("x", [1])],
+                         HEAD, 20, PUBLISHED)
+    assert not cov.certified
+    reasons = dict(cov.rejected)
+    assert any("altered" in p for p in reasons["alt"])
+    assert any("another run" in p for p in reasons["foreign"])
+    assert any("not selected" in p for p in reasons["forged"])
+    assert reasons["x"] == ["not a JSON object"]
+
+
+def test_disagreeing_auditors_are_reported():
+    c1 = _cert("01")
+    step = c1["step"]
+    bad = {"state_root": "0" * 64, "data_hash": "d" * 64, "chain_link": "c" * 64}
+    c2 = audit.make_certificate(**{**{k: c1[k] for k in ("run", "step", "published", "sampling", "platform",
+                                                         "refreplay_version")},
+                                   "verdict": "mismatch", "replayed": bad, "auditor": "bob",
+                                   "spec_version": "0.1.0", "spec_sha256": "s" * 64})
+    cov = audit.coverage([("a", c1), ("b", c2)], HEAD, 20, PUBLISHED)
+    assert step in cov.disagreements and cov.mismatched_steps == [step]
