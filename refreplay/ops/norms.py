@@ -1,0 +1,239 @@
+"""LayerNorm and RMSNorm over the channel axis, forward and backward
+([norm.layer.fwd.c1], [norm.layer.bwd.c1], [norm.rms.fwd.c1],
+[norm.rms.bwd.c1]).
+
+Shapes: x, out, dout, dx [N, C] (N = B*T rows, normalised independently);
+w, b, dw, db [C]; the saved statistics mean, rstd [N] (LayerNorm) and
+rrms [N] (RMSNorm).  Every sum is sequential in increasing index from the
+start value of [red.sum.c1]; 1/C is recip(C) computed once ([norm.meanop.c1]).
+The backward recomputes the normalised value norm[n, c] from x and the saved
+statistics with the forward's own operations, so it has the forward's bits.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import prange
+
+from .._jit import parallel_kernel
+from ..linalg.common import sum_start
+from ..numerics.core import F32, add, mul, recip, sqrt, sub
+from . import check_f32, check_scalar_f32, check_shape
+
+# Columns per parallel task in the dw/db sums: any width gives the same bits,
+# each column's sum runs over rows n in increasing order inside one task.
+_COLUMN_BLOCK = 256
+_MAX_C = 1 << 24  # C converts to binary32 exactly up to 2**24
+
+
+# ---- LayerNorm -------------------------------------------------------------
+
+
+@parallel_kernel
+def layernorm_forward_kernel(out, mean, rstd, x, w, b, eps):
+    """[norm.layer.fwd.c1] out: [N, C], mean, rstd: [N] (all overwritten);
+    x: [N, C]; w, b: [C]; eps: binary32.  Parallel over rows."""
+    N, C = x.shape
+    inv_C = recip(F32(C))  # [norm.meanop.c1] once for all rows
+    for n in prange(N):
+        x_n = x[n]
+        s = sum_start(C)
+        for c in range(C):
+            s = add(s, x_n[c])
+        mean_n = mul(s, inv_C)
+        v = sum_start(C)
+        for c in range(C):
+            d = sub(x_n[c], mean_n)
+            v = add(v, mul(d, d))
+        var_n = mul(v, inv_C)
+        rstd_n = recip(sqrt(add(var_n, eps)))
+        out_n = out[n]
+        for c in range(C):
+            norm_c = mul(sub(x_n[c], mean_n), rstd_n)
+            out_n[c] = add(mul(norm_c, w[c]), b[c])
+        mean[n] = mean_n
+        rstd[n] = rstd_n
+
+
+@parallel_kernel
+def layernorm_backward_dx_kernel(dx, dout, x, w, mean, rstd):
+    """[norm.layer.bwd.c1] steps 1-4: dx [N, C] (overwritten) from dout, x
+    [N, C], w [C] and the saved mean, rstd [N].  Parallel over rows."""
+    N, C = x.shape
+    inv_C = recip(F32(C))
+    for n in prange(N):
+        x_n = x[n]
+        dout_n = dout[n]
+        mean_n = mean[n]
+        rstd_n = rstd[n]
+        s_dnorm = sum_start(C)
+        s_dnorm_norm = sum_start(C)
+        for c in range(C):
+            norm_c = mul(sub(x_n[c], mean_n), rstd_n)  # forward: norm
+            dnorm_c = mul(dout_n[c], w[c])  # out = norm*w + b
+            s_dnorm = add(s_dnorm, dnorm_c)
+            s_dnorm_norm = add(s_dnorm_norm, mul(dnorm_c, norm_c))
+        dnorm_mean = mul(s_dnorm, inv_C)
+        dnorm_norm_mean = mul(s_dnorm_norm, inv_C)
+        dx_n = dx[n]
+        for c in range(C):
+            norm_c = mul(sub(x_n[c], mean_n), rstd_n)
+            dnorm_c = mul(dout_n[c], w[c])
+            t = sub(sub(dnorm_c, dnorm_mean), mul(norm_c, dnorm_norm_mean))
+            dx_n[c] = mul(t, rstd_n)
+
+
+@parallel_kernel
+def layernorm_backward_dwdb_kernel(dw, db, dout, x, mean, rstd):
+    """[norm.layer.bwd.c1] step 5: dw[c] = sum over n of dout[n,c]*norm[n,c],
+    db[c] = sum over n of dout[n,c], n increasing.  dw, db: [C] (overwritten).
+    Parallel over blocks of columns; rows are walked in order inside a block."""
+    N, C = x.shape
+    start = sum_start(N)
+    n_blocks = (C + _COLUMN_BLOCK - 1) // _COLUMN_BLOCK
+    for blk in prange(n_blocks):
+        c0 = blk * _COLUMN_BLOCK
+        c1 = min(c0 + _COLUMN_BLOCK, C)
+        dw_blk = dw[c0:c1]
+        db_blk = db[c0:c1]
+        dw_blk[:] = start
+        db_blk[:] = start
+        for n in range(N):
+            x_n = x[n, c0:c1]
+            dout_n = dout[n, c0:c1]
+            mean_n = mean[n]
+            rstd_n = rstd[n]
+            for j in range(dw_blk.shape[0]):
+                norm = mul(sub(x_n[j], mean_n), rstd_n)
+                dw_blk[j] = add(dw_blk[j], mul(dout_n[j], norm))
+                db_blk[j] = add(db_blk[j], dout_n[j])
+
+
+# ---- RMSNorm ---------------------------------------------------------------
+
+
+@parallel_kernel
+def rmsnorm_forward_kernel(out, rrms, x, w, eps):
+    """[norm.rms.fwd.c1] out: [N, C], rrms: [N] (overwritten); x: [N, C];
+    w: [C]; eps: binary32.  Parallel over rows."""
+    N, C = x.shape
+    inv_C = recip(F32(C))
+    for n in prange(N):
+        x_n = x[n]
+        ss = sum_start(C)
+        for c in range(C):
+            ss = add(ss, mul(x_n[c], x_n[c]))
+        ms = mul(ss, inv_C)
+        rrms_n = recip(sqrt(add(ms, eps)))
+        out_n = out[n]
+        for c in range(C):
+            out_n[c] = mul(mul(x_n[c], rrms_n), w[c])
+        rrms[n] = rrms_n
+
+
+@parallel_kernel
+def rmsnorm_backward_dx_kernel(dx, dout, x, w, rrms):
+    """[norm.rms.bwd.c1] steps 1-3: dx [N, C] (overwritten).  Parallel over rows."""
+    N, C = x.shape
+    inv_C = recip(F32(C))
+    for n in prange(N):
+        x_n = x[n]
+        dout_n = dout[n]
+        rrms_n = rrms[n]
+        s = sum_start(C)
+        for c in range(C):
+            norm_c = mul(x_n[c], rrms_n)  # forward: norm
+            dnorm_c = mul(dout_n[c], w[c])  # out = norm*w
+            s = add(s, mul(dnorm_c, norm_c))
+        dnorm_norm_mean = mul(s, inv_C)
+        dx_n = dx[n]
+        for c in range(C):
+            norm_c = mul(x_n[c], rrms_n)
+            dnorm_c = mul(dout_n[c], w[c])
+            dx_n[c] = mul(sub(dnorm_c, mul(norm_c, dnorm_norm_mean)), rrms_n)
+
+
+@parallel_kernel
+def rmsnorm_backward_dw_kernel(dw, dout, x, rrms):
+    """[norm.rms.bwd.c1] step 4: dw[c] = sum over n of dout[n,c]*norm[n,c],
+    n increasing.  dw: [C] (overwritten).  Parallel over blocks of columns."""
+    N, C = x.shape
+    start = sum_start(N)
+    n_blocks = (C + _COLUMN_BLOCK - 1) // _COLUMN_BLOCK
+    for blk in prange(n_blocks):
+        c0 = blk * _COLUMN_BLOCK
+        c1 = min(c0 + _COLUMN_BLOCK, C)
+        dw_blk = dw[c0:c1]
+        dw_blk[:] = start
+        for n in range(N):
+            x_n = x[n, c0:c1]
+            dout_n = dout[n, c0:c1]
+            rrms_n = rrms[n]
+            for j in range(dw_blk.shape[0]):
+                dw_blk[j] = add(dw_blk[j], mul(dout_n[j], mul(x_n[j], rrms_n)))
+
+
+# ---- Python API: validation and allocation ----------------------------------
+
+
+def _check_rows(x, name="x"):
+    check_f32(name, x, 2)
+    N, C = x.shape
+    if C < 1 or C > _MAX_C:
+        raise ValueError(f"{name} must have 1 <= C <= 2**24 channels, got {C}")
+    return N, C
+
+
+def layernorm_forward(x, w, b, eps=np.float32(1e-5)):
+    """[norm.layer.fwd.c1] x [N, C], w [C], b [C] -> (out [N, C], mean [N],
+    rstd [N]), all new.  eps is a binary32 (default f32(0x3727C5AC) ~ 1e-5)."""
+    N, C = _check_rows(x)
+    check_f32("w", w, 1)
+    check_shape("w", w, (C,))
+    check_f32("b", b, 1)
+    check_shape("b", b, (C,))
+    eps = check_scalar_f32("eps", eps)
+    out = np.empty((N, C), dtype=np.float32)
+    mean = np.empty(N, dtype=np.float32)
+    rstd = np.empty(N, dtype=np.float32)
+    layernorm_forward_kernel(out, mean, rstd, x, w, b, eps)
+    return out, mean, rstd
+
+
+def layernorm_backward(dout, x, w, mean, rstd):
+    """[norm.layer.bwd.c1] -> (dx [N, C], dw [C], db [C]), all new."""
+    N, C = _check_rows(x)
+    for name, a, shape in (("dout", dout, (N, C)), ("w", w, (C,)),
+                           ("mean", mean, (N,)), ("rstd", rstd, (N,))):
+        check_f32(name, a, len(shape))
+        check_shape(name, a, shape)
+    dx = np.empty((N, C), dtype=np.float32)
+    dw = np.empty(C, dtype=np.float32)
+    db = np.empty(C, dtype=np.float32)
+    layernorm_backward_dx_kernel(dx, dout, x, w, mean, rstd)
+    layernorm_backward_dwdb_kernel(dw, db, dout, x, mean, rstd)
+    return dx, dw, db
+
+
+def rmsnorm_forward(x, w, eps=np.float32(1e-5)):
+    """[norm.rms.fwd.c1] x [N, C], w [C] -> (out [N, C], rrms [N]), new."""
+    N, C = _check_rows(x)
+    check_f32("w", w, 1)
+    check_shape("w", w, (C,))
+    eps = check_scalar_f32("eps", eps)
+    out = np.empty((N, C), dtype=np.float32)
+    rrms = np.empty(N, dtype=np.float32)
+    rmsnorm_forward_kernel(out, rrms, x, w, eps)
+    return out, rrms
+
+
+def rmsnorm_backward(dout, x, w, rrms):
+    """[norm.rms.bwd.c1] -> (dx [N, C], dw [C]), both new."""
+    N, C = _check_rows(x)
+    for name, a, shape in (("dout", dout, (N, C)), ("w", w, (C,)), ("rrms", rrms, (N,))):
+        check_f32(name, a, len(shape))
+        check_shape(name, a, shape)
+    dx = np.empty((N, C), dtype=np.float32)
+    dw = np.empty(C, dtype=np.float32)
+    rmsnorm_backward_dx_kernel(dx, dout, x, w, rrms)
+    rmsnorm_backward_dw_kernel(dw, dout, x, rrms)
+    return dx, dw
