@@ -39,6 +39,7 @@ PATHS = ("ptx", "lto")
 # Every module that defines kernels; importing them fills _jit.KERNELS.
 KERNEL_MODULES = (
     "cuda_backend.numerics",
+    "cuda_backend.linalg",
 )
 
 FLOAT_TYPES = {"f16", "f16x2", "bf16", "bf16x2", "f32", "f64"}

@@ -1,0 +1,228 @@
+"""Host-side entry points of the device kernels, with the reference's calling convention.
+
+Each function takes host NumPy arrays, validates them as ``refreplay``'s API
+does (clear ``TypeError``/``ValueError``), copies them to the device, launches
+the kernel and copies the result back: host arrays in, host arrays out, the
+same bits as the reference function of the same name.  Inputs are used as
+given; like the reference kernels, callers pass tensors that went through
+[num.load.c1] (``load`` does that on the device).
+
+``OPS`` maps the conformance registry's op names to these functions and
+``EXAMPLE_FUNCTIONS`` maps the reference names used in the spec's worked
+examples (``numerics.add``, ``linalg.matmul``, ...).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda
+
+from . import linalg as L
+from . import numerics as N
+from ._jit import THREADS, blocks
+
+I8_MAX_K = 131071  # [mm.i8.c2]
+
+
+# ---- validation (mirrors refreplay.linalg.api) --------------------------------
+
+def _array(name, x, dtype=np.float32, ndim=None):
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"{name} must be a numpy.ndarray, got {type(x).__name__}")
+    if x.dtype != dtype:
+        raise TypeError(f"{name} must have dtype {np.dtype(dtype).name}, got {x.dtype}")
+    if ndim is not None and x.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {x.shape}")
+    return x if x.flags.c_contiguous else np.ascontiguousarray(x)  # keeps a 0-d array 0-d
+
+
+def _output(out, shape, dtype=np.float32, accumulate=False):
+    if out is None:
+        if accumulate:
+            raise ValueError("accumulate=True needs out= (the array to accumulate into)")
+        return np.empty(shape, dtype=dtype)
+    _array("out", out, dtype, len(shape))
+    if out.shape != shape:
+        raise ValueError(f"out must have shape {shape}, got {out.shape}")
+    if not (out.flags.c_contiguous and out.flags.writeable):
+        raise ValueError("out must be C-contiguous and writeable")
+    return out
+
+
+def _contracted(what, ka, kb):
+    if ka != kb:
+        raise ValueError(f"{what}: contracted lengths differ (K = {ka} vs {kb})")
+
+
+def _scalar_or_array(name, x, dtype=np.float32):
+    """An array, or a NumPy scalar (as in the spec's examples) as a 0-d array."""
+    if isinstance(x, np.generic):
+        x = np.asarray(x)
+    return _array(name, x, dtype)
+
+
+# ---- elementwise primitives (spec chapter 1) -----------------------------------
+
+def _elementwise(k, out_dtype, *xs):
+    """Launch an elementwise kernel over same-shape inputs; a 0-d result is a scalar."""
+    shape = xs[0].shape
+    for x in xs[1:]:
+        if x.shape != shape:
+            raise ValueError(f"shapes differ: {shape} vs {x.shape}")
+    flat = [cuda.to_device(x.reshape(-1)) for x in xs]
+    n = int(np.prod(shape, dtype=np.int64))
+    out = cuda.device_array(n, dtype=out_dtype)
+    if n:
+        k[blocks(n), THREADS](*flat, out)
+    res = out.copy_to_host().reshape(shape)
+    return res[()] if res.ndim == 0 else res
+
+
+def _unary(kernel, name, doc, out_dtype=np.float32):
+    def op(x):
+        return _elementwise(kernel, out_dtype, _scalar_or_array("x", x))
+    op.__name__, op.__doc__ = name, doc
+    return op
+
+
+def _binary(kernel, name, doc):
+    def op(a, b):
+        return _elementwise(kernel, np.float32, _scalar_or_array("a", a), _scalar_or_array("b", b))
+    op.__name__, op.__doc__ = name, doc
+    return op
+
+
+load = _unary(N.load_k, "load", "[num.load.c1] subnormals zeroed (sign kept), NaN canonical.")
+add = _binary(N.add_k, "add", "[num.add.c1] a + b elementwise.")
+sub = _binary(N.sub_k, "sub", "[num.add.c1] a - b elementwise.")
+mul = _binary(N.mul_k, "mul", "[num.mul.c1] a * b elementwise.")
+fmax = _binary(N.fmax_k, "fmax", "[num.minmax.c1] max elementwise.")
+fmin = _binary(N.fmin_k, "fmin", "[num.minmax.c1] min elementwise.")
+recip = _unary(N.recip_k, "recip", "[num.recip.c1] 1/x elementwise.")
+sqrt = _unary(N.sqrt_k, "sqrt", "[num.sqrt.c1] square root elementwise.")
+rint = _unary(N.rint_k, "rint", "[num.rint.c1] nearest integer, ties to even.")
+saturate_i8 = _unary(N.saturate_i8_k, "saturate_i8", "[num.sat.c1] integral float32 -> int8.", np.int8)
+
+
+def mul_add(a, b, c):
+    """[num.nofma.c1] add(mul(a, b), c) elementwise: two roundings."""
+    return _elementwise(N.mul_add_k, np.float32, _scalar_or_array("a", a),
+                        _scalar_or_array("b", b), _scalar_or_array("c", c))
+
+
+# ---- linear algebra (spec chapters 3 and 4) -------------------------------------
+
+def _matmul(kernel, what, A, B, IJ, ka, kb, out, accumulate):
+    _contracted(what, ka, kb)
+    C = _output(out, IJ, accumulate=accumulate)
+    dC = cuda.to_device(C) if accumulate else cuda.device_array(IJ, dtype=np.float32)
+    if IJ[0] and IJ[1]:
+        grid = (blocks(IJ[1], L.TILE), blocks(IJ[0], L.TILE))
+        kernel[grid, (L.TILE, L.TILE)](cuda.to_device(A), cuda.to_device(B), dC, bool(accumulate))
+        dC.copy_to_host(C)
+    return C
+
+
+def matmul(A, B, out=None, accumulate=False):
+    """[mm.nn.c1] C = A·B, A: I×K, B: K×J -> C: I×J; ``accumulate`` adds into ``out``."""
+    A, B = _array("A", A, ndim=2), _array("B", B, ndim=2)
+    return _matmul(L.mm_nn_k, "matmul", A, B, (A.shape[0], B.shape[1]), A.shape[1], B.shape[0],
+                   out, accumulate)
+
+
+def matmul_nt(A, B, out=None, accumulate=False):
+    """[mm.nt.c1] C = A·Bᵀ, A: I×K, B: J×K -> C: I×J."""
+    A, B = _array("A", A, ndim=2), _array("B", B, ndim=2)
+    return _matmul(L.mm_nt_k, "matmul_nt", A, B, (A.shape[0], B.shape[0]), A.shape[1], B.shape[1],
+                   out, accumulate)
+
+
+def matmul_tn(A, B, out=None, accumulate=False):
+    """[mm.tn.c1] C = Aᵀ·B, A: K×I, B: K×J -> C: I×J."""
+    A, B = _array("A", A, ndim=2), _array("B", B, ndim=2)
+    return _matmul(L.mm_tn_k, "matmul_tn", A, B, (A.shape[1], B.shape[1]), A.shape[0], B.shape[0],
+                   out, accumulate)
+
+
+def bias_add(C, b, inplace=True):
+    """[mm.bias.c1] C[i,j] + b[j] for C: I×J, b: J; in place (returns C) or into a new array."""
+    _array("C", C, ndim=2), _array("b", b, ndim=1)
+    if b.shape[0] != C.shape[1]:
+        raise ValueError(f"bias_add: b has length {b.shape[0]}, C has {C.shape[1]} columns")
+    if inplace and not (C.flags.c_contiguous and C.flags.writeable):
+        raise ValueError("C must be C-contiguous and writeable for an in-place bias_add")
+    target = C if inplace else np.ascontiguousarray(C).copy()
+    if target.size:
+        dC = cuda.to_device(target)
+        L.bias_add_k[blocks(target.size), THREADS](dC, cuda.to_device(np.ascontiguousarray(b)))
+        dC.copy_to_host(target)
+    return target
+
+
+def _rows(kernel, X, n_out, out, accumulate=None):
+    o = _output(out, (n_out,), accumulate=bool(accumulate))
+    if n_out:
+        d_out = cuda.to_device(o) if accumulate else cuda.device_array(n_out, dtype=np.float32)
+        args = (cuda.to_device(X), d_out) + ((bool(accumulate),) if accumulate is not None else ())
+        kernel[blocks(n_out), THREADS](*args)
+        d_out.copy_to_host(o)
+    return o
+
+
+def row_sum(X, out=None):
+    """[red.rowsum.c1] X: I×N -> I, each row summed in increasing n."""
+    X = _array("X", X, ndim=2)
+    return _rows(L.row_sum_k, X, X.shape[0], out)
+
+
+def col_sum(X, out=None, accumulate=False):
+    """[red.colsum.c1] X: N×J -> J, each column summed in increasing row index."""
+    X = _array("X", X, ndim=2)
+    return _rows(L.col_sum_k, X, X.shape[1], out, accumulate)
+
+
+def row_max(X, out=None):
+    """[red.rowmax.c1] X: I×N -> I, fmax of each row from -inf."""
+    X = _array("X", X, ndim=2)
+    return _rows(L.row_max_k, X, X.shape[0], out)
+
+
+def matmul_i8(A, B, out=None):
+    """[mm.i8.c1] int8 A: I×K times int8 B: K×J -> exact int32 C: I×J; K <= 131071 ([mm.i8.c2])."""
+    A, B = _array("A", A, np.int8, 2), _array("B", B, np.int8, 2)
+    _contracted("matmul_i8", A.shape[1], B.shape[0])
+    if A.shape[1] > I8_MAX_K:
+        raise ValueError(f"matmul_i8: K = {A.shape[1]} exceeds {I8_MAX_K} ([mm.i8.c2])")
+    I, J = A.shape[0], B.shape[1]
+    C = _output(out, (I, J), np.int32)
+    if I and J:
+        dC = cuda.device_array((I, J), dtype=np.int32)
+        grid = (blocks(J, L.TILE), blocks(I, L.TILE))
+        L.mm_i8_k[grid, (L.TILE, L.TILE)](cuda.to_device(A), cuda.to_device(B), dC)
+        dC.copy_to_host(C)
+    return C
+
+
+# ---- tables --------------------------------------------------------------------
+
+# Conformance registry op name -> device function, same positional inputs and outputs.
+OPS = {
+    "sum": row_sum,
+    "col_sum": col_sum,
+    "max": row_max,
+    "dot": lambda x, y: matmul(x[None, :], np.ascontiguousarray(y[:, None])).reshape(1),
+    "matmul": matmul,
+    "matmul_nt": matmul_nt,
+    "matmul_tn": matmul_tn,
+    "matmul_i8": matmul_i8,
+}
+
+# Reference function name (relative to ``refreplay``) -> device function, for the
+# spec's worked examples.
+EXAMPLE_FUNCTIONS = {
+    "numerics.load": load, "numerics.add": add, "numerics.sub": sub, "numerics.mul": mul,
+    "numerics.recip": recip, "numerics.sqrt": sqrt, "numerics.fmax": fmax, "numerics.fmin": fmin,
+    "numerics.rint": rint, "numerics.saturate_i8": saturate_i8,
+    "linalg.matmul": matmul, "linalg.matmul_nt": matmul_nt, "linalg.matmul_tn": matmul_tn,
+    "linalg.bias_add": bias_add, "linalg.row_sum": row_sum, "linalg.col_sum": col_sum,
+    "linalg.row_max": row_max, "linalg.matmul_i8": matmul_i8,
+}
