@@ -1,0 +1,217 @@
+"""Tensor files: safetensors with byte-deterministic layout ([state.file.c1])
+and a reader that validates everything before trusting it ([state.fileread.c1]).
+
+Files are written here, not by the ``safetensors`` package: its layout orders
+tensors by dtype alignment and its ``__metadata__`` map has no fixed key
+order, while refreplay checkpoints must be reproducible byte for byte (a
+checkpoint is compared and hashed as a file).  The files remain ordinary
+safetensors that any reader accepts.
+
+A file on disk is untrusted input: every field is checked against the file's
+real size before a byte is allocated for it, and every failure raises
+``InputError`` naming the file.
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from .errors import InputError
+from .state import DTYPES, canonical, dtype_name
+
+METADATA = "__metadata__"
+METADATA_KEY = "refreplay"  # the one key __metadata__ may hold
+MAX_HEADER = 100 << 20  # far above any refreplay header; refuse before reading
+_ENTRY_KEYS = {"data_offsets", "dtype", "shape"}
+
+
+def _header_bytes(entries: dict, metadata: str | None) -> bytes:
+    """[state.file.c1] Compact JSON, keys sorted, ASCII escapes, space-padded to 8."""
+    obj = dict(entries)
+    if metadata is not None:
+        obj[METADATA] = {METADATA_KEY: metadata}
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+                      allow_nan=False).encode("ascii")
+    return text + b" " * (-len(text) % 8)
+
+
+def _layout(tensors: dict, metadata: str | None) -> tuple[bytes, list[np.ndarray]]:
+    """[state.file.c1] The file's first 8 + L bytes and the arrays whose bytes follow."""
+    if not isinstance(tensors, dict):
+        raise TypeError(f"tensors must be a dict name -> array, got {type(tensors).__name__}")
+    if metadata is not None and not isinstance(metadata, str):
+        raise TypeError(f"metadata must be a str or None, got {type(metadata).__name__}")
+    if METADATA in tensors:
+        raise ValueError(f"{METADATA!r} is reserved and cannot name a tensor")
+    names = sorted(tensors, key=lambda n: n.encode("utf-8") if isinstance(n, str) else b"")
+    arrays = [canonical(n, tensors[n]) for n in names]
+    entries, offset = {}, 0
+    for name, arr in zip(names, arrays):
+        entries[name] = {"dtype": dtype_name(arr.dtype), "shape": list(arr.shape),
+                         "data_offsets": [offset, offset + arr.nbytes]}
+        offset += arr.nbytes
+    header = _header_bytes(entries, metadata)
+    return struct.pack("<Q", len(header)) + header, arrays
+
+
+def save(path, tensors: dict, metadata: str | None = None) -> None:
+    """[state.file.c1] Write ``tensors`` (name -> array, state dtypes only) and an
+    optional metadata string as a safetensors file.  The same arguments give
+    the same bytes.  The file is written beside ``path`` and renamed into
+    place, so a reader never sees half a file.
+    """
+    head, arrays = _layout(tensors, metadata)
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(head)
+            for arr in arrays:
+                f.write(memoryview(arr.reshape(-1).view(np.uint8)))
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def file_bytes(metadata: str, *names_and_values) -> str:
+    """[state.file.c1] Hex of the whole file that ``save`` writes for the tensors
+    given as alternating name, value arguments (the spec's worked examples
+    use this form; files of real size are written by ``save``)."""
+    if len(names_and_values) % 2:
+        raise TypeError("file_bytes takes a metadata string, then name, value pairs")
+    tensors = dict(zip(names_and_values[0::2], names_and_values[1::2]))
+    head, arrays = _layout(tensors, metadata)
+    return (head + b"".join(a.tobytes() for a in arrays)).hex()
+
+
+def _no_duplicates(pairs):
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"duplicate key {k!r}")
+        out[k] = v
+    return out
+
+
+def _reject_constant(name):
+    raise ValueError(f"non-standard JSON constant {name}")
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _parse_header(raw: bytes, fail) -> tuple[dict, str | None]:
+    """[state.fileread.c1] The header as {name: (dtype, shape, begin, end)} and
+    the metadata string; ``fail(msg)`` raises."""
+    try:
+        obj = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates,
+                         parse_constant=_reject_constant)
+    except UnicodeDecodeError as exc:
+        fail(f"header is not UTF-8 ({exc.reason} at byte {exc.start})")
+    except (ValueError, RecursionError) as exc:
+        fail(f"header is not well-formed JSON ({exc})")
+    if not isinstance(obj, dict):
+        fail(f"header must be a JSON object, got {type(obj).__name__}")
+    metadata = None
+    if METADATA in obj:
+        meta = obj.pop(METADATA)
+        if not (isinstance(meta, dict) and set(meta) == {METADATA_KEY}
+                and isinstance(meta[METADATA_KEY], str)):
+            fail(f"{METADATA} must be {{{METADATA_KEY!r}: string}}, got {json.dumps(meta)[:200]}")
+        metadata = meta[METADATA_KEY]
+    entries = {}
+    for name, e in obj.items():
+        where = f"tensor {name!r}"
+        if not name:
+            fail("a tensor has an empty name")
+        if not isinstance(e, dict) or set(e) != _ENTRY_KEYS:
+            fail(f"{where}: entry must have exactly the keys {sorted(_ENTRY_KEYS)}")
+        dtype, shape, offs = e["dtype"], e["shape"], e["data_offsets"]
+        if dtype not in DTYPES:
+            hint = " (bfloat16 is stored as U16 bits)" if dtype == "BF16" else ""
+            fail(f"{where}: unknown dtype {dtype!r}{hint}; known: {', '.join(DTYPES)}")
+        if not (isinstance(shape, list) and len(shape) <= 255 and all(_is_int(d) and d >= 0 for d in shape)):
+            fail(f"{where}: shape must be a list of at most 255 non-negative integers, got {shape!r}")
+        if not (isinstance(offs, list) and len(offs) == 2 and all(_is_int(o) for o in offs)
+                and 0 <= offs[0] <= offs[1]):
+            fail(f"{where}: data_offsets must be [begin, end] with 0 <= begin <= end, got {offs!r}")
+        count = 1
+        for d in shape:
+            count *= d
+        nbytes = count * DTYPES[dtype][1].itemsize
+        if offs[1] - offs[0] != nbytes:
+            fail(f"{where}: shape {shape} of {dtype} needs {nbytes} bytes but data_offsets "
+                 f"{offs} span {offs[1] - offs[0]}")
+        entries[name] = (dtype, tuple(shape), offs[0], offs[1])
+    return entries, metadata
+
+
+def _check_layout(entries: dict, data_len: int, fail) -> None:
+    """[state.fileread.c1] Tensors tile the data section exactly: sorted by
+    offset they start at 0, each begins where the previous ends, the last ends
+    at the end of the file."""
+    pos, prev = 0, None
+    for name, (_, _, begin, end) in sorted(entries.items(), key=lambda kv: (kv[1][2], kv[1][3])):
+        if end > data_len:
+            fail(f"tensor {name!r}: data_offsets [{begin}, {end}] run past the data section "
+                 f"({data_len} bytes)")
+        if begin < pos:
+            fail(f"tensor {name!r}: bytes [{begin}, {end}) overlap tensor {prev!r} (which ends at {pos})")
+        if begin > pos:
+            fail(f"tensor {name!r} starts at {begin}, leaving bytes [{pos}, {begin}) unused")
+        pos, prev = end, name
+    if pos != data_len:
+        fail(f"tensors cover {pos} bytes of a {data_len}-byte data section")
+
+
+def load(path) -> tuple[dict[str, np.ndarray], str | None]:
+    """[state.fileread.c1] Read a tensor file, validating it first.
+
+    Returns (name -> array in name order, metadata string or None).  Arrays
+    are little-endian, C-contiguous and writable.  Raises ``InputError``
+    naming the file for anything that is not a well-formed refreplay tensor
+    file; never reads outside the file.
+    """
+    path = Path(path)
+
+    def fail(msg):
+        raise InputError(f"{path}: {msg}")
+
+    try:
+        f = open(path, "rb")
+    except OSError as exc:
+        raise InputError(f"{path}: cannot open ({exc.strerror})") from None
+    with f:
+        size = os.fstat(f.fileno()).st_size
+        if size < 8:
+            fail(f"truncated: {size} bytes, shorter than the 8-byte header length")
+        (hlen,) = struct.unpack("<Q", f.read(8))
+        if hlen > size - 8:
+            fail(f"header length {hlen} exceeds the {size - 8} bytes that follow it (truncated or corrupt)")
+        if hlen > MAX_HEADER:
+            fail(f"header length {hlen} exceeds the limit of {MAX_HEADER} bytes")
+        raw = f.read(hlen)
+        if len(raw) != hlen:
+            fail("file shrank while being read")
+        entries, metadata = _parse_header(raw, fail)
+        data_len = size - 8 - hlen
+        _check_layout(entries, data_len, fail)
+        data = bytearray(data_len)
+        if f.readinto(data) != data_len:
+            fail("file shrank while being read")
+    tensors = {}
+    for name in sorted(entries, key=lambda n: n.encode("utf-8")):
+        dtype, shape, begin, end = entries[name]
+        dt = DTYPES[dtype][1]
+        arr = np.frombuffer(data, dtype=dt, count=(end - begin) // dt.itemsize, offset=begin)
+        if not arr.flags.aligned:  # compiled kernels want aligned data
+            arr = arr.copy()
+        tensors[name] = arr.reshape(shape)
+    return tensors, metadata
