@@ -11,6 +11,7 @@ Needs the ``cuda`` extra (numba-cuda with NVVM and nvJitLink from PyPI).
 """
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 
@@ -18,7 +19,8 @@ import pytest
 
 if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
     pytest.skip("NUMBA_ENABLE_CUDASIM=1: the simulator compiles no PTX", allow_module_level=True)
-pytest.importorskip("numba.cuda", reason="numba-cuda is not installed (pip install -e '.[cuda]')")
+if importlib.util.find_spec("numba_cuda") is None:
+    pytest.skip("numba-cuda is not installed (pip install -e '.[cuda]')", allow_module_level=True)
 
 
 def _nvvm_problem():

@@ -1,0 +1,381 @@
+"""Device against reference, bit for bit: every kernel of ``cuda_backend``.
+
+Each check draws inputs (random bit patterns, an edge-value grid, shapes that
+cross tile boundaries), runs the device function of ``adapter`` and the
+reference function of ``refreplay`` on the same host arrays, and compares
+every bit of every output.  The spec's worked examples are run on the device
+too.  Runs in the CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``, small shapes:
+``tests/test_cuda_sim.py``) and on a GPU (``--large``: bigger shapes;
+``scripts/gpu-selfcheck``).
+
+    python -m cuda_backend.selfcheck [--large] [--only NAME ...] [--json FILE]
+
+exits 1 if any output differs in any bit.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+SEED = 20261129
+
+
+# ---- inputs --------------------------------------------------------------------
+
+def f32(bits) -> np.ndarray:
+    return np.asarray(bits, dtype=np.uint64).astype(np.uint32).view(np.float32)
+
+
+EDGE_BITS = (
+    0x00000000, 0x80000000,  # +-0
+    0x00000001, 0x807FFFFF,  # subnormals (min, -max)
+    0x00800000, 0x80800001,  # +-FLT_MIN neighbourhood
+    0x3F800000, 0xBF800000, 0x3F800001, 0x3F7FFFFF,  # around 1
+    0x3F000000, 0x3FC00000, 0x40200000, 0xBE800000,  # 0.5, 1.5, 2.5, -0.25 (rint ties)
+    0x3F000001, 0x4AFFFFFF, 0x4B000000, 0xCB000001,  # near 2^23
+    0x3F7FFFFE, 0x00800001,  # the flush-before-rounding pair
+    0x7F7FFFFF, 0xFF7FFFFF, 0x7F000000,  # +-FLT_MAX, 2^127
+    0x43000000, 0xC3010000, 0x42FE0000,  # 128, -129, 127 (saturation)
+    0x7F800000, 0xFF800000,  # +-inf
+    0x7FC00000, 0xFFC00000, 0x7FFFFFFF, 0x7F800001, 0x7FC12345,  # NaNs
+)
+
+
+def edge() -> np.ndarray:
+    return f32(EDGE_BITS)
+
+
+def random_bits(rng, n) -> np.ndarray:
+    """Uniform random bit patterns: every exponent, both signs, some NaNs."""
+    return rng.integers(0, 1 << 32, n, dtype=np.uint64).astype(np.uint32).view(np.float32)
+
+
+def random_normal(rng, shape, scale=1.0) -> np.ndarray:
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def near_underflow_pairs(rng, n):
+    """(a, b) whose product lies near 2^-126: exercises flush after rounding."""
+    e = rng.integers(-70, -56, n)
+    a = np.ldexp(rng.uniform(1, 2, n), e).astype(np.float32)
+    b = np.ldexp(rng.uniform(0.5, 1, n), -126 - e).astype(np.float32)
+    return a, b
+
+
+def with_specials(rng, x, frac=0.1) -> np.ndarray:
+    """x with a fraction of its elements replaced by edge values."""
+    x = x.copy()
+    flat = x.reshape(-1)
+    pick = rng.random(flat.size) < frac
+    flat[pick] = rng.choice(edge(), int(pick.sum()))
+    return x
+
+
+# ---- comparison ----------------------------------------------------------------
+
+def same(want, got) -> bool:
+    want, got = np.asarray(want), np.asarray(got)
+    return want.dtype == got.dtype and want.shape == got.shape and want.tobytes() == got.tobytes()
+
+
+def first_difference(want, got) -> str:
+    want, got = np.asarray(want), np.asarray(got)
+    if want.dtype != got.dtype or want.shape != got.shape:
+        return f"expected {want.dtype}{want.shape}, got {got.dtype}{got.shape}"
+    w, g = want.reshape(-1), got.reshape(-1)
+    if w.dtype == np.float32:
+        w, g = w.view(np.uint32), g.view(np.uint32)
+    bad = np.flatnonzero(w != g)
+    i = int(bad[0])
+    idx = tuple(int(v) for v in np.unravel_index(i, want.shape)) if want.ndim else ()
+    fmt = (lambda v: f"0x{int(v):08X}") if want.dtype == np.float32 else str
+    return f"{bad.size} of {w.size} differ; first at {idx}: expected {fmt(w[i])}, got {fmt(g[i])}"
+
+
+@dataclass
+class Result:
+    check: str
+    clauses: list
+    cases: int = 0
+    failures: list = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.cases > 0 and not self.failures
+
+
+# ---- checks: name, clauses, function(rng, large) -> [(case, want, got)] ----------
+
+def _elementwise_pairs(rng, large):
+    n = 1 << 16 if large else 256
+    e = edge()
+    ea, eb = np.repeat(e, e.size), np.tile(e, e.size)
+    ua, ub = near_underflow_pairs(rng, n // 4)
+    return [("random bits", random_bits(rng, n), random_bits(rng, n)),
+            ("edge x edge", ea, eb),
+            ("products near 2^-126", ua, ub)]
+
+
+def _binary_check(name):
+    def run(rng, large):
+        from refreplay.numerics import core
+        from . import adapter
+        ref, dev = getattr(core, name), getattr(adapter, name)
+        return [(case, _ref_binary(ref, a, b), dev(a, b)) for case, a, b in _elementwise_pairs(rng, large)]
+    return run
+
+
+def _ref_binary(fn, a, b):
+    return np.array([fn(x, y) for x, y in zip(a, b)], dtype=np.float32)
+
+
+def _ref_unary(fn, x, dtype=np.float32):
+    return np.array([fn(v) for v in x], dtype=dtype)
+
+
+def _unary_inputs(rng, large):
+    n = 1 << 16 if large else 512
+    ties = f32(np.arange(0x4A800000, 0x4A800000 + 64, dtype=np.uint64))  # 2^22 ..: halves
+    return [("random bits", random_bits(rng, n)), ("edge", edge()),
+            ("small magnitudes", random_normal(rng, n, 4.0)), ("rint ties near 2^22", ties)]
+
+
+def _unary_check(name):
+    def run(rng, large):
+        from refreplay.numerics import core
+        from . import adapter
+        ref, dev = getattr(core, name), getattr(adapter, name)
+        return [(case, _ref_unary(ref, x), dev(x)) for case, x in _unary_inputs(rng, large)]
+    return run
+
+
+def _check_load(rng, large):
+    from refreplay import numerics
+    from . import adapter
+    return [(case, numerics.load(x), adapter.load(x)) for case, x in _unary_inputs(rng, large)]
+
+
+def _check_saturate(rng, large):
+    from refreplay.numerics import core
+    from . import adapter
+    out = []
+    for case, x in _unary_inputs(rng, large):
+        r = _ref_unary(core.rint, x)  # saturate_i8 takes integral values
+        out.append((case, _ref_unary(core.saturate_i8, r, np.int8), adapter.saturate_i8(r)))
+    return out
+
+
+def _check_mul_add(rng, large):
+    """[num.nofma.c1] a*b + c with products that cancel: a fused kernel leaves 2^-24-sized residues."""
+    from refreplay.numerics import core
+    from . import adapter
+    n = 1 << 14 if large else 256
+    a = (np.float32(1) + np.ldexp(rng.integers(1, 1 << 11, n), -23)).astype(np.float32)
+    b = a.copy()
+    c = -_ref_binary(core.mul, a, b)
+    want = _ref_binary(core.add, _ref_binary(core.mul, a, b), c)
+    return [("a*a - round(a*a)", want, adapter.mul_add(a, b, c))]
+
+
+def _shapes(large):
+    return [(512, 384, 256), (257, 1000, 129)] if large else [(1, 1, 1), (17, 37, 19), (3, 0, 4)]
+
+
+def _mm_inputs(rng, large):
+    from refreplay import numerics
+    for I, K, J in _shapes(large):
+        A = numerics.load(random_normal(rng, (I, K)))
+        B = numerics.load(random_normal(rng, (K, J)))
+        yield f"{I}x{K}x{J} normal", A, B
+    I, K, J = _shapes(large)[1]
+    yield f"{I}x{K}x{J} with specials", numerics.load(with_specials(rng, random_normal(rng, (I, K)))), \
+        numerics.load(with_specials(rng, random_normal(rng, (K, J))))
+    a, b = near_underflow_pairs(rng, I * K)  # products flushed before they are added
+    yield f"{I}x{K}x{J} products near 2^-126", a.reshape(I, K), np.resize(b, (K, J))
+
+
+def _check_matmul(form):
+    def run(rng, large):
+        from refreplay import linalg
+        from . import adapter
+        ref, dev = getattr(linalg, form), getattr(adapter, form)
+        out = []
+        for case, A, B in _mm_inputs(rng, large):
+            if form == "matmul_nt":
+                B = np.ascontiguousarray(B.T)
+            elif form == "matmul_tn":
+                A = np.ascontiguousarray(A.T)
+            want = ref(A, B)
+            out.append((case, want, dev(A, B)))
+            if case.endswith("normal") and want.size > 1:
+                D = random_normal(rng, want.shape)
+                out.append((case + " accumulate", ref(A, B, D.copy(), True), dev(A, B, D.copy(), True)))
+        return out
+    return run
+
+
+def _check_reductions(rng, large):
+    from refreplay import linalg, numerics
+    from . import adapter
+    out = []
+    for I, N, _ in _shapes(large):
+        for case, X in (("normal", random_normal(rng, (I, N))),
+                        ("specials", with_specials(rng, random_normal(rng, (I, N)), 0.05))):
+            X = numerics.load(X)
+            out.append((f"row_sum {I}x{N} {case}", linalg.row_sum(X), adapter.row_sum(X)))
+            out.append((f"row_max {I}x{N} {case}", linalg.row_max(X), adapter.row_max(X)))
+            out.append((f"col_sum {I}x{N} {case}", linalg.col_sum(X), adapter.col_sum(X)))
+            if N:
+                D = random_normal(rng, (N,))
+                out.append((f"col_sum {I}x{N} {case} accumulate",
+                            linalg.col_sum(X, D.copy(), True), adapter.col_sum(X, D.copy(), True)))
+            b = numerics.load(with_specials(rng, random_normal(rng, (N,))))
+            out.append((f"bias_add {I}x{N} {case}", linalg.bias_add(X, b, inplace=False),
+                        adapter.bias_add(X, b, inplace=False)))
+    return out
+
+
+def _check_matmul_i8(rng, large):
+    from refreplay import linalg
+    from . import adapter
+    out = []
+    for I, K, J in _shapes(large):
+        A = rng.integers(-128, 128, (I, K)).astype(np.int8)
+        B = rng.integers(-128, 128, (K, J)).astype(np.int8)
+        out.append((f"{I}x{K}x{J}", linalg.matmul_i8(A, B), adapter.matmul_i8(A, B)))
+    K = 4096 if large else 300  # the largest products, all the same sign
+    A = np.full((2, K), -128, np.int8)
+    B = np.full((K, 3), -128, np.int8)
+    out.append((f"2x{K}x3 all -128", linalg.matmul_i8(A, B), adapter.matmul_i8(A, B)))
+    return out
+
+
+# ---- the spec's worked examples, evaluated with the device functions -------------
+
+_DTYPES = {"f32": np.float32, "i8": np.int8, "i32": np.int32, "i64": np.int64,
+           "u32": np.uint32, "u64": np.uint64, "u8": np.uint8, "u16": np.uint16}
+
+
+def _example_value(node, functions):
+    """A value of the example language ([conv.values.c1]); calls go to ``functions``."""
+    import ast
+    import importlib
+
+    if isinstance(node, ast.Tuple):
+        return tuple(_example_value(e, functions) for e in node.elts)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _DTYPES:
+        raw = ast.literal_eval(node.args[0])
+        arr = f32(raw) if node.func.id == "f32" else np.array(raw, dtype=_DTYPES[node.func.id])
+        return arr if isinstance(raw, list) else arr[()]
+    if isinstance(node, ast.Call):
+        name = ast.unparse(node.func)
+        module, _, attr = name.rpartition(".")
+        fn = functions.get(name) or getattr(importlib.import_module(f"refreplay.{module}"), attr)
+        args = [_example_value(a, functions) for a in node.args]
+        return fn(*args, **{k.arg: _example_value(k.value, functions) for k in node.keywords})
+    if isinstance(node, ast.Constant):
+        return node.value
+    raise ValueError(f"unsupported example syntax: {ast.unparse(node)}")
+
+
+def _as_result(want, got):
+    """Scalars as the examples write them (a NumPy scalar of the example's dtype)."""
+    if isinstance(want, tuple):
+        return tuple(_as_result(w, g) for w, g in zip(want, got))
+    return np.asarray(got, dtype=np.asarray(want).dtype) if np.ndim(got) == 0 else got
+
+
+def example_cases(clause_prefixes=None):
+    """(clause label, line, expression) of every example whose function the device covers."""
+    import ast
+
+    from refreplay import spec
+    from .adapter import EXAMPLE_FUNCTIONS
+
+    for label, clause in spec.parse().items():
+        for line, expr, result in clause.examples:
+            call = ast.parse(expr, mode="eval").body
+            if ast.unparse(call.func) in EXAMPLE_FUNCTIONS:
+                yield label, line, expr, result
+
+
+def _check_examples(rng, large):
+    import ast
+
+    from .adapter import EXAMPLE_FUNCTIONS
+
+    out = []
+    for label, line, expr, result in example_cases():
+        want = _example_value(ast.parse(result, mode="eval").body, {})
+        got = _example_value(ast.parse(expr, mode="eval").body, EXAMPLE_FUNCTIONS)
+        out.append((f"[{label}] line {line}: {expr}", want, _as_result(want, got)))
+    return out
+
+
+CHECKS: dict[str, tuple[tuple[str, ...], Callable]] = {
+    "load": (("num.load.c1",), _check_load),
+    "add": (("num.add.c1", "num.flush.c1", "num.nan.c1"), _binary_check("add")),
+    "sub": (("num.add.c1",), _binary_check("sub")),
+    "mul": (("num.mul.c1", "num.flush.c1", "num.nan.c1"), _binary_check("mul")),
+    "mul_add": (("num.nofma.c1",), _check_mul_add),
+    "recip": (("num.recip.c1",), _unary_check("recip")),
+    "sqrt": (("num.sqrt.c1",), _unary_check("sqrt")),
+    "fmax": (("num.minmax.c1",), _binary_check("fmax")),
+    "fmin": (("num.minmax.c1",), _binary_check("fmin")),
+    "rint": (("num.rint.c1",), _unary_check("rint")),
+    "saturate_i8": (("num.sat.c1",), _check_saturate),
+    "matmul": (("mm.nn.c1", "mm.accumulate.c1"), _check_matmul("matmul")),
+    "matmul_nt": (("mm.nt.c1", "mm.accumulate.c1"), _check_matmul("matmul_nt")),
+    "matmul_tn": (("mm.tn.c1", "mm.accumulate.c1"), _check_matmul("matmul_tn")),
+    "reductions": (("red.rowsum.c1", "red.colsum.c1", "red.rowmax.c1", "mm.bias.c1"), _check_reductions),
+    "matmul_i8": (("mm.i8.c1",), _check_matmul_i8),
+    "spec_examples": ((), _check_examples),
+}
+
+
+def run(names=None, large=False) -> list[Result]:
+    """Run the named checks (all by default); each draws from its own seeded stream."""
+    import zlib
+
+    results = []
+    for name in names or CHECKS:
+        clauses, fn = CHECKS[name]
+        rng = np.random.default_rng([SEED, zlib.crc32(name.encode())])
+        res = Result(name, list(clauses))
+        with np.errstate(all="ignore"):
+            for case, want, got in fn(rng, large):
+                res.cases += 1
+                if not same(want, got):
+                    res.failures.append(f"{case}: {first_difference(want, got)}")
+        results.append(res)
+    return results
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m cuda_backend.selfcheck", description=__doc__.split("\n\n")[0])
+    p.add_argument("--large", action="store_true", help="GPU-sized inputs (slow in the simulator)")
+    p.add_argument("--only", nargs="+", choices=sorted(CHECKS), help="run only these checks")
+    p.add_argument("--json", help="also write the results to this file")
+    args = p.parse_args(argv)
+    results = run(args.only, args.large)
+    width = max(len(r.check) for r in results)
+    for r in results:
+        print(f"{r.check:<{width}}  {'ok  ' if r.ok else 'FAIL'}  {r.cases:4d} cases  {' '.join(r.clauses)}")
+        for f in r.failures[:10]:
+            print(f"{'':<{width}}    {f}")
+    bad = sum(not r.ok for r in results)
+    print(f"device vs reference: {len(results) - bad} checks equal bit for bit, {bad} differ")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump([dict(check=r.check, clauses=r.clauses, cases=r.cases, ok=r.ok,
+                            failures=r.failures) for r in results], fh, indent=1)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""The CUDA backend in the CUDA simulator: every device kernel equals the
+CPU reference bit for bit, and every worked example of the spec that the
+device covers gives its stated bits on the device.
+
+The simulator must be switched on before ``numba.cuda`` is first imported, so
+the checks (``cuda_backend.selfcheck``, small shapes) run once in a
+subprocess with ``NUMBA_ENABLE_CUDASIM=1``; each test below reads one
+check's result.  In the simulator the shim runs plain NumPy float32
+arithmetic in place of the libdevice intrinsics: these tests check the
+kernels' loops, orders, flushes and NaN rules; the PTX audit
+(``test_cuda_ptx.py``) checks that the GPU build keeps every rounding.
+
+Clauses checked: [num.load.c1] [num.add.c1] [num.mul.c1] [num.nofma.c1]
+[num.flush.c1] [num.nan.c1] [num.recip.c1] [num.sqrt.c1] [num.minmax.c1]
+[num.rint.c1] [num.sat.c1] [red.sum.c1] [red.rowsum.c1] [red.colsum.c1]
+[red.rowmax.c1] [mm.nn.c1] [mm.nt.c1] [mm.tn.c1] [mm.accumulate.c1]
+[mm.bias.c1] [mm.i8.c1].
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+if importlib.util.find_spec("numba_cuda") is None:
+    pytest.skip("numba-cuda is not installed (pip install -e '.[cuda]')", allow_module_level=True)
+
+from cuda_backend.selfcheck import CHECKS  # noqa: E402  (imports no numba.cuda)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cudasim") / "results.json"
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    proc = subprocess.run([sys.executable, "-m", "cuda_backend.selfcheck", "--json", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    if not out.exists():
+        pytest.fail(f"selfcheck crashed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    by_name = {r["check"]: r for r in json.loads(out.read_text())}
+    by_name["_exit"] = proc.returncode
+    return by_name
+
+
+@pytest.mark.parametrize("name", sorted(CHECKS))
+def test_device_equals_reference(results, name):
+    """One check of cuda_backend.selfcheck: every case's output bits equal the reference's."""
+    r = results[name]
+    assert r["cases"] > 0, f"{name}: no cases ran"
+    assert not r["failures"], f"{name}:\n" + "\n".join(r["failures"][:20])
+
+
+def test_selfcheck_exit_status(results):
+    """The command exits 0 exactly when every check passed (a non-zero exit on any mismatch)."""
+    assert results["_exit"] == (0 if all(r["ok"] for k, r in results.items() if k != "_exit") else 1)
+
+
+def test_spec_examples_cover_chapters_1_3_4(results):
+    """The device runs the worked examples of the numbers, reductions and matmul chapters."""
+    from cuda_backend.selfcheck import example_cases
+
+    labels = {label for label, *_ in example_cases()}
+    assert {"num.nofma.c1", "num.flush.c1", "num.rint.c1", "red.sum.c1", "mm.nn.c1",
+            "mm.i8.c1"} <= labels
+    assert results["spec_examples"]["cases"] >= len(labels)
+
+
+def test_reference_never_imports_the_backend():
+    """refreplay imports cuda_backend only when the cuda kernel or device is asked for."""
+    # Every module of the library; one that fails to import is other tests' business.
+    code = ("import sys, pkgutil, importlib, refreplay\n"
+            "for m in pkgutil.walk_packages(refreplay.__path__, 'refreplay.'):\n"
+            "    if m.name != 'refreplay.__main__':\n"
+            "        try:\n"
+            "            importlib.import_module(m.name)\n"
+            "        except Exception:\n"
+            "            pass\n"
+            "print(sorted(n for n in sys.modules if n.startswith(('cuda_backend', 'numba_cuda'))))\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[]"
