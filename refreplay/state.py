@@ -174,11 +174,17 @@ def state_hash(tensors: dict, threads: int = 1) -> StateDigest:
     arrays = [canonical(n, tensors[n]) for n in names]
     views = [_chunk_views(a) for a in arrays]
     flat = [v for vs in views for v in vs]
-    if threads == 1 or len(flat) == 1:
+    workers = min(threads, len(flat))
+    if workers <= 1:
         leaves = [_chunk_leaf(v) for v in flat]
     else:
-        with ThreadPoolExecutor(max_workers=threads) as pool:
-            leaves = list(pool.map(_chunk_leaf, flat))
+        # Worker t hashes chunks t, t + workers, ...: one task per thread (no
+        # per-chunk scheduling cost) and equal shares, since chunks are equal.
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            parts = list(pool.map(lambda t: [_chunk_leaf(v) for v in flat[t::workers]], range(workers)))
+        leaves = [None] * len(flat)
+        for t, part in enumerate(parts):
+            leaves[t::workers] = part
     digests, tensor_leaves, pos = {}, [], 0
     for name, arr, vs in zip(names, arrays, views):
         chunk_leaves = leaves[pos:pos + len(vs)]
