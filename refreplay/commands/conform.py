@@ -1,0 +1,49 @@
+HELP = ("run the golden vectors against a kernel (reference, numpy, torch, package.module[:function] "
+        "or exec:COMMAND) and explain every failure")
+
+
+def add_arguments(p):
+    p.add_argument("kernel", metavar="KERNEL",
+                   help="reference | numpy | torch | package.module:function | package.module | exec:COMMAND "
+                        "(see docs/conformance.md)")
+    p.add_argument("--op", action="append", metavar="OP", help="only this op (repeatable); default: every op")
+    p.add_argument("--json", metavar="FILE", help="also write the full report as JSON")
+    p.add_argument("--junit", metavar="FILE", help="also write JUnit XML")
+    p.add_argument("--xfail", metavar="FILE", help="expected failures: lines 'PATTERN  REASON' (reason required)")
+    p.add_argument("--vectors", metavar="DIR", help="vector directory (default: the repository's vectors/)")
+    p.add_argument("-v", "--verbose", action="store_true", help="list skipped and expected-failing cases too")
+
+
+def run(args) -> int:
+    from pathlib import Path
+
+    from ..conformance import kernels, report, runner, store
+    from ..errors import InputError
+
+    directory = Path(args.vectors) if args.vectors else store.VECTOR_DIR
+    manifest = store.read_manifest(directory)
+    known = list(dict.fromkeys(c["op"] for c in manifest["cases"]))
+    if args.op:
+        unknown = [o for o in args.op if o not in known]
+        if unknown:
+            raise InputError(f"no vectors for op {', '.join(unknown)} (ops: {', '.join(known)})")
+    xfail = runner.read_xfail(args.xfail) if args.xfail else []
+    kernel = kernels.resolve(args.kernel)
+    manifest, cases = store.load_cases(directory, set(args.op) if args.op else None)
+    results = runner.run(kernel, cases, xfail)
+    if not args.op:
+        # ops the kernel does not implement at all are reported, not held against it
+        by_op = {}
+        for r in results:
+            by_op.setdefault(r.case.op, []).append(r)
+        declined = [op for op, rs in by_op.items() if all(r.status == "skip" for r in rs)]
+        results = [r for r in results if r.case.op not in declined]
+        if declined:
+            print(f"(kernel {args.kernel} does not implement: {', '.join(declined)})")
+    summary = report.summarize(args.kernel, manifest, results)
+    print(report.text(summary, args.verbose))
+    if args.json:
+        report.write_json(summary, args.json)
+    if args.junit:
+        report.write_junit(summary, args.junit)
+    return 0 if summary.conformant else 1

@@ -1,0 +1,166 @@
+"""Why a kernel fails: conclusions drawn from which probe families failed
+and which passed, each citing the clauses it rests on.
+
+A family isolates one property (see ``cases.FAMILIES``), so the pattern of
+failures names the broken rule.  For a sum that fails, the candidate orders
+of ``orders.py`` are evaluated on the failing case's inputs and the ones that
+reproduce the kernel's output exactly are named.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import fp, orders
+from .cases import load_inputs
+from .registry import OPS
+
+
+@dataclass
+class Finding:
+    op: str
+    message: str
+    clauses: list[str]
+
+    def text(self) -> str:
+        return f"{self.op}: {self.message} — see " + " ".join(f"[{c}]" for c in self.clauses)
+
+
+def _by_family(results):
+    fam: dict[str, tuple[list, list]] = {}
+    for r in results:
+        if r.status in ("skip",):
+            continue
+        bad = r.status in ("fail", "error", "xfail")
+        fam.setdefault(r.case.family, ([], []))[0 if bad else 1].append(r)
+    return fam
+
+
+def _count(fam, name):
+    bad, good = fam.get(name, ([], []))
+    return f"{len(bad)} of {len(bad) + len(good)} {name} probes fail"
+
+
+def _flat_actual(r):
+    return np.asarray(next(iter(r.actual.values())), dtype=np.float32).ravel()
+
+
+def _same(x, y) -> bool:
+    x, y = np.asarray(x, np.float32).ravel(), np.asarray(y, np.float32).ravel()
+    if x.shape != y.shape:
+        return False
+    return bool(np.all((fp.bits(x) == fp.bits(y)) | (np.isnan(x) & np.isnan(y))))
+
+
+def matching_orders(op, r) -> list[str]:
+    """Candidate orders that reproduce the kernel's output on this case."""
+    if op.terms is None or not r.actual or next(iter(r.actual.values())).dtype != np.float32:
+        return []
+    a, b = op.terms(*load_inputs(list(r.case.inputs.values())))
+    actual = _flat_actual(r)
+    return [c.name for c in orders.candidates(b is not None) if _same(c(a, b), actual)]
+
+
+def _order_finding(op, fam):
+    bad, good = fam.get("order", ([], []))
+    if not bad:
+        return None
+    clause = [c for c in op.clauses if c.startswith(("mm.", "red."))]
+    common = None
+    for r in [x for x in bad if x.status != "error"][:4]:
+        m = set(matching_orders(op, r))
+        common = m if common is None else common & m
+    names = [c.name for c in orders.candidates(op.terms is not None) if common and c.name in common]
+    if names:
+        what = "output matches " + "; ".join(names)
+    else:
+        what = ("matches none of the candidate orders (reversed, pairwise, blocked/split-k, "
+                "strided lanes, NumPy pairwise)")
+    return Finding(op.name, f"sums in a different order — {_count(fam, 'order')}; {what}", clause)
+
+
+def _outputs_where(fam, family, pred):
+    """Elements of failing cases of ``family`` where pred(expected, actual)."""
+    hits = 0
+    for r in fam.get(family, ([], []))[0]:
+        if not r.actual:
+            continue
+        for n, e in r.case.outputs.items():
+            a = np.asarray(r.actual[n])
+            if e.dtype == np.float32 and a.shape == e.shape and a.dtype == e.dtype:
+                hits += int(pred(e.ravel(), a.ravel()).sum())
+    return hits
+
+
+def _nan_patterns(fam):
+    pats = set()
+    for r in fam.get("nan", ([], []))[0] + fam.get("edge", ([], []))[0]:
+        for n, e in r.case.outputs.items():
+            a = np.asarray(r.actual.get(n, np.zeros(0)))
+            if a.dtype == np.float32 and a.shape == e.shape:
+                bad = np.isnan(a.ravel()) & (fp.bits(a.ravel()) != fp.CANONICAL_NAN)
+                pats |= {f"0x{int(b):08X}" for b in fp.bits(a.ravel()[bad])[:50]}
+    return sorted(pats)
+
+
+def diagnose(op_name: str, results) -> list[Finding]:
+    op = OPS[op_name]
+    fam = _by_family(results)
+    failing = {f for f, (bad, good) in fam.items() if bad}
+    out: list[Finding] = []
+    errors = [r for r in results if r.status == "error"]
+    if errors:
+        out.append(Finding(op_name, f"the kernel failed to run on {len(errors)} cases "
+                                    f"(first: {errors[0].case.id}: {errors[0].message})", ["conv.conformance.c1"]))
+    if "fma" in failing:
+        out.append(Finding(op_name, f"contracts multiply-add (a*b + c rounded once) — {_count(fam, 'fma')}",
+                           ["num.nofma.c1"]))
+    f = _order_finding(op, fam)
+    if f:
+        out.append(f)
+    if "ftz_before_rounding" in failing:
+        z = _outputs_where(fam, "ftz_before_rounding", lambda e, a: (np.abs(e) == fp.FLT_MIN) & (a == 0))
+        how = ("flushes before rounding: products just below FLT_MIN that round up to it come out 0 "
+               "(tininess detected before rounding, as ARM FZ)" if z else
+               "products just below FLT_MIN do not round to FLT_MIN")
+        out.append(Finding(op_name, f"{how} — {_count(fam, 'ftz_before_rounding')}", ["num.flush.c1"]))
+    if "flush" in failing:
+        s = _outputs_where(fam, "flush", lambda e, a: (e == 0) & fp.is_subnormal(a))
+        how = "does not flush subnormal results to zero" if s else "subnormal results handled differently"
+        out.append(Finding(op_name, f"{how} — {_count(fam, 'flush')}", ["num.flush.c1"]))
+    if "input_zeroing" in failing:
+        out.append(Finding(op_name, f"does not zero subnormal inputs — {_count(fam, 'input_zeroing')}",
+                           ["num.load.c1"]))
+    pats = _nan_patterns(fam)
+    if pats:
+        out.append(Finding(op_name, f"non-canonical NaN ({', '.join(pats[:4])} where 0x7FC00000 is required)",
+                           ["num.nan.c1"]))
+    elif "nan" in failing:
+        out.append(Finding(op_name, f"NaN handling differs — {_count(fam, 'nan')}", ["num.nan.c1"]))
+    if "signed_zero" in failing:
+        clause = [c for c in op.clauses if c.startswith(("red.", "num.minmax", "mm."))] or list(op.clauses)
+        rule = ("+0 is larger than -0 (and -0 smaller than +0)" if op_name in ("max", "fmax", "fmin")
+                else "a sum of -0 terms is -0: start the sum from -0, not +0")
+        out.append(Finding(op_name, f"sign of zero differs ({rule}) — {_count(fam, 'signed_zero')}", clause))
+    if "vendor_transcendental" in failing:
+        out.append(Finding(op_name, f"uses a vendor {op_name} (libm, NumPy, CUDA) instead of the spec's algorithm "
+                                    f"— {_count(fam, 'vendor_transcendental')}", list(op.clauses)))
+    if "tf32" in failing:
+        out.append(_tf32_finding(op, fam))
+    if not out and failing:
+        first = next(r for f in sorted(failing) for r in fam[f][0])
+        out.append(Finding(op_name, f"fails {', '.join(sorted(failing))} cases while every diagnostic probe passes "
+                                    f"(first: {first.case.id})", list(op.clauses)))
+    return out
+
+
+def _tf32_finding(op, fam):
+    bad = fam["tf32"][0]
+    how = "drops low significand bits of fp32 inputs"
+    for keep, name in ((10, "TF32"), (7, "bfloat16")):
+        if all(r.actual and _same(op.reference(*[fp.round_mantissa(x, keep) for x in load_inputs(list(r.case.inputs.values()))]),
+                                  _flat_actual(r)) for r in bad):
+            how = f"rounds fp32 inputs to {name} inside the matmul"
+            break
+    return Finding(op.name, f"{how} — {_count(fam, 'tf32')}", ["num.format.c1"] + [c for c in op.clauses if c.startswith("mm.")])

@@ -1,0 +1,111 @@
+"""The op table: one entry per op the golden vectors cover.
+
+An entry names the op, the spec clauses it implements, its calling
+convention (input and output names, in order, with shapes in spec letters),
+the reference function, the case builder, and, for ops that are sums, how to
+view the inputs as R independent sums of N terms (for order diagnosis).
+Adding an op to the suite is adding one entry here and running
+``refreplay vectors generate``.
+
+Calling convention (every kernel adapter): the op is called with its inputs
+positionally in the order listed, as C-contiguous little-endian arrays, and
+returns its outputs (one array, or a tuple in the order listed).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from . import builders as Bld
+
+
+@dataclass(frozen=True)
+class OpDef:
+    name: str
+    clauses: tuple[str, ...]
+    signature: str                  # human-readable calling convention
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    reference: Callable             # (*inputs) -> output(s); inputs already loaded
+    build: Callable                 # (op, rng) -> [(family, {name: array}, note)]
+    terms: Callable | None = None   # inputs -> (a, b): R sums of N terms (b None: plain sums)
+
+
+def _linalg():
+    from .. import linalg
+    return linalg
+
+
+# ---- sums viewed as rows of terms (for order analysis) --------------------------
+
+def _mm_terms(A, B):
+    """A: I x K, B: K x J -> the I*J sums of K products, row-major in (i, j)."""
+    I, J = A.shape[0], B.shape[1]
+    return np.repeat(A, J, axis=0), np.tile(np.ascontiguousarray(B.T), (I, 1))
+
+
+def _layout(kind):
+    """Store canonical (A: I x K, B: K x J) as the op takes them, and back."""
+    if kind == "nn":
+        return (lambda A, B: {"A": A, "B": B}), (lambda A, B: (A, B))
+    if kind == "nt":
+        return (lambda A, B: {"A": A, "B": np.ascontiguousarray(B.T)}), (lambda A, B: (A, np.ascontiguousarray(B.T)))
+    return (lambda A, B: {"A": np.ascontiguousarray(A.T), "B": B}), (lambda A, B: (np.ascontiguousarray(A.T), B))
+
+
+def _matmul_entry(name, fn_name, kind, clause, sig):
+    store, canon = _layout(kind)
+
+    def reference(A, B):
+        return getattr(_linalg(), fn_name)(A, B)
+
+    def build(op, rng):
+        return Bld.matmul_cases(op, rng, None, store)
+
+    return OpDef(name, (clause, "red.sum.c1", "num.nofma.c1"), sig, ("A", "B"), ("C",), reference, build,
+                 terms=lambda A, B: _mm_terms(*canon(A, B)))
+
+
+def _dot_build(op, rng):
+    store, _ = _layout("nn")
+    cases = Bld.dot_from_matmul(Bld.matmul_cases(op, rng, None, store))
+    for n in (5, 9, 33, 100, 257, 1024):
+        x = Bld.V.random_f32(rng, n, -24, 24, mant_bits=10)
+        y = Bld.V.powers_of_two(rng, n, -2, 2)
+        cases.append(("order", {"x": x, "y": y}, f"K={n}; exact products"))
+    return cases
+
+
+OPS: dict[str, OpDef] = {}
+
+
+def _register(op: OpDef):
+    OPS[op.name] = op
+
+
+_register(OpDef(
+    "sum", ("red.rowsum.c1", "red.sum.c1"), "sum(X: f32[I, N]) -> out: f32[I]  (each row summed, n increasing)",
+    ("X",), ("out",), lambda X: _linalg().row_sum(X), lambda op, rng: Bld.sum_cases(op, rng, "row"),
+    terms=lambda X: (X, None)))
+_register(OpDef(
+    "col_sum", ("red.colsum.c1", "red.sum.c1"), "col_sum(X: f32[N, J]) -> out: f32[J]  (each column summed, n increasing)",
+    ("X",), ("out",), lambda X: _linalg().col_sum(X), lambda op, rng: Bld.sum_cases(op, rng, "col"),
+    terms=lambda X: (np.ascontiguousarray(X.T), None)))
+_register(OpDef(
+    "max", ("red.rowmax.c1", "num.minmax.c1"), "max(X: f32[I, N]) -> out: f32[I]  (fmax of each row)",
+    ("X",), ("out",), lambda X: _linalg().row_max(X), Bld.max_cases))
+_register(OpDef(
+    "dot", ("mm.nn.c1", "red.sum.c1", "num.nofma.c1"),
+    "dot(x: f32[K], y: f32[K]) -> out: f32[1]  (the 1 x K x 1 matmul)",
+    ("x", "y"), ("out",), lambda x, y: _linalg().matmul(x[None, :], np.ascontiguousarray(y[:, None])).reshape(1),
+    _dot_build, terms=lambda x, y: (x[None, :], y[None, :])))
+_register(_matmul_entry("matmul", "matmul", "nn", "mm.nn.c1", "matmul(A: f32[I, K], B: f32[K, J]) -> C: f32[I, J]"))
+_register(_matmul_entry("matmul_nt", "matmul_nt", "nt", "mm.nt.c1",
+                        "matmul_nt(A: f32[I, K], B: f32[J, K]) -> C: f32[I, J]  (A·Bᵀ)"))
+_register(_matmul_entry("matmul_tn", "matmul_tn", "tn", "mm.tn.c1",
+                        "matmul_tn(A: f32[K, I], B: f32[K, J]) -> C: f32[I, J]  (Aᵀ·B)"))
+_register(OpDef(
+    "matmul_i8", ("mm.i8.c1", "mm.i8.c2"), "matmul_i8(A: i8[I, K], B: i8[K, J]) -> C: i32[I, J]  (exact)",
+    ("A", "B"), ("C",), lambda A, B: _linalg().matmul_i8(A, B), Bld.i8_cases))

@@ -1,0 +1,146 @@
+"""The conformance report: a per-op table, every failing case with its first
+mismatch in hex, ulp distance and histogram, the diagnosis, and the verdict.
+Also JSON (for tools) and JUnit XML (for CI systems)."""
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+
+from .diagnose import Finding, diagnose
+
+
+@dataclass
+class Summary:
+    kernel: str
+    spec_version: str
+    generator_version: str
+    results: list
+    findings: list[Finding]
+
+    @property
+    def ops(self) -> list[str]:
+        return list(dict.fromkeys(r.case.op for r in self.results))
+
+    def counts(self, op=None) -> dict[str, int]:
+        c = {"pass": 0, "fail": 0, "error": 0, "skip": 0, "xfail": 0, "xpass": 0}
+        for r in self.results:
+            if op is None or r.case.op == op:
+                c[r.status] += 1
+        return c
+
+    @property
+    def conformant(self) -> bool:
+        """Every selected case ran and matched (or is an expected failure);
+        at least one case ran."""
+        c = self.counts()
+        return c["fail"] == 0 and c["error"] == 0 and c["skip"] == 0 and c["pass"] + c["xpass"] + c["xfail"] > 0
+
+
+def summarize(kernel, manifest, results) -> Summary:
+    findings = []
+    ops = list(dict.fromkeys(r.case.op for r in results))
+    for op in ops:
+        rs = [r for r in results if r.case.op == op]
+        if any(r.status in ("fail", "error", "xfail") for r in rs):
+            findings.extend(diagnose(op, rs))
+    return Summary(kernel, manifest["spec_version"], manifest["generator_version"], results, findings)
+
+
+def _case_lines(r) -> list[str]:
+    head = f"{r.status.upper():5s} {r.case.id}  " + " ".join(f"[{c}]" for c in r.case.clauses)
+    lines = [head, f"      probes: {r.case.probes}"]
+    if r.xfail_reason:
+        lines.append(f"      xfail: {r.xfail_reason}")
+    if r.message:
+        lines.append(f"      {r.message}")
+    for m in r.mismatches:
+        if not m.first_index and m.count == m.total and "[" in m.expected:
+            lines.append(f"      output {m.output}: expected {m.expected}, got {m.actual}")
+            continue
+        ulp = "n/a (NaN)" if m.ulp is None else str(m.ulp)
+        hist = ", ".join(f"{k}: {v}" for k, v in m.histogram.items())
+        lines.append(f"      output {m.output}: {m.count} of {m.total} elements differ; first at "
+                     f"{list(m.first_index)}: expected {m.expected}, actual {m.actual}, ulp distance {ulp}")
+        lines.append(f"      ulp histogram: {hist}")
+    return lines
+
+
+def text(s: Summary, verbose=False) -> str:
+    out = [f"refreplay conform {s.kernel} — spec {s.spec_version}, vectors generator {s.generator_version}, "
+           f"{len(s.results)} cases", ""]
+    out.append(f"{'op':14s} {'pass':>5s} {'fail':>5s} {'error':>5s} {'xfail':>5s} {'xpass':>5s} {'skip':>5s}")
+    for op in s.ops:
+        c = s.counts(op)
+        out.append(f"{op:14s} {c['pass']:5d} {c['fail']:5d} {c['error']:5d} {c['xfail']:5d} {c['xpass']:5d} {c['skip']:5d}")
+    shown = [r for r in s.results if r.status in ("fail", "error", "xpass") or (verbose and r.status != "pass")]
+    if shown:
+        out += ["", "Cases not passing:" if not verbose else "Cases:"]
+        for r in shown:
+            out += _case_lines(r)
+    xp = [r for r in s.results if r.status == "xpass"]
+    if xp:
+        out += ["", f"Unexpected passes ({len(xp)}): " + ", ".join(r.case.id for r in xp) +
+                " — remove them from the xfail file"]
+    if s.findings:
+        out += ["", "Diagnosis:"] + [f"  {f.text()}" for f in s.findings]
+    c = s.counts()
+    out.append("")
+    if s.conformant:
+        out.append(f"verdict: CONFORMANT — {c['pass']} cases match bit for bit"
+                   + (f" ({c['xfail']} expected failures)" if c['xfail'] else ""))
+    else:
+        out.append(f"verdict: NOT CONFORMANT — {c['fail']} failed, {c['error']} errors, {c['skip']} skipped, "
+                   f"{c['pass']} passed")
+    return "\n".join(out)
+
+
+def to_json(s: Summary) -> dict:
+    return {
+        "kernel": s.kernel, "spec_version": s.spec_version, "generator_version": s.generator_version,
+        "conformant": s.conformant, "counts": s.counts(),
+        "ops": {op: s.counts(op) for op in s.ops},
+        "diagnosis": [{"op": f.op, "message": f.message, "clauses": f.clauses} for f in s.findings],
+        "cases": [{
+            "id": r.case.id, "op": r.case.op, "family": r.case.family, "clauses": r.case.clauses,
+            "status": r.status, "message": r.message, "xfail_reason": r.xfail_reason,
+            "mismatches": [{"output": m.output, "count": m.count, "total": m.total,
+                            "first_index": list(m.first_index), "expected": m.expected, "actual": m.actual,
+                            "ulp": m.ulp, "histogram": m.histogram} for m in r.mismatches],
+        } for r in s.results],
+    }
+
+
+def to_junit(s: Summary) -> bytes:
+    root = ET.Element("testsuites", name=f"refreplay conform {s.kernel}")
+    for op in s.ops:
+        rs = [r for r in s.results if r.case.op == op]
+        c = s.counts(op)
+        suite = ET.SubElement(root, "testsuite", name=op, tests=str(len(rs)), failures=str(c["fail"] + c["xpass"] * 0),
+                              errors=str(c["error"]), skipped=str(c["skip"] + c["xfail"]))
+        for r in rs:
+            tc = ET.SubElement(suite, "testcase", classname=f"refreplay.conform.{op}", name=r.case.id)
+            detail = "\n".join(_case_lines(r))
+            if r.status == "fail":
+                m = r.mismatches[0]
+                ET.SubElement(tc, "failure", message=f"{m.output}[{','.join(map(str, m.first_index))}]: "
+                                                     f"expected {m.expected}, actual {m.actual}").text = detail
+            elif r.status == "error":
+                ET.SubElement(tc, "error", message=r.message).text = detail
+            elif r.status in ("skip", "xfail"):
+                ET.SubElement(tc, "skipped", message=r.message or f"xfail: {r.xfail_reason}")
+    diag = ET.SubElement(root, "properties")
+    for f in s.findings:
+        ET.SubElement(diag, "property", name=f"diagnosis.{f.op}", value=f.text())
+    return ET.tostring(root, encoding="utf-8", xml_declaration=True)
+
+
+def write_json(s: Summary, path):
+    with open(path, "w") as fh:
+        json.dump(to_json(s), fh, indent=1)
+        fh.write("\n")
+
+
+def write_junit(s: Summary, path):
+    with open(path, "wb") as fh:
+        fh.write(to_junit(s))

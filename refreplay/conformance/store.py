@@ -1,0 +1,180 @@
+"""Golden vectors on disk: one safetensors file per op plus ``manifest.json``.
+
+Format (spec/07-conformance.txt, [conf.vectors.c1]):
+  vectors/<op>.safetensors   tensors "<case id>/in/<name>" and "<case id>/out/<name>",
+                             little-endian, a single ``__metadata__`` key
+  vectors/manifest.json      format, spec version, generator version, seed,
+                             per file its sha256, per case: op, family, the
+                             property probed, clause labels, and per tensor
+                             dtype, shape and (outputs) sha256 of its bytes.
+
+Reading checks every file's sha256 against the manifest and every output's
+sha256 against its bytes before anything is compared: a corrupt or edited
+vector is an ``InputError`` (exit 2), never a pass.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import InputError
+from .cases import DTYPES, Case, dtype_name
+
+VECTOR_DIR = Path(__file__).resolve().parent.parent.parent / "vectors"
+MANIFEST = "manifest.json"
+FORMAT = "refreplay-vectors/1"
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def tensor_sha(a: np.ndarray) -> str:
+    return sha256(np.ascontiguousarray(a).tobytes())
+
+
+def _le(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<"))
+
+
+def encode_file(cases: list[Case]) -> bytes:
+    """One op's cases as safetensors bytes (deterministic: safetensors orders
+    tensors by dtype alignment then name; one metadata key)."""
+    from safetensors.numpy import save
+
+    tensors = {}
+    for c in cases:
+        for n, a in c.inputs.items():
+            tensors[f"{c.id}/in/{n}"] = _le(a)
+        for n, a in c.outputs.items():
+            tensors[f"{c.id}/out/{n}"] = _le(a)
+    return save(tensors, metadata={"format": FORMAT})
+
+
+def _tensor_entry(name, a, with_sha):
+    e = {"name": name, "dtype": dtype_name(a), "shape": list(a.shape)}
+    if with_sha:
+        e["sha256"] = tensor_sha(a)
+    return e
+
+
+def encode(cases: list[Case], spec_version: str, generator_version: str, seed: int) -> dict[str, bytes]:
+    """All files (name -> bytes), the manifest last."""
+    by_op: dict[str, list[Case]] = {}
+    for c in cases:
+        by_op.setdefault(c.op, []).append(c)
+    files = {f"{op}.safetensors": encode_file(cs) for op, cs in by_op.items()}
+    manifest = {
+        "format": FORMAT,
+        "spec_version": spec_version,
+        "generator_version": generator_version,
+        "seed": seed,
+        "files": {name: {"sha256": sha256(data), "bytes": len(data)} for name, data in files.items()},
+        "cases": [{
+            "id": c.id, "op": c.op, "file": f"{c.op}.safetensors", "family": c.family,
+            "probes": c.probes, "clauses": c.clauses,
+            "inputs": [_tensor_entry(n, a, False) for n, a in c.inputs.items()],
+            "outputs": [_tensor_entry(n, a, True) for n, a in c.outputs.items()],
+        } for c in cases],
+    }
+    files[MANIFEST] = (json.dumps(manifest, indent=1, ensure_ascii=False) + "\n").encode()
+    return files
+
+
+def write(files: dict[str, bytes], directory: Path = VECTOR_DIR) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        (directory / name).write_bytes(data)
+
+
+def read_manifest(directory: Path = VECTOR_DIR) -> dict:
+    path = directory / MANIFEST
+    if not path.is_file():
+        raise InputError(f"no vectors at {directory} (missing {MANIFEST}; run `refreplay vectors generate`)")
+    try:
+        m = json.loads(path.read_bytes())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: corrupt manifest (not JSON: {exc})") from None
+    _validate_manifest(m, path)
+    return m
+
+
+def _validate_manifest(m, path):
+    def bad(what):
+        raise InputError(f"{path}: corrupt manifest ({what})")
+
+    if not isinstance(m, dict) or m.get("format") != FORMAT:
+        bad(f"format is not {FORMAT!r}")
+    for key in ("spec_version", "generator_version", "seed", "files", "cases"):
+        if key not in m:
+            bad(f"missing {key!r}")
+    if not isinstance(m["files"], dict) or not isinstance(m["cases"], list):
+        bad("files must be an object and cases a list")
+    ids = set()
+    for c in m["cases"]:
+        try:
+            if c["id"] in ids:
+                bad(f"duplicate case id {c['id']}")
+            ids.add(c["id"])
+            if c["file"] not in m["files"]:
+                bad(f"case {c['id']} names unknown file {c['file']}")
+            for t in c["inputs"] + c["outputs"]:
+                if t["dtype"] not in DTYPES or not all(isinstance(d, int) and d >= 0 for d in t["shape"]):
+                    bad(f"case {c['id']}: bad dtype or shape for {t['name']}")
+            for t in c["outputs"]:
+                if not (isinstance(t["sha256"], str) and len(t["sha256"]) == 64):
+                    bad(f"case {c['id']}: bad sha256 for output {t['name']}")
+            str(c["op"]), str(c["family"]), list(c["clauses"])
+        except (KeyError, TypeError) as exc:
+            bad(f"case entry malformed: {exc!r}")
+
+
+def read_file(directory: Path, name: str, entry: dict) -> dict[str, np.ndarray]:
+    """The tensors of one vector file, after checking its sha256."""
+    from safetensors.numpy import load
+
+    path = directory / name
+    if not path.is_file():
+        raise InputError(f"{path}: vector file missing (listed in the manifest)")
+    data = path.read_bytes()
+    if sha256(data) != entry.get("sha256"):
+        raise InputError(f"{path}: sha256 {sha256(data)[:16]}... does not match the manifest "
+                         f"({str(entry.get('sha256'))[:16]}...): the file is corrupt or was edited; "
+                         f"`refreplay vectors verify` names the differing cases")
+    try:
+        return load(data)
+    except Exception as exc:  # safetensors raises its own error types
+        raise InputError(f"{path}: not a valid safetensors file ({exc})") from None
+
+
+def load_cases(directory: Path = VECTOR_DIR, ops=None) -> tuple[dict, list[Case]]:
+    """Manifest and cases (optionally only the given ops), every tensor
+    checked against the manifest's dtype, shape and sha256."""
+    m = read_manifest(directory)
+    wanted = [c for c in m["cases"] if ops is None or c["op"] in ops]
+    files = {}
+    out = []
+    for c in wanted:
+        if c["file"] not in files:
+            files[c["file"]] = read_file(directory, c["file"], m["files"][c["file"]])
+        tensors = files[c["file"]]
+
+        def get(kind, t):
+            key = f"{c['id']}/{kind}/{t['name']}"
+            if key not in tensors:
+                raise InputError(f"{directory / c['file']}: tensor {key} missing")
+            a = tensors[key]
+            if dtype_name(a) != t["dtype"] or list(a.shape) != t["shape"]:
+                raise InputError(f"{directory / c['file']}: {key} is {dtype_name(a)}{list(a.shape)}, "
+                                 f"the manifest says {t['dtype']}{t['shape']}")
+            if kind == "out" and tensor_sha(a) != t["sha256"]:
+                raise InputError(f"{directory / c['file']}: {key} does not match its sha256 in the manifest")
+            return a
+
+        out.append(Case(c["id"], c["op"], c["family"], c["probes"], list(c["clauses"]),
+                        {t["name"]: get("in", t) for t in c["inputs"]},
+                        {t["name"]: get("out", t) for t in c["outputs"]}))
+    return m, out
