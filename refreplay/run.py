@@ -1,0 +1,390 @@
+"""The published run directory: write it while training, read it back with
+every field and file validated (format: ``docs/run-format.md``).
+
+    RUN/recipe.json                     the recipe; its "recipe" object is hashed
+    RUN/data/manifest.json              shard manifest ([data.shards.c1])
+    RUN/data/shard-JJJJJ.zst            the samples
+    RUN/checkpoints/step-NNNNNNN.safetensors   state at step 0, every K, and the last
+    RUN/steps.jsonl                     one hash record per step, 0..N ([step.record.c1])
+    RUN/head.json                       the chain head (written last)
+
+The functions an auditor or replayer needs:
+
+    run = open_run(path)         validated recipe, manifest, records, head
+    run.recipe, run.recipe_sha256, run.records, run.head
+    run.load_checkpoint(k)       the TrainState at step k (root checked)
+    run.stream(), run.batch(n)   the data of step n, rebuilt from the shards
+    run.trainer()                a step.Trainer for this recipe
+    run.replay_step(state)       one step from a state -> (state, record)
+
+Everything read here is untrusted: any problem raises ``InputError`` with
+the file and the field named.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import __version__, data, spec, tensorio
+from . import state as statehash
+from .errors import InputError
+from .presets import (PRESETS, ModelConfig, TrainConfig, model_from_json, model_to_json,
+                      train_from_json, train_to_json)
+
+RUN_FORMAT = "refreplay-run/1"
+RECIPE_FILE = "recipe.json"
+STEPS_FILE = "steps.jsonl"
+HEAD_FILE = "head.json"
+DATA_DIR = "data"
+CKPT_DIR = "checkpoints"
+LAUNCHERS = ("inproc", "mpi")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_F32HEX = re.compile(r"^0x[0-9A-F]{8}$")
+
+
+def canonical_json(obj) -> bytes:
+    """[step.recipe.c1] Sorted keys, no spaces, ASCII only: the bytes that are hashed."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step-{step:07d}.safetensors"
+
+
+def checkpoint_steps(steps: int, every: int) -> list[int]:
+    """Step 0, every multiple of K up to N, and N."""
+    return sorted({0, steps, *range(every, steps + 1, every)})
+
+
+# ---- the recipe ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Recipe:
+    model: ModelConfig
+    train: TrainConfig
+    manifest_sha256: str
+    samples: int
+    preset: str | None
+    ranks: int
+    launcher: str
+    steps: int
+    checkpoint_every: int
+    spec_version: str
+    spec_sha256: str
+    refreplay_version: str
+
+    def hashed(self) -> dict:
+        """[step.recipe.c1] The part of the recipe that decides bits."""
+        return {"spec_version": self.spec_version,
+                "model": model_to_json(self.model),
+                "train": train_to_json(self.train),
+                "data": {"manifest_sha256": self.manifest_sha256, "samples": self.samples,
+                         "sample_tokens": self.model.seq_len + 1}}
+
+    def sha256(self) -> str:
+        """[step.recipe.c1] The recipe hash bound into every chain link."""
+        return hashlib.sha256(canonical_json(self.hashed())).hexdigest()
+
+    def to_json(self) -> dict:
+        return {"format": RUN_FORMAT,
+                "recipe": self.hashed(),
+                "recipe_sha256": self.sha256(),
+                "run": {"preset": self.preset, "ranks": self.ranks, "launcher": self.launcher,
+                        "steps": self.steps, "checkpoint_every": self.checkpoint_every},
+                "provenance": {"refreplay_version": self.refreplay_version,
+                               "spec_sha256": self.spec_sha256}}
+
+
+def _need(cond, msg):
+    if not cond:
+        raise InputError(msg)
+
+
+def _obj(d, key, where) -> dict:
+    v = d.get(key) if isinstance(d, dict) else None
+    _need(isinstance(v, dict), f"{where}: field {key!r} must be a JSON object")
+    return v
+
+
+def _int(d, key, where, lo=0, hi=1 << 62) -> int:
+    v = d.get(key)
+    _need(isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi,
+          f"{where}: field {key!r} must be an integer in [{lo}, {hi}], got {v!r}")
+    return v
+
+
+def _exact_keys(d, keys, where):
+    extra = sorted(set(d) - set(keys))
+    missing = sorted(set(keys) - set(d))
+    _need(not extra and not missing,
+          f"{where}: " + "; ".join(filter(None, [extra and f"unknown field(s) {', '.join(extra)}",
+                                                  missing and f"missing field(s) {', '.join(missing)}"])))
+
+
+def recipe_from_json(obj, where: str = RECIPE_FILE) -> Recipe:
+    """Validate every field of a recipe.json object."""
+    _need(isinstance(obj, dict), f"{where}: not a JSON object")
+    _exact_keys(obj, ("format", "recipe", "recipe_sha256", "run", "provenance"), where)
+    _need(obj["format"] == RUN_FORMAT, f"{where}: unknown format {obj['format']!r} (expected {RUN_FORMAT})")
+    hashed = _obj(obj, "recipe", where)
+    _exact_keys(hashed, ("spec_version", "model", "train", "data"), f"{where}: recipe")
+    sv = hashed["spec_version"]
+    _need(sv == spec.version(), f"{where}: the run was made under spec {sv!r}; this refreplay "
+                                f"implements spec {spec.version()!r}")
+    model = model_from_json(_obj(hashed, "model", where), f"{where}: recipe.model")
+    train = train_from_json(_obj(hashed, "train", where), f"{where}: recipe.train")
+    dat = _obj(hashed, "data", where)
+    _exact_keys(dat, ("manifest_sha256", "samples", "sample_tokens"), f"{where}: recipe.data")
+    msha = dat["manifest_sha256"]
+    _need(isinstance(msha, str) and _HEX64.match(msha), f"{where}: recipe.data.manifest_sha256 is malformed")
+    samples = _int(dat, "samples", f"{where}: recipe.data", 1)
+    _need(dat["sample_tokens"] == model.seq_len + 1,
+          f"{where}: recipe.data.sample_tokens must be seq_len + 1 = {model.seq_len + 1}")
+    run = _obj(obj, "run", where)
+    _exact_keys(run, ("preset", "ranks", "launcher", "steps", "checkpoint_every"), f"{where}: run")
+    preset = run["preset"]
+    _need(preset is None or (isinstance(preset, str) and preset in PRESETS),
+          f"{where}: unknown preset {preset!r}; known presets: {', '.join(sorted(PRESETS))}")
+    ranks = _int(run, "ranks", f"{where}: run", 1, train.micro_batches)
+    _need(run["launcher"] in LAUNCHERS, f"{where}: run.launcher must be one of {LAUNCHERS}")
+    steps = _int(run, "steps", f"{where}: run", 0, 1 << 24)
+    every = _int(run, "checkpoint_every", f"{where}: run", 1, 1 << 24)
+    prov = _obj(obj, "provenance", where)
+    _exact_keys(prov, ("refreplay_version", "spec_sha256"), f"{where}: provenance")
+    _need(isinstance(prov["refreplay_version"], str) and isinstance(prov["spec_sha256"], str)
+          and _HEX64.match(prov["spec_sha256"]), f"{where}: provenance fields are malformed")
+    recipe = Recipe(model, train, msha, samples, preset, ranks, run["launcher"], steps, every,
+                    sv, prov["spec_sha256"], prov["refreplay_version"])
+    _need(obj["recipe_sha256"] == recipe.sha256(),
+          f"{where}: recipe_sha256 {obj['recipe_sha256']!r} is not the hash of the recipe "
+          f"({recipe.sha256()}): the recipe was edited")
+    return recipe
+
+
+def new_recipe(model: ModelConfig, train: TrainConfig, manifest_sha256: str, samples: int, *,
+               preset, ranks, launcher, steps, checkpoint_every) -> Recipe:
+    return Recipe(model.validate(), train.validate(), manifest_sha256, samples, preset, ranks, launcher,
+                  steps, checkpoint_every, spec.version(), spec.spec_sha256(), __version__)
+
+
+# ---- records ---------------------------------------------------------------------------
+
+
+def record_to_json(rec) -> dict:
+    return {"step": rec.step, "state_root": rec.state_root, "data_hash": rec.data_hash,
+            "chain_link": rec.chain_link, "loss": rec.loss_hex()}
+
+
+def _record_from_json(obj, where):
+    from .step import StepRecord
+
+    _need(isinstance(obj, dict), f"{where}: not a JSON object")
+    _exact_keys(obj, ("step", "state_root", "data_hash", "chain_link", "loss"), where)
+    step = _int(obj, "step", where)
+    for key in ("state_root", "data_hash", "chain_link"):
+        _need(isinstance(obj[key], str) and _HEX64.match(obj[key]), f"{where}: {key} must be 64 lower-case hex digits")
+    loss = obj["loss"]
+    if step == 0:
+        _need(loss is None, f"{where}: step 0 has no loss")
+    else:
+        _need(isinstance(loss, str) and _F32HEX.match(loss), f"{where}: loss must be a 0x bit pattern")
+        loss = np.array([int(loss, 16)], np.uint32).view(np.float32)[0]
+    return StepRecord(step, obj["state_root"], obj["data_hash"], obj["chain_link"], loss)
+
+
+# ---- reading ------------------------------------------------------------------------------
+
+
+class Run:
+    """A published run directory, validated on open (see ``open_run``)."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        _need(self.path.is_dir(), f"run directory not found: {self.path}")
+        self._root = self.path.resolve()
+        raw = self._read(RECIPE_FILE, "recipe")
+        try:
+            obj = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise InputError(f"{self.path / RECIPE_FILE}: not valid JSON ({exc})") from None
+        self.recipe = recipe_from_json(obj, str(self.path / RECIPE_FILE))
+        self.recipe_sha256 = self.recipe.sha256()
+        self.manifest, mraw = data.load_manifest(self._file(DATA_DIR, "manifest.json").parent)
+        _need(hashlib.sha256(mraw).hexdigest() == self.recipe.manifest_sha256,
+              f"{self.path / DATA_DIR / 'manifest.json'}: sha256 does not match the recipe's manifest_sha256")
+        _need(self.manifest["samples"] == self.recipe.samples
+              and self.manifest["sample_tokens"] == self.recipe.model.seq_len + 1,
+              f"{self.path / DATA_DIR / 'manifest.json'}: sample count or length differs from the recipe")
+        for s in self.manifest["shards"]:
+            self._file(DATA_DIR, s["file"])  # inside the run directory, present
+        self.records = self._read_records()
+        self.head = self._read_head()
+        self.checkpoints = checkpoint_steps(self.recipe.steps, self.recipe.checkpoint_every)
+        for k in self.checkpoints:
+            self._file(CKPT_DIR, checkpoint_name(k))
+        self._stream = None
+
+    # -- files
+    def _file(self, *parts) -> Path:
+        """A path inside the run directory that exists; symbolic links that
+        lead outside it are refused."""
+        p = self.path.joinpath(*parts)
+        try:
+            p.resolve().relative_to(self._root)
+        except ValueError:
+            raise InputError(f"{p}: leads outside the run directory") from None
+        _need(p.is_file(), f"missing file {p}")
+        return p
+
+    def _read(self, name, what) -> bytes:
+        p = self.path / name
+        _need(p.is_file(), f"missing {what} file {p}")
+        return self._file(name).read_bytes()
+
+    def _read_records(self):
+        from .step import StepRecord  # noqa: F401  (type of the records)
+
+        where = self.path / STEPS_FILE
+        lines = self._read(STEPS_FILE, "step hash").decode("utf-8", "replace").splitlines()
+        recs = []
+        prev = statehash.GENESIS
+        for i, line in enumerate(lines):
+            w = f"{where}:{i + 1}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InputError(f"{w}: not valid JSON ({exc})") from None
+            rec = _record_from_json(obj, w)
+            _need(rec.step == i, f"{w}: expected step {i}, found step {rec.step}")
+            if i == 0:
+                _need(rec.chain_link == statehash.GENESIS and rec.data_hash == "00" * 32,
+                      f"{w}: step 0 must carry the genesis link and a zero data hash")
+            else:
+                want = statehash.chain_link(prev, rec.state_root, rec.data_hash, self.recipe_sha256)
+                _need(rec.chain_link == want, f"{w}: chain link does not follow from the previous "
+                                              "link, this step's hashes and the recipe hash")
+            prev = rec.chain_link
+            recs.append(rec)
+        _need(len(recs) == self.recipe.steps + 1,
+              f"{where}: {len(recs)} records for a run of {self.recipe.steps} steps (expected "
+              f"{self.recipe.steps + 1}, steps 0..{self.recipe.steps}); the run is incomplete or truncated")
+        return recs
+
+    def _read_head(self) -> dict:
+        where = self.path / HEAD_FILE
+        try:
+            head = json.loads(self._read(HEAD_FILE, "chain head"))
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{where}: not valid JSON ({exc})") from None
+        _need(isinstance(head, dict), f"{where}: not a JSON object")
+        _exact_keys(head, ("step", "chain_link", "recipe_sha256"), str(where))
+        last = self.records[-1]
+        _need(head["step"] == last.step and head["chain_link"] == last.chain_link
+              and head["recipe_sha256"] == self.recipe_sha256,
+              f"{where}: the chain head does not match the last record of {STEPS_FILE}")
+        return head
+
+    # -- state
+    def load_checkpoint(self, k: int):
+        """The TrainState at step k, checked against the model and against
+        the published state root of step k."""
+        from .step import state_from_tensors
+
+        _need(k in self.checkpoints, f"no checkpoint at step {k}; checkpoints: {self.checkpoints}")
+        path = self._file(CKPT_DIR, checkpoint_name(k))
+        tensors, meta = tensorio.load(path)
+        try:
+            st = state_from_tensors(self.recipe.model, tensors, str(path))
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
+        _need(st.step == k, f"{path}: holds step {st.step}, expected {k}")
+        _need(meta == checkpoint_metadata(k, self.records[k].state_root),
+              f"{path}: metadata does not name step {k} and its state root")
+        root = st.root()
+        _need(root == self.records[k].state_root,
+              f"{path}: state root {root} differs from the published root of step {k} "
+              f"({self.records[k].state_root}): the checkpoint is corrupt")
+        return st
+
+    # -- data
+    def stream(self) -> data.Stream:
+        """[data.stream.c1] The run's stream, shards read and hash-checked once."""
+        if self._stream is None:
+            samples, _ = data.read_shards(self.path / DATA_DIR)
+            t = self.recipe.train
+            self._stream = data.Stream(samples, t.seed, data.Batching(t.micro_batches, t.micro_batch_size))
+        return self._stream
+
+    def batch(self, n: int) -> np.ndarray:
+        """The (G, T+1) token samples of step n >= 1, in stream order."""
+        _need(1 <= n <= self.recipe.steps, f"step {n} is not a step of this run (1..{self.recipe.steps})")
+        return self.stream().batch(n)
+
+    # -- replay
+    def trainer(self):
+        from .step import Trainer
+
+        return Trainer(self.recipe.model, self.recipe.train, self.stream(), self.recipe_sha256)
+
+    def replay_step(self, st, launcher=None):
+        """One step from state ``st`` (state k -> k+1), on one in-process rank
+        unless a launcher is given; returns (state k+1, record k+1) to compare
+        with ``records[k+1]``."""
+        from .launch.inproc import InProcess
+
+        _need(0 <= st.step < self.recipe.steps, f"state at step {st.step} has no next step in this run")
+        return self.trainer().step(st, self.records[st.step].chain_link, launcher or InProcess(1))
+
+
+def open_run(path) -> Run:
+    return Run(path)
+
+
+def checkpoint_metadata(step: int, root: str) -> str:
+    return canonical_json({"step": step, "state_root": root}).decode()
+
+
+# ---- writing --------------------------------------------------------------------------------
+
+
+class RunWriter:
+    """Writes a run directory as training proceeds; ``finish`` writes the head."""
+
+    def __init__(self, path, recipe: Recipe):
+        self.path = Path(path)
+        self.recipe = recipe
+        self._steps = None
+
+    @staticmethod
+    def prepare(path) -> Path:
+        """Create the directory; refuse one that exists and is not empty."""
+        p = Path(path)
+        if p.exists() and (not p.is_dir() or any(p.iterdir())):
+            raise InputError(f"output {p} exists and is not an empty directory; refusing to overwrite")
+        (p / DATA_DIR).mkdir(parents=True, exist_ok=True)
+        (p / CKPT_DIR).mkdir(exist_ok=True)
+        return p
+
+    def write_recipe(self) -> None:
+        text = json.dumps(self.recipe.to_json(), sort_keys=True, indent=2, ensure_ascii=True) + "\n"
+        (self.path / RECIPE_FILE).write_text(text)
+        self._steps = open(self.path / STEPS_FILE, "w")
+
+    def record(self, rec) -> None:
+        self._steps.write(json.dumps(record_to_json(rec), sort_keys=True) + "\n")
+        self._steps.flush()
+
+    def checkpoint(self, st, root: str) -> None:
+        tensorio.save(self.path / CKPT_DIR / checkpoint_name(st.step), st.tensors(),
+                      checkpoint_metadata(st.step, root))
+
+    def finish(self, last) -> None:
+        self._steps.close()
+        head = {"step": last.step, "chain_link": last.chain_link, "recipe_sha256": self.recipe.sha256()}
+        (self.path / HEAD_FILE).write_text(json.dumps(head, sort_keys=True, indent=2) + "\n")
