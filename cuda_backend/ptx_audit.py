@@ -40,6 +40,7 @@ PATHS = ("ptx", "lto")
 KERNEL_MODULES = (
     "cuda_backend.numerics",
     "cuda_backend.linalg",
+    "cuda_backend.rng",
 )
 
 FLOAT_TYPES = {"f16", "f16x2", "bf16", "bf16x2", "f32", "f64"}

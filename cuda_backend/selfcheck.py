@@ -255,6 +255,34 @@ def _check_matmul_i8(rng, large):
     return out
 
 
+def _check_rng(rng, large):
+    from refreplay import rng as ref
+    from . import adapter
+    n = 1 << 16 if large else 200
+    out = []
+    counters = rng.integers(0, 1 << 32, (n, 4), dtype=np.uint64).astype(np.uint32)
+    key = rng.integers(0, 1 << 32, 2, dtype=np.uint64).astype(np.uint32)
+    want = np.array([ref.philox4x32(c, key) for c in counters], dtype=np.uint32)
+    out.append(("philox4x32-10 random counters", want, adapter.philox4x32(counters, key)))
+    want7 = np.array([ref.philox4x32(c, key, 7) for c in counters[:16]], dtype=np.uint32)
+    out.append(("philox4x32-7", want7, adapter.philox4x32(counters[:16], key, 7)))
+    seed = int(rng.integers(0, 1 << 63)) * 2 + 1
+    for start in (0, 1, 3, (1 << 34) - 2):  # unaligned starts; a block index above 2^32
+        out.append((f"words start={start}", ref.words(seed, 2, 7, n + 1, start),
+                    adapter.words(seed, 2, 7, n + 1, start)))
+    w = random_bits(rng, n).view(np.uint32)
+    w[:4] = [0, 0xFF, 0x100, 0xFFFFFFFF]
+    out.append(("unit", ref.unit_floats(seed, 2, 7, n), adapter.unit(adapter.words(seed, 2, 7, n))))
+    for a in (np.float32(0.5), np.float32(1.5), f32(0x3CA3D70A)[()], f32(0x00800000)[()]):
+        want = np.array([ref.symmetric(v, a) for v in w], dtype=np.float32)
+        out.append((f"symmetric a=0x{int(np.float32(a).view(np.uint32)):08X}", want, adapter.symmetric(w, a)))
+    for name, shape in (("w", (2, 3)), ("wte.weight", (5, 7)), ("b", (1,)), ("big", (3, n // 3 + 1))):
+        a = f32(0x3DCCCCCD)[()]
+        out.append((f"init_uniform {name} {shape}", ref.init_uniform(seed, name, shape, a),
+                    adapter.init_uniform(seed, name, shape, a)))
+    return out
+
+
 # ---- the spec's worked examples, evaluated with the device functions -------------
 
 _DTYPES = {"f32": np.float32, "i8": np.int8, "i32": np.int32, "i64": np.int64,
@@ -334,6 +362,7 @@ CHECKS: dict[str, tuple[tuple[str, ...], Callable]] = {
     "matmul_tn": (("mm.tn.c1", "mm.accumulate.c1"), _check_matmul("matmul_tn")),
     "reductions": (("red.rowsum.c1", "red.colsum.c1", "red.rowmax.c1", "mm.bias.c1"), _check_reductions),
     "matmul_i8": (("mm.i8.c1",), _check_matmul_i8),
+    "rng": (("rng.philox.c1", "rng.counter.c1", "rng.unit.c1", "rng.symmetric.c1", "rng.init.c1"), _check_rng),
     "spec_examples": ((), _check_examples),
 }
 
