@@ -6,8 +6,22 @@ Speed comes only from computing many independent outputs at once; no sum is
 split or reordered.  ``matmul_naive.py`` holds the one-output-at-a-time loops
 these must equal bit for bit.
 
-Call from compiled code: ``mm_nn(A, B, C)`` overwrites C, ``mm_nn(A, B, C,
-True)`` accumulates into it ([mm.accumulate.c1]); likewise mm_nt, mm_tn.
+Structure (the classic packed GEMM, with nothing reassociated):
+
+* k is cut into blocks of KC, processed in increasing order.  Between blocks
+  a tile's partial sums wait in C itself: storing a float32 and loading it
+  back changes no bit, so the sum over k stays one sequential chain.
+* For each k block, B is packed into panels of NR columns (``Bp[k, j]``
+  contiguous along j) and each thread packs MR rows of A (``Ap[k, r]``).
+  Packing copies bits (and zero-pads the edges, which feed only lanes that
+  are never stored).
+* ``_tile.tile_*`` runs one MR × NR tile over the k block with its
+  accumulators in vector registers.  Threads take row blocks (independent
+  outputs); the k loop never crosses threads.
+
+Call from compiled code (all arrays C-contiguous float32):
+``mm_nn(A, B, C)`` overwrites C, ``mm_nn(A, B, C, True)`` accumulates into it
+([mm.accumulate.c1]); likewise mm_nt, mm_tn.
 """
 from __future__ import annotations
 
@@ -15,78 +29,203 @@ import numpy as np
 from numba import prange
 
 from .._jit import kernel, parallel_kernel
-from ..numerics.core import add, canon, flush
-from .common import sum_start
+from ..numerics._bits import f32_bits
+from ..numerics.core import add, ZERO
+from ._tile import MR, NR, tile_flush, tile_plain
+
+KC = 256  # k block: a packed B panel (KC × NR floats, 32 KiB) streams from L2
+
+# ---- proving the flushes of a tile are identities ------------------------------------
+#
+# [num.flush.c1] replaces a subnormal product or partial sum by a signed zero.
+# Claim: if every nonzero product A[i,k]*B[k,j] of an output has magnitude
+# >= 2^-103, then no product and no partial sum of that output is ever
+# subnormal, so skipping the flushes gives the same bits.
+#   * Such a product p is normal, and its exponent is >= -103, so p is a
+#     multiple of 2^-126 (its last mantissa bit weighs 2^(e-23)).
+#   * By induction every partial sum s (starting from -0) is a multiple of
+#     2^-126: the exact s + p is; if it is below 2^-102 in magnitude it has at
+#     most 24 significant bits above 2^-126 and is exact, otherwise it rounds
+#     to a float of exponent >= -102, a multiple of 2^-125.
+#   * A nonzero multiple of 2^-126 is at least 2^-126: normal, never
+#     subnormal.  Infinities and NaN are never subnormal either, and a sum
+#     that reached them stays there.
+# |a| >= 2^(Ea-127) and |b| >= 2^(Eb-127) for biased exponents Ea, Eb, so
+# Ea + Eb >= 151 guarantees |a*b| >= 2^-103 (the rounded product too, since
+# rounding is monotone and 2^-103 is a float).  The bound must hold over the
+# whole k range of the output (a partial sum left by flushed k blocks need
+# not be a multiple of 2^-126), so it is checked once per row block of A and
+# column panel of B before any k block runs.
+_E_IGNORED = 255  # zeros, infinities and NaNs: their products never need the bound
+_E_SUBNORMAL = -22  # a subnormal input (never after [num.load.c1]) is >= 2^-149
+_FLUSH_FREE_MIN = 151
 
 
 @kernel
-def _row_axpy_chain(a_row, B, acc):
-    """acc[j] = flush(acc[j] + flush(a_row[k] * B[k, j])) for k = 0, 1, ...
-
-    One output row; the k loop is outermost so that the j loop runs over
-    independent outputs and vectorises.  a_row: K, B: K×J, acc: J.
-    """
-    for k in range(a_row.shape[0]):
-        a = a_row[k]
-        b = B[k]
-        for j in range(acc.shape[0]):
-            acc[j] = flush(acc[j] + flush(a * b[j]))
+def _exp_floor(x):
+    """Biased exponent E with |x| >= 2^(E-127) for nonzero finite x; 255 otherwise."""
+    mag = f32_bits(x) & np.uint32(0x7FFFFFFF)
+    if mag == 0 or mag >= np.uint32(0x7F800000):
+        return _E_IGNORED
+    e = np.int64(mag >> np.uint32(23))
+    return e if e > 0 else _E_SUBNORMAL
 
 
 @kernel
-def _store_row(acc, c_row, accumulate):
-    """[num.nan.c1] canonicalise once at the end of the chain; [mm.accumulate.c1]."""
-    if accumulate:
-        for j in range(acc.shape[0]):
-            c_row[j] = add(c_row[j], acc[j])
+def _rows_exp_min(X, n_blocks, block):
+    """out[q] = min of _exp_floor over rows q*block .. q*block+block-1 of X (all columns)."""
+    out = np.full(n_blocks, _E_IGNORED, dtype=np.int64)
+    for i in range(X.shape[0]):
+        x = X[i]
+        m = _E_IGNORED
+        for k in range(x.shape[0]):
+            m = min(m, _exp_floor(x[k]))
+        q = i // block
+        out[q] = min(out[q], m)
+    return out
+
+
+@kernel
+def _cols_exp_min(X, n_blocks, block):
+    """out[q] = min of _exp_floor over columns q*block .. q*block+block-1 of X (all rows)."""
+    cols = np.full(X.shape[1], _E_IGNORED, dtype=np.int64)
+    for k in range(X.shape[0]):
+        x = X[k]
+        for j in range(x.shape[0]):
+            cols[j] = min(cols[j], _exp_floor(x[j]))
+    out = np.full(n_blocks, _E_IGNORED, dtype=np.int64)
+    for j in range(X.shape[1]):
+        out[j // block] = min(out[j // block], cols[j])
+    return out
+
+
+# ---- packing (copies bits; never changes an order) --------------------------------------
+
+@kernel
+def _pack_a(A, a_trans, i0, k0, kc, Ap):
+    """Ap[k*MR + r] = A[i0+r, k0+k] (or A[k0+k, i0+r] when a_trans), 0 past the last row."""
+    I = A.shape[1] if a_trans else A.shape[0]
+    rows = min(MR, I - i0)
+    Ap[:] = ZERO
+    if a_trans:
+        for k in range(kc):
+            src = A[k0 + k]
+            for r in range(rows):
+                Ap[k * MR + r] = src[i0 + r]
     else:
-        for j in range(acc.shape[0]):
-            c_row[j] = canon(acc[j])
+        for r in range(rows):
+            src = A[i0 + r]
+            for k in range(kc):
+                Ap[k * MR + r] = src[k0 + k]
+
+
+@kernel
+def _pack_b_panel(B, b_trans, j0, k0, kc, Bp, off):
+    """Bp[off + k*NR + j] = B[k0+k, j0+j] (or B[j0+j, k0+k] when b_trans), 0 past the last column."""
+    J = B.shape[0] if b_trans else B.shape[1]
+    cols = min(NR, J - j0)
+    panel = Bp[off:off + kc * NR]
+    if cols < NR:
+        panel[:] = ZERO
+    if b_trans:
+        for j in range(cols):
+            src = B[j0 + j]
+            for k in range(kc):
+                panel[k * NR + j] = src[k0 + k]
+    else:
+        for k in range(kc):
+            src = B[k0 + k]
+            dst = panel[k * NR:k * NR + cols]
+            for j in range(cols):
+                dst[j] = src[j0 + j]
+
+
+# ---- the driver ------------------------------------------------------------------------
+
+@parallel_kernel
+def _mm_packed(A, B, C, a_trans, b_trans):
+    """C = op(A)·op(B), overwriting C (I×J), NaNs canonical.  op transposes when
+    the flag is set: A is I×K (K×I if a_trans), B is K×J (J×K if b_trans)."""
+    I, J = C.shape
+    K = A.shape[0] if a_trans else A.shape[1]
+    if K == 0:
+        C[:] = ZERO  # [red.sum.c1] the empty sum is +0
+        return
+    ni = (I + MR - 1) // MR
+    nj = (J + NR - 1) // NR
+    ea = _cols_exp_min(A, ni, MR) if a_trans else _rows_exp_min(A, ni, MR)
+    eb = _rows_exp_min(B, nj, NR) if b_trans else _cols_exp_min(B, nj, NR)
+    Cf = C.reshape(-1)
+    Bp = np.empty(nj * KC * NR, dtype=np.float32)
+    for k0 in range(0, K, KC):  # k blocks in increasing order, never in parallel
+        kc = min(KC, K - k0)
+        for jp in prange(nj):
+            _pack_b_panel(B, b_trans, jp * NR, k0, kc, Bp, jp * kc * NR)
+        load_c = k0 > 0
+        for ib in prange(ni):
+            i0 = ib * MR
+            Ap = np.empty(kc * MR, dtype=np.float32)
+            _pack_a(A, a_trans, i0, k0, kc, Ap)
+            edge = np.empty(MR * NR, dtype=np.float32)
+            rows = min(MR, I - i0)
+            for jp in range(nj):
+                j0 = jp * NR
+                cols = min(NR, J - j0)
+                plain = ea[ib] + eb[jp] >= _FLUSH_FREE_MIN
+                if rows == MR and cols == NR:
+                    if plain:
+                        tile_plain(Ap, 0, Bp, jp * kc * NR, kc, Cf, i0 * J + j0, J, load_c)
+                    else:
+                        tile_flush(Ap, 0, Bp, jp * kc * NR, kc, Cf, i0 * J + j0, J, load_c)
+                else:  # edge tile: run the full tile in a scratch copy, keep the valid part
+                    for r in range(rows):
+                        for j in range(cols):
+                            edge[r * NR + j] = C[i0 + r, j0 + j]
+                    if plain:
+                        tile_plain(Ap, 0, Bp, jp * kc * NR, kc, edge, 0, NR, load_c)
+                    else:
+                        tile_flush(Ap, 0, Bp, jp * kc * NR, kc, edge, 0, NR, load_c)
+                    for r in range(rows):
+                        for j in range(cols):
+                            C[i0 + r, j0 + j] = edge[r * NR + j]
 
 
 @parallel_kernel
+def _add_into(C, S):
+    """[mm.accumulate.c1] C[i,j] = add(C[i,j], S[i,j])."""
+    for i in prange(C.shape[0]):
+        c, s = C[i], S[i]
+        for j in range(c.shape[0]):
+            c[j] = add(c[j], s[j])
+
+
+@kernel
+def _mm(A, B, C, accumulate, a_trans, b_trans):
+    if accumulate:
+        S = np.empty_like(C)
+        _mm_packed(A, B, S, a_trans, b_trans)
+        _add_into(C, S)
+    else:
+        _mm_packed(A, B, C, a_trans, b_trans)
+
+
+@kernel
 def mm_nn(A, B, C, accumulate=False):
     """[mm.nn.c1] C = A·B.  A: I×K, B: K×J, C: I×J; overwritten, or accumulated
-    into with ``accumulate`` ([mm.accumulate.c1]).  Threads over rows i."""
-    I, K = A.shape
-    J = B.shape[1]
-    start = sum_start(K)
-    for i in prange(I):
-        acc = np.full(J, start, dtype=np.float32)
-        _row_axpy_chain(A[i], B, acc)
-        _store_row(acc, C[i], accumulate)
+    into with ``accumulate`` ([mm.accumulate.c1]).  Threads over row blocks."""
+    _mm(A, B, C, accumulate, False, False)
 
 
-@parallel_kernel
+@kernel
 def mm_nt(A, B, C, accumulate=False):
     """[mm.nt.c1] C = A·Bᵀ.  A: I×K, B: J×K, C: I×J; overwritten or accumulated."""
-    I, K = A.shape
-    J = B.shape[0]
-    Bt = np.empty((K, J), dtype=np.float32)  # packing copies bits, never reorders a sum
-    for k in prange(K):
-        for j in range(J):
-            Bt[k, j] = B[j, k]
-    start = sum_start(K)
-    for i in prange(I):
-        acc = np.full(J, start, dtype=np.float32)
-        _row_axpy_chain(A[i], Bt, acc)
-        _store_row(acc, C[i], accumulate)
+    _mm(A, B, C, accumulate, False, True)
 
 
-@parallel_kernel
+@kernel
 def mm_tn(A, B, C, accumulate=False):
     """[mm.tn.c1] C = Aᵀ·B.  A: K×I, B: K×J, C: I×J; overwritten or accumulated."""
-    K, I = A.shape
-    J = B.shape[1]
-    At = np.empty((I, K), dtype=np.float32)
-    for i in prange(I):
-        for k in range(K):
-            At[i, k] = A[k, i]
-    start = sum_start(K)
-    for i in prange(I):
-        acc = np.full(J, start, dtype=np.float32)
-        _row_axpy_chain(At[i], B, acc)
-        _store_row(acc, C[i], accumulate)
+    _mm(A, B, C, accumulate, True, False)
 
 
 @parallel_kernel

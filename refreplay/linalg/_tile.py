@@ -1,0 +1,152 @@
+"""The register-blocked inner loop of the fp32 matmul, written in LLVM vector IR.
+
+One call computes an MR × NR tile of C over a block of kc consecutive k:
+
+    for k in kc steps, increasing:
+        for r in 0..MR-1, for every j in 0..NR-1 (as NV vectors of 16 lanes):
+            acc[r][j] = acc[r][j] + Ap[k, r] * Bp[k, j]
+
+with each multiply and each add a separate IEEE binary32 operation (LLVM
+``fmul``/``fadd`` with no fast-math flags: never contracted into a fused
+multiply-add, never reassociated).  Every output C[i, j] is one lane of one
+accumulator, so its sum runs in increasing k exactly as [mm.nn.c1] states;
+the lanes and rows of the tile are independent outputs.  The accumulators
+live in registers for the whole k loop, which is what makes this fast, and
+why it is written as vector IR: Numba's auto-vectoriser cannot keep a 2-D
+accumulator in registers.
+
+Two variants are built:
+
+* ``tile_flush``: every product and every partial sum goes through the flush
+  of [num.flush.c1] (a subnormal becomes a zero of its sign), written as the
+  select ``exponent field == 0 ? sign bit only : x``, which equals
+  ``core.flush`` (``x * 0 if |x| < FLT_MIN else x``) on every input.
+* ``tile_plain``: no flush.  The driver calls it only for tiles for which it
+  has proved every flush an identity ([mm.nn.c1] is unchanged; see
+  ``matmul._flush_free``).
+
+Either variant stores its accumulators back to C with NaNs canonicalised
+([num.nan.c1] allows this once at the end of an add/mul chain; C may be
+stored and reloaded between k blocks, which keeps every bit).
+
+Layout (packed by ``matmul.py``): ``Ap[ap_off + k*MR + r]``,
+``Bp[bp_off + k*NR + j]``, ``C[c_off + r*ldc + j]``; all 1-D float32.
+"""
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+LANES = 16  # one 512-bit vector of float32
+MR = 6  # rows of a tile
+NV = 2  # vectors per tile row
+NR = NV * LANES  # columns of a tile
+
+_F32 = ir.FloatType()
+_I32 = ir.IntType(32)
+_VF = ir.VectorType(_F32, LANES)
+_VI = ir.VectorType(_I32, LANES)
+_F32_1D = types.Array(types.float32, 1, "C")
+
+
+def _splat_i32(value):
+    return ir.Constant(_VI, [value] * LANES)
+
+
+def _flush(builder, v):
+    """[num.flush.c1] exponent field 0 (zero or subnormal) -> the sign bit alone."""
+    bits = builder.bitcast(v, _VI)
+    tiny = builder.icmp_unsigned("==", builder.and_(bits, _splat_i32(0x7F800000)), _splat_i32(0))
+    signed_zero = builder.and_(bits, _splat_i32(0x80000000 - (1 << 32)))
+    return builder.bitcast(builder.select(tiny, signed_zero, bits), _VF)
+
+
+def _canon(builder, v):
+    """[num.nan.c1] any NaN lane -> 0x7FC00000."""
+    nan = builder.fcmp_unordered("uno", v, v)
+    return builder.select(nan, builder.bitcast(_splat_i32(0x7FC00000), _VF), v)
+
+
+def _vec_ptr(builder, base, offset):
+    return builder.bitcast(builder.gep(base, [offset]), _VF.as_pointer())
+
+
+def _make_tile(flush_ops: bool):
+    @intrinsic
+    def tile(typingctx, Ap, ap_off, Bp, bp_off, kc, C, c_off, ldc, load_c):
+        for arr in (Ap, Bp, C):
+            if arr != _F32_1D:
+                return None
+        for n in (ap_off, bp_off, kc, c_off, ldc):
+            if not isinstance(n, types.Integer):
+                return None
+        if not isinstance(load_c, types.Boolean):
+            return None
+        sig = types.void(Ap, ap_off, Bp, bp_off, kc, C, c_off, ldc, load_c)
+
+        def codegen(context, builder, signature, args):
+            tys = signature.args
+            intp = context.get_value_type(types.intp)
+
+            def data(i):
+                return context.make_array(tys[i])(context, builder, args[i]).data
+
+            def as_intp(i):
+                return context.cast(builder, args[i], tys[i], types.intp)
+
+            ap, bp, c = data(0), data(2), data(5)
+            ap_off, bp_off, kc, c_off, ldc = (as_intp(i) for i in (1, 3, 4, 6, 7))
+            load_c = context.cast(builder, args[8], tys[8], types.boolean)
+            ap = builder.gep(ap, [ap_off])
+            bp = builder.gep(bp, [bp_off])
+            c = builder.gep(c, [c_off])
+
+            # Accumulators: allocas that mem2reg turns into vector registers.
+            acc = [[cgutils.alloca_once(builder, _VF) for _ in range(NV)] for _ in range(MR)]
+            neg_zero = ir.Constant(_VF, [-0.0] * LANES)  # [red.sum.c1] start of a sum
+            for r in range(MR):
+                row = builder.mul(ir.Constant(intp, r), ldc)
+                for v in range(NV):
+                    at = _vec_ptr(builder, c, builder.add(row, ir.Constant(intp, v * LANES)))
+                    with builder.if_else(load_c) as (then, otherwise):
+                        with then:
+                            builder.store(builder.load(at, align=4), acc[r][v])
+                        with otherwise:
+                            builder.store(neg_zero, acc[r][v])
+
+            with cgutils.for_range(builder, kc, intp=intp) as loop:
+                k = loop.index
+                b = [builder.load(_vec_ptr(builder, bp, builder.add(builder.mul(k, ir.Constant(intp, NR)),
+                                                                    ir.Constant(intp, v * LANES))),
+                                  align=4) for v in range(NV)]
+                a_row = builder.gep(ap, [builder.mul(k, ir.Constant(intp, MR))])
+                for r in range(MR):
+                    a = builder.load(builder.gep(a_row, [ir.Constant(intp, r)]), align=4)
+                    a_vec = builder.shuffle_vector(
+                        builder.insert_element(ir.Constant(_VF, ir.Undefined), a, ir.Constant(_I32, 0)),
+                        ir.Constant(_VF, ir.Undefined), ir.Constant(_VI, [0] * LANES))
+                    for v in range(NV):
+                        p = builder.fmul(a_vec, b[v])  # rounded product, no contraction
+                        if flush_ops:
+                            p = _flush(builder, p)
+                        s = builder.fadd(builder.load(acc[r][v]), p)  # rounded sum
+                        if flush_ops:
+                            s = _flush(builder, s)
+                        builder.store(s, acc[r][v])
+
+            for r in range(MR):
+                row = builder.mul(ir.Constant(intp, r), ldc)
+                for v in range(NV):
+                    at = _vec_ptr(builder, c, builder.add(row, ir.Constant(intp, v * LANES)))
+                    builder.store(_canon(builder, builder.load(acc[r][v])), at, align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return tile
+
+
+tile_flush = _make_tile(True)
+tile_plain = _make_tile(False)
