@@ -19,6 +19,7 @@ from numba import cuda
 from . import linalg as L
 from . import numerics as N
 from . import rng as R
+from . import treefold as T
 from ._jit import THREADS, blocks
 
 I8_MAX_K = 131071  # [mm.i8.c2]
@@ -294,6 +295,44 @@ def init_uniform(seed, name, shape, a):
     return out.copy_to_host().reshape(dims)
 
 
+# ---- TreeFold (spec chapter 22) ----------------------------------------------------
+
+def fold_rows(leaves, ranks=1):
+    """[fold.tree.c1] [fold.final.c1] [fold.ranks.c1] TreeFold of the M rows of an
+    M×N float32 array split over ``ranks`` ranks -> (N,) unscaled sum."""
+    X = _array("leaves", leaves, ndim=2)
+    M, n = X.shape
+    if not isinstance(ranks, (int, np.integer)) or not 1 <= ranks <= M:
+        raise ValueError(f"fold_rows: need 1 <= ranks <= M = {M}, got {ranks!r}")
+    out = cuda.device_array(n, dtype=np.float32)
+    if n:
+        T.fold_rows_k[blocks(n), THREADS](cuda.to_device(X), int(ranks), out)
+    return out.copy_to_host()
+
+
+def merge(left, right):
+    """[fold.tree.c1] One tree node: add(left, right) elementwise (dicts name by name)."""
+    if isinstance(left, dict):
+        if not isinstance(right, dict) or sorted(left) != sorted(right):
+            raise ValueError("merge: leaves must have the same tensor names")
+        return {k: merge(left[k], right[k]) for k in sorted(left)}
+    return add(_array("left", left), _array("right", right))
+
+
+def scale(value, m):
+    """[fold.scale.c1] Every element times recip(f32(M))."""
+    if not isinstance(m, (int, np.integer)) or m < 1:
+        raise ValueError(f"scale: micro-batch count must be a positive integer, got {m!r}")
+    if isinstance(value, dict):
+        return {k: scale(value[k], m) for k in sorted(value)}
+    x = _array("value", value)
+    flat = x.reshape(-1)
+    out = cuda.device_array(flat.size, dtype=np.float32)
+    if flat.size:
+        T.scale_k[blocks(flat.size), THREADS](cuda.to_device(flat), int(m), out)
+    return out.copy_to_host().reshape(x.shape)
+
+
 # ---- tables --------------------------------------------------------------------
 
 # Conformance registry op name -> device function, same positional inputs and outputs.
@@ -319,4 +358,5 @@ EXAMPLE_FUNCTIONS = {
     "linalg.row_max": row_max, "linalg.matmul_i8": matmul_i8,
     "rng.philox4x32": philox4x32, "rng.philox4x32_10": philox4x32_10, "rng.words": words,
     "rng.unit": unit, "rng.symmetric": symmetric, "rng.init_uniform": init_uniform,
+    "treefold.fold_rows": fold_rows, "treefold.scale": scale, "treefold.merge": merge,
 }

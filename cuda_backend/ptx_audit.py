@@ -41,6 +41,7 @@ KERNEL_MODULES = (
     "cuda_backend.numerics",
     "cuda_backend.linalg",
     "cuda_backend.rng",
+    "cuda_backend.treefold",
 )
 
 FLOAT_TYPES = {"f16", "f16x2", "bf16", "bf16x2", "f32", "f64"}

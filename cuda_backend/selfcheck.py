@@ -283,6 +283,22 @@ def _check_rng(rng, large):
     return out
 
 
+def _check_treefold(rng, large):
+    from refreplay import treefold as ref
+    from . import adapter
+    out = []
+    n = 4096 if large else 24
+    for M in (1, 2, 3, 5, 7, 8, 13, 16, 33):
+        # magnitudes spread over 2^-20 .. 2^20: association changes the bits
+        X = np.ldexp(random_normal(rng, (M, n)), rng.integers(-20, 21, (M, n))).astype(np.float32)
+        X = with_specials(rng, X, 0.01) if M == 13 else X
+        for R in sorted({1, 2, 3, M}):
+            if R <= M:
+                out.append((f"fold_rows M={M} R={R}", ref.fold_rows(X, R), adapter.fold_rows(X, R)))
+        out.append((f"scale M={M}", ref.scale(X[0].copy(), M), adapter.scale(X[0], M)))
+    return out
+
+
 # ---- the spec's worked examples, evaluated with the device functions -------------
 
 _DTYPES = {"f32": np.float32, "i8": np.int8, "i32": np.int32, "i64": np.int64,
@@ -362,6 +378,7 @@ CHECKS: dict[str, tuple[tuple[str, ...], Callable]] = {
     "matmul_tn": (("mm.tn.c1", "mm.accumulate.c1"), _check_matmul("matmul_tn")),
     "reductions": (("red.rowsum.c1", "red.colsum.c1", "red.rowmax.c1", "mm.bias.c1"), _check_reductions),
     "matmul_i8": (("mm.i8.c1",), _check_matmul_i8),
+    "treefold": (("fold.tree.c1", "fold.final.c1", "fold.ranks.c1", "fold.scale.c1"), _check_treefold),
     "rng": (("rng.philox.c1", "rng.counter.c1", "rng.unit.c1", "rng.symmetric.c1", "rng.init.c1"), _check_rng),
     "spec_examples": ((), _check_examples),
 }
