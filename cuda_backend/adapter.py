@@ -335,8 +335,11 @@ def scale(value, m):
 
 # ---- tables --------------------------------------------------------------------
 
-# Conformance registry op name -> device function, same positional inputs and outputs.
+# Conformance registry op name -> device function, same positional inputs and outputs
+# (inputs already loaded, [num.load.c1]).
 OPS = {
+    "add": add, "sub": sub, "mul": mul, "recip": recip, "sqrt": sqrt,
+    "fmax": fmax, "fmin": fmin, "rint": rint,
     "sum": row_sum,
     "col_sum": col_sum,
     "max": row_max,
@@ -360,3 +363,17 @@ EXAMPLE_FUNCTIONS = {
     "rng.unit": unit, "rng.symmetric": symmetric, "rng.init_uniform": init_uniform,
     "treefold.fold_rows": fold_rows, "treefold.scale": scale, "treefold.merge": merge,
 }
+
+
+def conform_op(op_name, *inputs):
+    """The conformance runner's entry: ``refreplay conform cuda_backend.adapter:conform_op``.
+
+    Inputs arrive as stored in the vectors; float32 ones are loaded on the
+    device first ([num.load.c1]: subnormals zeroed, NaN canonical), as the
+    reference does.  An op the device does not cover raises
+    ``NotImplementedError`` (the runner reports its cases as skipped).
+    """
+    fn = OPS.get(op_name)
+    if fn is None:
+        raise NotImplementedError(f"cuda_backend has no kernel for {op_name}")
+    return fn(*[load(x) if x.dtype == np.float32 else x for x in inputs])
