@@ -20,6 +20,7 @@ from . import linalg as L
 from . import numerics as N
 from . import rng as R
 from . import treefold as T
+from .ops import norms as NORM
 from ._jit import THREADS, blocks
 
 I8_MAX_K = 131071  # [mm.i8.c2]
@@ -333,6 +334,79 @@ def scale(value, m):
     return out.copy_to_host().reshape(x.shape)
 
 
+# ---- ops: norms (spec chapter 11) --------------------------------------------------
+
+def _f32_args(**arrays):
+    """Validate named float32 arrays with their expected shapes (refreplay.ops' checks)."""
+    from refreplay.ops import check_f32, check_shape
+    for name, (a, shape) in arrays.items():
+        check_f32(name, a, len(shape))
+        check_shape(name, a, shape)
+
+
+def _norm_rows(x):
+    from refreplay.ops import check_f32
+    check_f32("x", x, 2)
+    N, C = x.shape
+    if C < 1 or C > 1 << 24:
+        raise ValueError(f"x must have 1 <= C <= 2**24 channels, got {C}")
+    return N, C
+
+
+def _eps(eps):
+    from refreplay.ops import check_scalar_f32
+    return check_scalar_f32("eps", eps)
+
+
+def _launch_rows(kernel, n, *args):
+    """Launch a one-thread-per-row (or per-column) kernel over n threads."""
+    if n:
+        kernel[blocks(n), THREADS](*args)
+
+
+def layernorm_forward(x, w, b, eps=np.float32(1e-5)):
+    """[norm.layer.fwd.c1] x [N, C], w, b [C] -> (out [N, C], mean [N], rstd [N])."""
+    N, C = _norm_rows(x)
+    _f32_args(w=(w, (C,)), b=(b, (C,)))
+    eps = _eps(eps)
+    out, mean, rstd = (cuda.device_array(s, np.float32) for s in ((N, C), N, N))
+    _launch_rows(NORM.layernorm_forward_k, N, out, mean, rstd, cuda.to_device(x),
+                 cuda.to_device(w), cuda.to_device(b), eps)
+    return out.copy_to_host(), mean.copy_to_host(), rstd.copy_to_host()
+
+
+def layernorm_backward(dout, x, w, mean, rstd):
+    """[norm.layer.bwd.c1] -> (dx [N, C], dw [C], db [C])."""
+    N, C = _norm_rows(x)
+    _f32_args(dout=(dout, (N, C)), w=(w, (C,)), mean=(mean, (N,)), rstd=(rstd, (N,)))
+    d_dout, d_x, d_mean, d_rstd = (cuda.to_device(a) for a in (dout, x, mean, rstd))
+    dx, dw, db = (cuda.device_array(s, np.float32) for s in ((N, C), C, C))
+    _launch_rows(NORM.layernorm_backward_dx_k, N, dx, d_dout, d_x, cuda.to_device(w), d_mean, d_rstd)
+    _launch_rows(NORM.layernorm_backward_dwdb_k, C, dw, db, d_dout, d_x, d_mean, d_rstd)
+    return dx.copy_to_host(), dw.copy_to_host(), db.copy_to_host()
+
+
+def rmsnorm_forward(x, w, eps=np.float32(1e-5)):
+    """[norm.rms.fwd.c1] x [N, C], w [C] -> (out [N, C], rrms [N])."""
+    N, C = _norm_rows(x)
+    _f32_args(w=(w, (C,)))
+    eps = _eps(eps)
+    out, rrms = cuda.device_array((N, C), np.float32), cuda.device_array(N, np.float32)
+    _launch_rows(NORM.rmsnorm_forward_k, N, out, rrms, cuda.to_device(x), cuda.to_device(w), eps)
+    return out.copy_to_host(), rrms.copy_to_host()
+
+
+def rmsnorm_backward(dout, x, w, rrms):
+    """[norm.rms.bwd.c1] -> (dx [N, C], dw [C])."""
+    N, C = _norm_rows(x)
+    _f32_args(dout=(dout, (N, C)), w=(w, (C,)), rrms=(rrms, (N,)))
+    d_dout, d_x, d_rrms = (cuda.to_device(a) for a in (dout, x, rrms))
+    dx, dw = cuda.device_array((N, C), np.float32), cuda.device_array(C, np.float32)
+    _launch_rows(NORM.rmsnorm_backward_dx_k, N, dx, d_dout, d_x, cuda.to_device(w), d_rrms)
+    _launch_rows(NORM.rmsnorm_backward_dw_k, C, dw, d_dout, d_x, d_rrms)
+    return dx.copy_to_host(), dw.copy_to_host()
+
+
 # ---- tables --------------------------------------------------------------------
 
 # Conformance registry op name -> device function, same positional inputs and outputs
@@ -362,6 +436,8 @@ EXAMPLE_FUNCTIONS = {
     "rng.philox4x32": philox4x32, "rng.philox4x32_10": philox4x32_10, "rng.words": words,
     "rng.unit": unit, "rng.symmetric": symmetric, "rng.init_uniform": init_uniform,
     "treefold.fold_rows": fold_rows, "treefold.scale": scale, "treefold.merge": merge,
+    "ops.norms.layernorm_forward": layernorm_forward, "ops.norms.layernorm_backward": layernorm_backward,
+    "ops.norms.rmsnorm_forward": rmsnorm_forward, "ops.norms.rmsnorm_backward": rmsnorm_backward,
 }
 
 

@@ -42,6 +42,7 @@ KERNEL_MODULES = (
     "cuda_backend.linalg",
     "cuda_backend.rng",
     "cuda_backend.treefold",
+    "cuda_backend.ops.norms",
 )
 
 FLOAT_TYPES = {"f16", "f16x2", "bf16", "bf16x2", "f32", "f64"}

@@ -79,11 +79,19 @@ def with_specials(rng, x, frac=0.1) -> np.ndarray:
 # ---- comparison ----------------------------------------------------------------
 
 def same(want, got) -> bool:
+    """Every output equal in dtype, shape and bits (tuples output by output)."""
+    if isinstance(want, tuple):
+        return isinstance(got, tuple) and len(got) == len(want) and all(map(same, want, got))
     want, got = np.asarray(want), np.asarray(got)
     return want.dtype == got.dtype and want.shape == got.shape and want.tobytes() == got.tobytes()
 
 
 def first_difference(want, got) -> str:
+    if isinstance(want, tuple):
+        if not isinstance(got, tuple) or len(got) != len(want):
+            return f"expected {len(want)} outputs, got {type(got).__name__}"
+        return "; ".join(f"output {k}: {first_difference(w, g)}"
+                         for k, (w, g) in enumerate(zip(want, got)) if not same(w, g))
     want, got = np.asarray(want), np.asarray(got)
     if want.dtype != got.dtype or want.shape != got.shape:
         return f"expected {want.dtype}{want.shape}, got {got.dtype}{got.shape}"
@@ -299,6 +307,28 @@ def _check_treefold(rng, large):
     return out
 
 
+def _check_norms(rng, large):
+    from refreplay.ops import norms as ref
+    from . import adapter
+    out = []
+    eps = np.float32(1e-5)
+    for N, C in ((64, 768), (33, 100)) if large else ((1, 1), (5, 7), (3, 40)):
+        x = random_normal(rng, (N, C), 3.0) + np.float32(rng.standard_normal())
+        if N > 3:
+            x[1] = with_specials(rng, x[1:2], 0.2)[0]  # one row with specials
+        w, b = random_normal(rng, C), random_normal(rng, C)
+        dout = random_normal(rng, (N, C))
+        y, mean, rstd = ref.layernorm_forward(x, w, b, eps)
+        out.append((f"layernorm fwd {N}x{C}", (y, mean, rstd), adapter.layernorm_forward(x, w, b, eps)))
+        out.append((f"layernorm bwd {N}x{C}", ref.layernorm_backward(dout, x, w, mean, rstd),
+                    adapter.layernorm_backward(dout, x, w, mean, rstd)))
+        y, rrms = ref.rmsnorm_forward(x, w, eps)
+        out.append((f"rmsnorm fwd {N}x{C}", (y, rrms), adapter.rmsnorm_forward(x, w, eps)))
+        out.append((f"rmsnorm bwd {N}x{C}", ref.rmsnorm_backward(dout, x, w, rrms),
+                    adapter.rmsnorm_backward(dout, x, w, rrms)))
+    return out
+
+
 # ---- the spec's worked examples, evaluated with the device functions -------------
 
 _DTYPES = {"f32": np.float32, "i8": np.int8, "i32": np.int32, "i64": np.int64,
@@ -379,6 +409,8 @@ CHECKS: dict[str, tuple[tuple[str, ...], Callable]] = {
     "reductions": (("red.rowsum.c1", "red.colsum.c1", "red.rowmax.c1", "mm.bias.c1"), _check_reductions),
     "matmul_i8": (("mm.i8.c1",), _check_matmul_i8),
     "treefold": (("fold.tree.c1", "fold.final.c1", "fold.ranks.c1", "fold.scale.c1"), _check_treefold),
+    "norms": (("norm.meanop.c1", "norm.layer.fwd.c1", "norm.layer.bwd.c1", "norm.rms.fwd.c1",
+               "norm.rms.bwd.c1"), _check_norms),
     "rng": (("rng.philox.c1", "rng.counter.c1", "rng.unit.c1", "rng.symmetric.c1", "rng.init.c1"), _check_rng),
     "spec_examples": ((), _check_examples),
 }
