@@ -57,9 +57,9 @@ def _check_probe(op, family, raw, outputs, distinguished):
     if family == "ftz_before_rounding":
         if not (np.abs(first) == fp.FLT_MIN).any():
             raise builders.ProbeError(f"{op.name}: no output rounds up to FLT_MIN")
-    if op.terms is not None and family in ("fma", "order"):
+    if op.terms is not None:
         terms = op.terms(*load_inputs(raw))
-        builders.check_matmul_probe(family, terms, first.ravel())
+        builders.check_isolation(family, terms, first.ravel())
         if family == "order":
             distinguished |= builders.distinguished_orders(terms, first.ravel(), terms[1] is not None)
 

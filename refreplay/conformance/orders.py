@@ -121,9 +121,13 @@ class Order:
     fn: Callable
     spec: bool = False  # the order the spec prescribes
     fused: bool = False
+    plus_zero: bool = False  # starts an accumulator from +0: also changes the sign of zero sums
 
     def __call__(self, a, b=None) -> np.ndarray:
         return self.fn(_Terms(a, b, self.fused))
+
+
+PLUS_ZERO = ("sequential from +0", "NumPy pairwise (8 accumulators, blocks of 128)")
 
 
 def _unfused_orders() -> list[tuple[str, Callable, bool]]:
@@ -142,9 +146,9 @@ def _unfused_orders() -> list[tuple[str, Callable, bool]]:
 def candidates(products: bool) -> list[Order]:
     """Every candidate order; with ``products`` also each one with the
     products contracted into the accumulation (fused multiply-add)."""
-    out = [Order(n, f, spec=s) for n, f, s in _unfused_orders()]
+    out = [Order(n, f, spec=s, plus_zero=n in PLUS_ZERO) for n, f, s in _unfused_orders()]
     if products:
-        out += [Order(n + ", fused multiply-add", f, fused=True)
+        out += [Order(n + ", fused multiply-add", f, fused=True, plus_zero=n in PLUS_ZERO)
                 for n, f, s in _unfused_orders() if "pairwise tree" not in n]
     return out
 

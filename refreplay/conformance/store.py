@@ -75,7 +75,7 @@ def encode(cases: list[Case], spec_version: str, generator_version: str, seed: i
         "files": {name: {"sha256": sha256(data), "bytes": len(data)} for name, data in files.items()},
         "cases": [{
             "id": c.id, "op": c.op, "file": f"{c.op}.safetensors", "family": c.family,
-            "probes": c.probes, "clauses": c.clauses,
+            "probes": c.probes, "clauses": [f"[{lb}]" for lb in c.clauses],
             "inputs": [_tensor_entry(n, a, False) for n, a in c.inputs.items()],
             "outputs": [_tensor_entry(n, a, True) for n, a in c.outputs.items()],
         } for c in cases],
@@ -174,7 +174,7 @@ def load_cases(directory: Path = VECTOR_DIR, ops=None) -> tuple[dict, list[Case]
                 raise InputError(f"{directory / c['file']}: {key} does not match its sha256 in the manifest")
             return a
 
-        out.append(Case(c["id"], c["op"], c["family"], c["probes"], list(c["clauses"]),
+        out.append(Case(c["id"], c["op"], c["family"], c["probes"], [lb.strip("[]") for lb in c["clauses"]],
                         {t["name"]: get("in", t) for t in c["inputs"]},
                         {t["name"]: get("out", t) for t in c["outputs"]}))
     return m, out
