@@ -106,6 +106,41 @@ rint = _unary(N.rint_k, "rint", "[num.rint.c1] nearest integer, ties to even.")
 saturate_i8 = _unary(N.saturate_i8_k, "saturate_i8", "[num.sat.c1] integral float32 -> int8.", np.int8)
 
 
+def _transcendental(name, doc):
+    from . import transcendental as TR  # imports the reference's constants
+    return _unary(getattr(TR, name + "_k"), name, doc)
+
+
+def exp(x):
+    """[num.exp.c1] e^x elementwise, by the spec's algorithm."""
+    return _transcendental("exp", exp.__doc__)(x)
+
+
+def log(x):
+    """[num.log.c1] natural logarithm elementwise."""
+    return _transcendental("log", log.__doc__)(x)
+
+
+def tanh(x):
+    """[num.tanh.c1] tanh elementwise."""
+    return _transcendental("tanh", tanh.__doc__)(x)
+
+
+def sigmoid(x):
+    """[num.sigmoid.c1] logistic sigmoid elementwise."""
+    return _transcendental("sigmoid", sigmoid.__doc__)(x)
+
+
+def sin(x):
+    """[num.sincos.c1] sine elementwise (|x| <= 2^14, NaN outside)."""
+    return _transcendental("sin", sin.__doc__)(x)
+
+
+def cos(x):
+    """[num.sincos.c1] cosine elementwise (|x| <= 2^14, NaN outside)."""
+    return _transcendental("cos", cos.__doc__)(x)
+
+
 def mul_add(a, b, c):
     """[num.nofma.c1] add(mul(a, b), c) elementwise: two roundings."""
     return _elementwise(N.mul_add_k, np.float32, _scalar_or_array("a", a),
@@ -414,6 +449,7 @@ def rmsnorm_backward(dout, x, w, rrms):
 OPS = {
     "add": add, "sub": sub, "mul": mul, "recip": recip, "sqrt": sqrt,
     "fmax": fmax, "fmin": fmin, "rint": rint,
+    "exp": exp, "log": log, "tanh": tanh, "sigmoid": sigmoid, "sin": sin, "cos": cos,
     "sum": row_sum,
     "col_sum": col_sum,
     "max": row_max,
@@ -430,6 +466,10 @@ EXAMPLE_FUNCTIONS = {
     "numerics.load": load, "numerics.add": add, "numerics.sub": sub, "numerics.mul": mul,
     "numerics.recip": recip, "numerics.sqrt": sqrt, "numerics.fmax": fmax, "numerics.fmin": fmin,
     "numerics.rint": rint, "numerics.saturate_i8": saturate_i8,
+    "numerics.exp": exp, "numerics.log": log, "numerics.tanh": tanh, "numerics.sigmoid": sigmoid,
+    "numerics.sin": sin, "numerics.cos": cos,
+    **{f"numerics.elementwise.{f.__name__}": f
+       for f in (add, sub, mul, recip, sqrt, fmax, fmin, rint, exp, log, tanh, sigmoid, sin, cos)},
     "linalg.matmul": matmul, "linalg.matmul_nt": matmul_nt, "linalg.matmul_tn": matmul_tn,
     "linalg.bias_add": bias_add, "linalg.row_sum": row_sum, "linalg.col_sum": col_sum,
     "linalg.row_max": row_max, "linalg.matmul_i8": matmul_i8,

@@ -39,6 +39,7 @@ PATHS = ("ptx", "lto")
 # Every module that defines kernels; importing them fills _jit.KERNELS.
 KERNEL_MODULES = (
     "cuda_backend.numerics",
+    "cuda_backend.transcendental",
     "cuda_backend.linalg",
     "cuda_backend.rng",
     "cuda_backend.treefold",

@@ -162,6 +162,27 @@ def _unary_check(name):
     return run
 
 
+TRANSCENDENTAL_DOMAINS = {  # where each function's algorithm does its work
+    "exp": (-104.0, 90.0), "log": (0.0, 1e4), "tanh": (-12.0, 12.0),
+    "sigmoid": (-40.0, 40.0), "sin": (-16384.0, 16384.0), "cos": (-100.0, 100.0),
+}
+
+
+def _transcendental_check(name):
+    """[num.exp.c1] ... [num.sincos.c1]: the algorithm's every branch, plus specials."""
+    def run(rng, large):
+        from refreplay.numerics import elementwise as ref
+        from . import adapter
+        lo, hi = TRANSCENDENTAL_DOMAINS[name]
+        n = 1 << 16 if large else 384
+        cases = [("domain", rng.uniform(lo, hi, n).astype(np.float32)),
+                 ("small", np.ldexp(rng.uniform(-1, 1, n), rng.integers(-30, 1, n)).astype(np.float32))]
+        cases += _unary_inputs(rng, large)[:2]  # random bits, edge values
+        fr, fd = getattr(ref, name), getattr(adapter, name)
+        return [(case, fr(x), fd(x)) for case, x in cases]
+    return run
+
+
 def _check_load(rng, large):
     from refreplay import numerics
     from . import adapter
@@ -403,6 +424,12 @@ CHECKS: dict[str, tuple[tuple[str, ...], Callable]] = {
     "fmin": (("num.minmax.c1",), _binary_check("fmin")),
     "rint": (("num.rint.c1",), _unary_check("rint")),
     "saturate_i8": (("num.sat.c1",), _check_saturate),
+    "exp": (("num.exp.c1",), _transcendental_check("exp")),
+    "log": (("num.log.c1",), _transcendental_check("log")),
+    "tanh": (("num.tanh.c1",), _transcendental_check("tanh")),
+    "sigmoid": (("num.sigmoid.c1",), _transcendental_check("sigmoid")),
+    "sin": (("num.sincos.c1",), _transcendental_check("sin")),
+    "cos": (("num.sincos.c1",), _transcendental_check("cos")),
     "matmul": (("mm.nn.c1", "mm.accumulate.c1"), _check_matmul("matmul")),
     "matmul_nt": (("mm.nt.c1", "mm.accumulate.c1"), _check_matmul("matmul_nt")),
     "matmul_tn": (("mm.tn.c1", "mm.accumulate.c1"), _check_matmul("matmul_tn")),

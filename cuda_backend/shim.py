@@ -94,6 +94,12 @@ def from_bits(i):
 
 
 @device
+def int_of(x):
+    """An integral float32 (the output of ``rint``, |x| < 2^31) as int32, exactly."""
+    return _f2i_rn(x)
+
+
+@device
 def nan():
     """[num.nan.c1] The canonical quiet NaN 0x7FC00000."""
     return _as_float(CANONICAL_NAN_BITS)
@@ -205,4 +211,4 @@ def saturate_i8(x):
         return np.int8(-128)
     if x > I8_HI:
         return np.int8(127)
-    return np.int8(_f2i_rn(x))
+    return np.int8(int_of(x))
