@@ -14,7 +14,11 @@ Clauses checked: [num.load.c1] [num.add.c1] [num.mul.c1] [num.nofma.c1]
 [num.flush.c1] [num.nan.c1] [num.recip.c1] [num.sqrt.c1] [num.minmax.c1]
 [num.rint.c1] [num.sat.c1] [red.sum.c1] [red.rowsum.c1] [red.colsum.c1]
 [red.rowmax.c1] [mm.nn.c1] [mm.nt.c1] [mm.tn.c1] [mm.accumulate.c1]
-[mm.bias.c1] [mm.i8.c1].
+[mm.bias.c1] [mm.i8.c1] [num.exp.c1] [num.log.c1] [num.tanh.c1]
+[num.sigmoid.c1] [num.sincos.c1] [rng.philox.c1] [rng.counter.c1] [rng.unit.c1]
+[rng.symmetric.c1] [rng.init.c1] [fold.tree.c1] [fold.final.c1]
+[fold.ranks.c1] [fold.scale.c1] [norm.meanop.c1] [norm.layer.fwd.c1]
+[norm.layer.bwd.c1] [norm.rms.fwd.c1] [norm.rms.bwd.c1].
 """
 from __future__ import annotations
 
@@ -85,3 +89,33 @@ def test_reference_never_imports_the_backend():
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "[]"
+
+
+def _sim_env():
+    return dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+
+
+def test_selfcheck_fails_when_flush_is_broken():
+    """[num.flush.c1] The check can fail: with the shim's flush disabled, mul differs and the exit is 1."""
+    code = ("import sys\n"
+            "from cuda_backend import shim, selfcheck\n"
+            "shim.flush = lambda x: x\n"
+            "sys.exit(selfcheck.main(['--only', 'mul']))\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_sim_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "products near 2^-126" in proc.stdout and "FAIL" in proc.stdout
+
+
+def test_gpu_selfcheck_script_in_simulator():
+    """scripts/gpu-selfcheck runs end to end in the simulator: kernels, vectors, timing table."""
+    proc = subprocess.run([sys.executable, "scripts/gpu-selfcheck", "--simulator", "--only", "mul_add",
+                           "--conform-op", "max", "--sizes", "8"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    assert "mul_add  ok" in out
+    assert "verdict: CONFORMANT" in out
+    device_row = next(line for line in out.splitlines() if "cuda_backend device" in line)
+    assert device_row.split()[-1] == "yes"
+    assert "all device outputs equal the reference" in out
