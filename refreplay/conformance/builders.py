@@ -51,31 +51,48 @@ MUST_DISTINGUISH = {o.name for o in orders.candidates(False) if not o.spec and o
 # ---- elementwise -------------------------------------------------------------
 
 
-def unary_cases(op, rng, sample, model64=None, vendor=False, sizes=(1, 7, 31, 1021)):
+def unary_cases(op, rng, sample, model64=None, vendor=False, zeroing_observable=True,
+                sizes=(1, 7, 31, 1021)):
     """``sample(rng, n)`` draws inputs in the op's domain; ``model64`` is the
     float64 function used to find inputs whose correctly rounded result is
     subnormal (flush probe) or where the spec's algorithm is not correctly
-    rounded (vendor probe)."""
+    rounded (vendor probe).  ``zeroing_observable`` is False for functions
+    whose first primitive already turns a subnormal into a zero
+    ([num.trans.c1]), where input zeroing cannot be seen."""
     out = [("random", {"x": sample(rng, n)}, f"N={n}") for n in sizes]
     out.append(("edge", {"x": V.edge_values()}, "edge grid"))
     nan = fp.f32([0x7FC00000, 0xFFC00000, 0x7FFFFFFF, 0x7FC12345, 0x7F800001, 0xFF800001,
                   0xFFFFFFFF, 0xBF800000, 0xFF800000, 0x7F800000])
-    out.append(("nan", {"x": nan}, "NaN payloads, signalling NaNs, -1, +-inf"))
-    out.append(("input_zeroing", {"x": np.concatenate([V.subnormals(rng, 64), fp.f32([1, 0x807FFFFF])])},
-                "subnormal inputs"))
-    out.append(("signed_zero", {"x": fp.f32([0x00000000, 0x80000000, 0xBE800000, 0x3E800000,
-                                             0xBF000000, 0x80800000])}, "+-0 and small negatives"))
+    out.append(("nan", {"x": _keep(op, {"x": nan}, np.isnan)["x"]}, "NaN inputs; inputs whose result is NaN"))
+    if zeroing_observable:
+        out.append(("input_zeroing", {"x": np.concatenate([V.subnormals(rng, 64), fp.f32([1, 0x807FFFFF])])},
+                    "subnormal inputs"))
+    zeros = _keep(op, {"x": fp.f32([0x00000000, 0x80000000, 0xBE800000, 0x3E800000, 0xBF000000, 0x80800000])},
+                  lambda y: y == 0)
+    if zeros["x"].size:
+        out.append(("signed_zero", zeros, "inputs whose result is a zero"))
     if model64 is not None:
         xs = sample(rng, 1 << 16)
+        pool = np.concatenate([xs, V.random_f32(rng, 4096, 120, 127), V.uniform_f32(rng, 4096, -104, -87)])
         with np.errstate(all="ignore"):
-            y = np.array([model64(float(v)) for v in xs], dtype=np.float64)
+            y = np.array([model64(float(v)) for v in pool], dtype=np.float64)
         tiny = (np.abs(y) > 2.0 ** -148) & (np.abs(y) < 2.0 ** -126 * (1 - 2.0 ** -23))
         if tiny.any():
-            out.append(("flush", {"x": xs[tiny][:256]}, "correctly rounded result is subnormal"))
+            out.append(("flush", {"x": np.ascontiguousarray(pool[tiny][:256])},
+                        "correctly rounded result is subnormal"))
         if vendor:
-            out.append(("vendor_transcendental", {"x": _not_correctly_rounded(op, xs, y)},
+            out.append(("vendor_transcendental", {"x": _not_correctly_rounded(op, xs, y[:xs.size])},
                         "spec algorithm != correctly rounded"))
     return out
+
+
+def _keep(op, inputs: dict, pred) -> dict:
+    """The elements of elementwise inputs whose reference result satisfies pred."""
+    from .cases import load_inputs
+
+    y = np.asarray(op.reference(*load_inputs(list(inputs.values()))))
+    keep = pred(y)
+    return {k: np.ascontiguousarray(v[keep]) for k, v in inputs.items()}
 
 
 def _not_correctly_rounded(op, xs, y64, limit=512):
@@ -108,8 +125,9 @@ def binary_cases(op, rng, sample, model64=None, sizes=(1, 7, 31, 1021)):
     nan = fp.f32([0xFFC00000, 0x7FFFFFFF, 0x7FC12345, 0x7F800001, 0xFFFFFFFF, 0x7F800000, 0xFF800000])
     other = fp.f32([0x3F800000, 0x7F800000, 0xFF800000, 0x00000000, 0xFFC00000])
     na, nb = np.meshgrid(nan, other, indexing="ij")
-    out.append(("nan", {"a": np.concatenate([na.ravel(), nb.ravel()]),
-                        "b": np.concatenate([nb.ravel(), na.ravel()])}, "NaN payloads and inf combinations"))
+    out.append(("nan", _keep(op, {"a": np.concatenate([na.ravel(), nb.ravel()]),
+                                  "b": np.concatenate([nb.ravel(), na.ravel()])}, np.isnan),
+                "NaN payloads; inf combinations whose result is NaN"))
     sub = V.subnormals(rng, 32)
     partner = np.concatenate([fp.f32([0x00800000, 0x80800000, 0x72800000, 0x00000001]),
                               V.random_f32(rng, 28, -2, 2)])
@@ -117,7 +135,8 @@ def binary_cases(op, rng, sample, model64=None, sizes=(1, 7, 31, 1021)):
                 "a subnormal operand"))
     z = fp.f32([0x00000000, 0x80000000, 0x3F800000, 0xBF800000])
     za, zb = np.meshgrid(z, z, indexing="ij")
-    out.append(("signed_zero", {"a": za.ravel().copy(), "b": zb.ravel().copy()}, "+-0 against +-0 and +-1"))
+    out.append(("signed_zero", _keep(op, {"a": za.ravel().copy(), "b": zb.ravel().copy()}, lambda y: y == 0),
+                "+-0 against +-0 and +-1, where the result is a zero"))
     if op.name == "mul":
         x, y = V.window_pairs(rng, 64)
         out.append(("ftz_before_rounding", {"a": x, "b": y}, "exact product just below FLT_MIN"))
@@ -355,3 +374,11 @@ def libm(name):
         except (OverflowError, ValueError):
             return math.nan
     return f
+
+
+def sigmoid64(x):
+    """1 / (1 + e^-x) in float64, for selecting probe inputs only."""
+    try:
+        return 1.0 / (1.0 + math.exp(-x))
+    except OverflowError:
+        return 0.0

@@ -140,8 +140,9 @@ def diagnose(op_name: str, results) -> list[Finding]:
         out.append(Finding(op_name, f"NaN handling differs — {_count(fam, 'nan')}", ["num.nan.c1"]))
     if "signed_zero" in failing:
         clause = [c for c in op.clauses if c.startswith(("red.", "num.minmax", "mm."))] or list(op.clauses)
-        rule = ("+0 is larger than -0 (and -0 smaller than +0)" if op_name in ("max", "fmax", "fmin")
-                else "a sum of -0 terms is -0: start the sum from -0, not +0")
+        rule = {"max": "max(-0, +0) is +0", "fmax": "fmax(-0, +0) is +0", "fmin": "fmin(-0, +0) is -0"}.get(
+            op_name, "a sum of -0 terms is -0: start the sum from -0, not +0" if op.terms else
+            "a zero result has the sign IEEE gives it")
         out.append(Finding(op_name, f"sign of zero differs ({rule}) — {_count(fam, 'signed_zero')}", clause))
     if "vendor_transcendental" in failing:
         out.append(Finding(op_name, f"uses a vendor {op_name} (libm, NumPy, CUDA) instead of the spec's algorithm "

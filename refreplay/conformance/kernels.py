@@ -3,6 +3,7 @@
 KERNEL on the command line is one of
   reference            refreplay's own kernels (must pass every vector)
   numpy, torch         the libraries' own kernels: negative controls
+  cuda                 cuda_backend's device kernels (a GPU, or the CUDA simulator)
   package.module:fn    a Python callable, called fn(op, *inputs) -> output(s)
   package.module       a module with one function per op, called op(*inputs)
   exec:COMMAND         an external program (any language); see execproto.py
@@ -144,7 +145,12 @@ def resolve(spec: str) -> Kernel:
         except ImportError:
             raise InputError("the torch kernel needs PyTorch (pip install torch)") from None
     if spec == "cuda":
-        raise InputError("the cuda kernel is not available in this version of refreplay")
+        try:
+            from cuda_backend.adapter import conform_op
+        except Exception as exc:  # no numba-cuda, no GPU and no simulator
+            raise InputError(f"the cuda kernel needs cuda_backend and numba-cuda with a GPU "
+                             f"(or NUMBA_ENABLE_CUDASIM=1): {exc}") from None
+        return PythonCallable("cuda", conform_op, per_op=False)
     if spec.startswith("exec:"):
         from .execproto import ExecKernel
 

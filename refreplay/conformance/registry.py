@@ -109,3 +109,46 @@ _register(_matmul_entry("matmul_tn", "matmul_tn", "tn", "mm.tn.c1",
 _register(OpDef(
     "matmul_i8", ("mm.i8.c1", "mm.i8.c2"), "matmul_i8(A: i8[I, K], B: i8[K, J]) -> C: i32[I, J]  (exact)",
     ("A", "B"), ("C",), lambda A, B: _linalg().matmul_i8(A, B), Bld.i8_cases))
+
+
+# ---- elementwise primitives (spec chapters 1 and 2) ------------------------------
+
+def _numerics(name):
+    def fn(*xs):
+        from ..numerics import elementwise
+        return getattr(elementwise, name)(*xs)
+    return fn
+
+
+def _unary(name, clauses, sample, model64=None, vendor=False, zeroing_observable=True):
+    _register(OpDef(
+        name, clauses, f"{name}(x: f32[N]) -> out: f32[N]  (elementwise)", ("x",), ("out",), _numerics(name),
+        lambda op, rng: Bld.unary_cases(op, rng, sample, model64, vendor, zeroing_observable)))
+
+
+def _binary(name, clauses, model64=None):
+    _register(OpDef(
+        name, clauses, f"{name}(a: f32[N], b: f32[N]) -> out: f32[N]  (elementwise)", ("a", "b"), ("out",),
+        _numerics(name), lambda op, rng: Bld.binary_cases(op, rng, Bld.wide_sampler(), model64)))
+
+
+_binary("add", ("num.add.c1", "num.flush.c1", "num.nan.c1"), np.add)
+_binary("sub", ("num.add.c1", "num.flush.c1", "num.nan.c1"), np.subtract)
+_binary("mul", ("num.mul.c1", "num.flush.c1", "num.nan.c1"), np.multiply)
+_binary("fmax", ("num.minmax.c1",))
+_binary("fmin", ("num.minmax.c1",))
+_unary("recip", ("num.recip.c1", "num.flush.c1"), Bld.wide_sampler(-20, 20), lambda x: 1.0 / x if x else np.inf)
+_unary("sqrt", ("num.sqrt.c1",), Bld.wide_sampler(-20, 20, positive=True), Bld.libm("sqrt"))
+_unary("rint", ("num.rint.c1",), Bld.wide_sampler(-4, 24), zeroing_observable=False)
+_unary("exp", ("num.exp.c1", "num.trans.c1"), Bld.transcendental_sampler(-90, 89), Bld.libm("exp"),
+       vendor=True, zeroing_observable=False)
+_unary("log", ("num.log.c1", "num.trans.c1"), Bld.wide_sampler(-30, 30, positive=True), Bld.libm("log"),
+       vendor=True, zeroing_observable=False)
+_unary("tanh", ("num.tanh.c1", "num.trans.c1"), Bld.transcendental_sampler(-10, 10), Bld.libm("tanh"),
+       vendor=True, zeroing_observable=False)
+_unary("sigmoid", ("num.sigmoid.c1", "num.trans.c1"), Bld.transcendental_sampler(-20, 20),
+       Bld.sigmoid64, vendor=True, zeroing_observable=False)
+_unary("sin", ("num.sincos.c1", "num.trans.c1"), Bld.transcendental_sampler(-100, 100), Bld.libm("sin"),
+       vendor=True, zeroing_observable=False)
+_unary("cos", ("num.sincos.c1", "num.trans.c1"), Bld.transcendental_sampler(-100, 100), Bld.libm("cos"),
+       vendor=True, zeroing_observable=False)
