@@ -442,6 +442,74 @@ def rmsnorm_backward(dout, x, w, rrms):
     return dx.copy_to_host(), dw.copy_to_host()
 
 
+# ---- ops: embedding and linear (spec chapter 10) ---------------------------------
+
+def _tokens(tokens, V):
+    from refreplay.errors import InputError
+    from refreplay.ops import check_array
+    check_array("tokens", tokens, np.int32, 2)
+    if tokens.size and (tokens.min() < 0 or tokens.max() >= V):
+        bad = tokens[(tokens < 0) | (tokens >= V)][0]
+        raise InputError(f"token id {int(bad)} outside the vocabulary [0, {V})")
+    return tokens
+
+
+def embedding_forward(wte, tokens):
+    """[emb.fwd.c1] wte [V, C], tokens [B, T] int32 -> out [B, T, C]."""
+    from refreplay.ops import check_f32
+    from .ops import embedding as EMB
+    check_f32("wte", wte, 2)
+    V, C = wte.shape
+    B, T = _tokens(tokens, V).shape
+    out = cuda.device_array((B * T, C), np.float32)
+    if out.size:
+        EMB.embedding_forward_k[blocks(out.size), THREADS](out, cuda.to_device(wte),
+                                                           cuda.to_device(tokens.reshape(-1)))
+    return out.copy_to_host().reshape(B, T, C)
+
+
+def embedding_backward(dout, tokens, V):
+    """[emb.bwd.c1] dout [B, T, C], tokens [B, T] int32 -> dwte [V, C] (ordered scatter-add)."""
+    from refreplay.ops import check_f32, check_shape
+    from .ops import embedding as EMB
+    check_f32("dout", dout, 3)
+    if isinstance(V, bool) or not isinstance(V, (int, np.integer)) or V < 1:
+        raise ValueError(f"V must be a positive integer, got {V!r}")
+    V = int(V)
+    B, T, C = dout.shape
+    _tokens(tokens, V)
+    check_shape("tokens", tokens, (B, T))
+    dwte = cuda.device_array((V, C), np.float32)
+    seen = cuda.device_array(V, np.uint8)
+    if dwte.size:
+        EMB.embedding_backward_init_k[blocks(dwte.size), THREADS](dwte, seen)
+        if B * T:
+            EMB.embedding_backward_k[blocks(C), THREADS](dwte, cuda.to_device(dout.reshape(B * T, C)),
+                                                         cuda.to_device(tokens.reshape(-1)), seen)
+        EMB.embedding_backward_unseen_k[blocks(dwte.size), THREADS](dwte, seen)
+    return dwte.copy_to_host()
+
+
+def linear_forward(x, W, b=None):
+    """[linear.fwd.c1] x [N, C], W [OC, C], b [OC] or None -> y = x·Wᵀ (+ b after the sum)."""
+    from refreplay.ops import check_f32, check_shape
+    check_f32("x", x, 2), check_f32("W", W, 2)
+    check_shape("W", W, (W.shape[0], x.shape[1]))
+    if b is not None:
+        check_f32("b", b, 1), check_shape("b", b, (W.shape[0],))
+    y = matmul_nt(x, W)  # [mm.nt.c1]
+    return bias_add(y, b) if b is not None else y  # [mm.bias.c1]
+
+
+def linear_backward(dy, x, W, has_bias=True):
+    """[linear.bwd.c1] -> (dx = dy·W, dW = dyᵀ·x, db = col_sum(dy) or None)."""
+    from refreplay.ops import check_f32, check_shape
+    check_f32("dy", dy, 2), check_f32("x", x, 2), check_f32("W", W, 2)
+    check_shape("W", W, (W.shape[0], x.shape[1]))
+    check_shape("dy", dy, (x.shape[0], W.shape[0]))
+    return matmul(dy, W), matmul_tn(dy, x), col_sum(dy) if has_bias else None
+
+
 # ---- tables --------------------------------------------------------------------
 
 # Conformance registry op name -> device function, same positional inputs and outputs
@@ -476,6 +544,9 @@ EXAMPLE_FUNCTIONS = {
     "rng.philox4x32": philox4x32, "rng.philox4x32_10": philox4x32_10, "rng.words": words,
     "rng.unit": unit, "rng.symmetric": symmetric, "rng.init_uniform": init_uniform,
     "treefold.fold_rows": fold_rows, "treefold.scale": scale, "treefold.merge": merge,
+    "ops.embedding.embedding_forward": embedding_forward,
+    "ops.embedding.embedding_backward": embedding_backward,
+    "ops.linear.linear_forward": linear_forward, "ops.linear.linear_backward": linear_backward,
     "ops.norms.layernorm_forward": layernorm_forward, "ops.norms.layernorm_backward": layernorm_backward,
     "ops.norms.rmsnorm_forward": rmsnorm_forward, "ops.norms.rmsnorm_backward": rmsnorm_backward,
 }

@@ -43,6 +43,7 @@ KERNEL_MODULES = (
     "cuda_backend.linalg",
     "cuda_backend.rng",
     "cuda_backend.treefold",
+    "cuda_backend.ops.embedding",
     "cuda_backend.ops.norms",
 )
 

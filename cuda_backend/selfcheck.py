@@ -82,6 +82,8 @@ def same(want, got) -> bool:
     """Every output equal in dtype, shape and bits (tuples output by output)."""
     if isinstance(want, tuple):
         return isinstance(got, tuple) and len(got) == len(want) and all(map(same, want, got))
+    if want is None or got is None:
+        return want is None and got is None
     want, got = np.asarray(want), np.asarray(got)
     return want.dtype == got.dtype and want.shape == got.shape and want.tobytes() == got.tobytes()
 
@@ -328,6 +330,27 @@ def _check_treefold(rng, large):
     return out
 
 
+def _check_embedding_linear(rng, large):
+    from refreplay.ops import embedding as emb, linear as lin
+    from . import adapter
+    out = []
+    V, C, B, T = (512, 768, 4, 256) if large else (11, 5, 2, 9)
+    wte = with_specials(rng, random_normal(rng, (V, C)), 0.05)
+    tokens = rng.integers(0, V - 2, (B, T)).astype(np.int32)  # the last two ids never occur
+    tokens[0, :3] = 0  # a repeated id
+    out.append(("embedding fwd", emb.embedding_forward(wte, tokens), adapter.embedding_forward(wte, tokens)))
+    dout = np.ldexp(random_normal(rng, (B, T, C)), rng.integers(-24, 1, (B, T, C))).astype(np.float32)
+    out.append(("embedding bwd", emb.embedding_backward(dout, tokens, V),
+                adapter.embedding_backward(dout, tokens, V)))
+    N, OC = B * T, 3 * C
+    x, W, b = random_normal(rng, (N, C)), random_normal(rng, (OC, C)), random_normal(rng, OC)
+    dy = random_normal(rng, (N, OC))
+    out.append(("linear fwd", lin.linear_forward(x, W, b), adapter.linear_forward(x, W, b)))
+    out.append(("linear fwd, no bias", lin.linear_forward(x, W), adapter.linear_forward(x, W)))
+    out.append(("linear bwd", lin.linear_backward(dy, x, W), adapter.linear_backward(dy, x, W)))
+    return out
+
+
 def _check_norms(rng, large):
     from refreplay.ops import norms as ref
     from . import adapter
@@ -436,6 +459,8 @@ CHECKS: dict[str, tuple[tuple[str, ...], Callable]] = {
     "reductions": (("red.rowsum.c1", "red.colsum.c1", "red.rowmax.c1", "mm.bias.c1"), _check_reductions),
     "matmul_i8": (("mm.i8.c1",), _check_matmul_i8),
     "treefold": (("fold.tree.c1", "fold.final.c1", "fold.ranks.c1", "fold.scale.c1"), _check_treefold),
+    "embedding_linear": (("emb.fwd.c1", "emb.bwd.c1", "linear.fwd.c1", "linear.bwd.c1"),
+                         _check_embedding_linear),
     "norms": (("norm.meanop.c1", "norm.layer.fwd.c1", "norm.layer.bwd.c1", "norm.rms.fwd.c1",
                "norm.rms.bwd.c1"), _check_norms),
     "rng": (("rng.philox.c1", "rng.counter.c1", "rng.unit.c1", "rng.symmetric.c1", "rng.init.c1"), _check_rng),
