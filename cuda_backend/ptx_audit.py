@@ -45,6 +45,7 @@ KERNEL_MODULES = (
     "cuda_backend.treefold",
     "cuda_backend.ops.embedding",
     "cuda_backend.ops.norms",
+    "cuda_backend.ops.quant",
 )
 
 FLOAT_TYPES = {"f16", "f16x2", "bf16", "bf16x2", "f32", "f64"}

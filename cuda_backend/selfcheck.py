@@ -351,6 +351,34 @@ def _check_embedding_linear(rng, large):
     return out
 
 
+def _check_quant(rng, large):
+    from refreplay.ops import quant as ref
+    from . import adapter
+    out = []
+    B, T, C, OC = (4, 64, 256, 512) if large else (2, 3, 5, 4)
+    x = random_normal(rng, (B, T, C), 2.0)
+    w = random_normal(rng, (OC, C), 0.1)
+    w[1] = 0  # an all-zero row: the step floor
+    b = random_normal(rng, OC)
+    dy = random_normal(rng, (B, T, OC))
+    xs = with_specials(rng, random_normal(rng, (6, 9)), 0.1)
+    s = np.abs(random_normal(rng, 6)) + np.float32(0.01)
+    out.append(("step_size_rows", ref.step_size_rows(xs), adapter.step_size_rows(xs)))
+    out.append(("step_size", np.float32(ref.step_size(x)), adapter.step_size(x)))
+    out.append(("quantize", ref.quantize(xs, s), adapter.quantize(xs, s)))
+    q = rng.integers(-128, 128, (6, 9)).astype(np.int8)
+    out.append(("dequantize", ref.dequantize(q, s), adapter.dequantize(q, s)))
+    out.append(("fake_quantize, explicit small steps", ref.fake_quantize(xs, s / np.float32(64)),
+                adapter.fake_quantize(xs, s / np.float32(64))))
+    g = random_normal(rng, xs.shape)
+    out.append(("fake_quantize_backward (saturating)", ref.fake_quantize_backward(g, xs, s / np.float32(64)),
+                adapter.fake_quantize_backward(g, xs, s / np.float32(64))))
+    out.append(("qlinear fwd", ref.qlinear_forward(x, w, b), adapter.qlinear_forward(x, w, b)))
+    out.append(("qlinear fwd, no bias", ref.qlinear_forward(x, w), adapter.qlinear_forward(x, w)))
+    out.append(("qlinear bwd", ref.qlinear_backward(dy, x, w), adapter.qlinear_backward(dy, x, w)))
+    return out
+
+
 def _check_norms(rng, large):
     from refreplay.ops import norms as ref
     from . import adapter
@@ -461,6 +489,8 @@ CHECKS: dict[str, tuple[tuple[str, ...], Callable]] = {
     "treefold": (("fold.tree.c1", "fold.final.c1", "fold.ranks.c1", "fold.scale.c1"), _check_treefold),
     "embedding_linear": (("emb.fwd.c1", "emb.bwd.c1", "linear.fwd.c1", "linear.bwd.c1"),
                          _check_embedding_linear),
+    "quant": (("quant.granularity.c1", "quant.step.c1", "quant.quantize.c1", "quant.dequantize.c1",
+               "quant.ste.c1", "quant.linear.fwd.c1", "quant.linear.bwd.c1"), _check_quant),
     "norms": (("norm.meanop.c1", "norm.layer.fwd.c1", "norm.layer.bwd.c1", "norm.rms.fwd.c1",
                "norm.rms.bwd.c1"), _check_norms),
     "rng": (("rng.philox.c1", "rng.counter.c1", "rng.unit.c1", "rng.symmetric.c1", "rng.init.c1"), _check_rng),
