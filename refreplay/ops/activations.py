@@ -1,0 +1,164 @@
+"""Elementwise activations, forward and backward: GELU in tanh form, SiLU and
+SwiGLU ([act.gelu.fwd.c1], [act.gelu.bwd.c1], [act.silu.fwd.c1],
+[act.silu.bwd.c1], [act.swiglu.fwd.c1], [act.swiglu.bwd.c1]).
+
+Shapes: every argument of one call has the same shape, any shape (N elements
+once flattened; in a model [B, T, F]).  Each element's result depends on that
+element alone, so the kernels run over elements in parallel.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import prange
+
+from .._jit import parallel_kernel
+from ..numerics.core import HALF, ONE, add, mul, sub
+from ..numerics.transcendental import sigmoid, tanh  # [num.sigmoid.c1] [num.tanh.c1]
+from . import check_array
+
+GELU_SCALE = np.array([0x3F4C422A], dtype=np.uint32).view(np.float32)[0]  # sqrt(2/pi)
+GELU_CUBE = np.array([0x3D372713], dtype=np.uint32).view(np.float32)[0]  # 0.044715
+GELU_CUBE3 = np.array([0x3E095D4F], dtype=np.uint32).view(np.float32)[0]  # 3 * 0.044715
+
+
+# ---- GELU (tanh form) ----------------------------------------------------------
+
+
+@parallel_kernel
+def gelu_forward_kernel(out, x):
+    """[act.gelu.fwd.c1] out[i] = 0.5*x*(1 + tanh(sqrt(2/pi)*(x + 0.044715*x^3))).
+    out, x: [N]; out overwritten."""
+    for i in prange(x.shape[0]):
+        x_i = x[i]
+        cube = mul(mul(mul(GELU_CUBE, x_i), x_i), x_i)
+        th = tanh(mul(GELU_SCALE, add(x_i, cube)))
+        out[i] = mul(mul(HALF, x_i), add(ONE, th))
+
+
+@parallel_kernel
+def gelu_backward_kernel(dx, dout, x):
+    """[act.gelu.bwd.c1] dx[i] = dout[i] * gelu'(x[i]).  dx, dout, x: [N];
+    dx overwritten."""
+    for i in prange(x.shape[0]):
+        x_i = x[i]
+        cube = mul(mul(mul(GELU_CUBE, x_i), x_i), x_i)  # forward: cube
+        th = tanh(mul(GELU_SCALE, add(x_i, cube)))  # forward: th
+        sech2 = sub(ONE, mul(th, th))  # tanh' = 1 - tanh^2
+        dinner = mul(GELU_SCALE, add(ONE, mul(mul(GELU_CUBE3, x_i), x_i)))
+        local = add(mul(HALF, add(ONE, th)), mul(mul(mul(HALF, x_i), sech2), dinner))
+        dx[i] = mul(dout[i], local)
+
+
+# ---- SiLU ----------------------------------------------------------------------
+
+
+@parallel_kernel
+def silu_forward_kernel(out, x):
+    """[act.silu.fwd.c1] out[i] = x*sigmoid(x).  out, x: [N]; out overwritten."""
+    for i in prange(x.shape[0]):
+        out[i] = mul(x[i], sigmoid(x[i]))
+
+
+@parallel_kernel
+def silu_backward_kernel(dx, dout, x):
+    """[act.silu.bwd.c1] dx[i] = dout[i] * s*(1 + x*(1 - s)), s = sigmoid(x).
+    dx, dout, x: [N]; dx overwritten."""
+    for i in prange(x.shape[0]):
+        x_i = x[i]
+        s = sigmoid(x_i)  # forward: out = x*s
+        local = mul(s, add(ONE, mul(x_i, sub(ONE, s))))
+        dx[i] = mul(dout[i], local)
+
+
+# ---- SwiGLU --------------------------------------------------------------------
+
+
+@parallel_kernel
+def swiglu_forward_kernel(out, a, b):
+    """[act.swiglu.fwd.c1] out[i] = (a*sigmoid(a))*b.  out, a, b: [N]; out
+    overwritten."""
+    for i in prange(a.shape[0]):
+        a_i = a[i]
+        out[i] = mul(mul(a_i, sigmoid(a_i)), b[i])
+
+
+@parallel_kernel
+def swiglu_backward_kernel(da, db, dout, a, b):
+    """[act.swiglu.bwd.c1] da[i] = (dout*b)*silu'(a), db[i] = dout*silu(a).
+    da, db, dout, a, b: [N]; da, db overwritten."""
+    for i in prange(a.shape[0]):
+        a_i = a[i]
+        s = sigmoid(a_i)
+        silu_a = mul(a_i, s)  # forward: out = silu_a*b
+        dsilu = mul(s, add(ONE, mul(a_i, sub(ONE, s))))
+        da[i] = mul(mul(dout[i], b[i]), dsilu)
+        db[i] = mul(dout[i], silu_a)
+
+
+# ---- Python API: validation and allocation ----------------------------------------
+
+
+def _same_shape(**arrays):
+    shape = None
+    for name, a in arrays.items():
+        if not isinstance(a, np.ndarray):
+            raise TypeError(f"{name} must be a numpy array, got {type(a).__name__}")
+        check_array(name, a, np.float32, a.ndim)
+        if shape is None:
+            shape = a.shape
+        elif a.shape != shape:
+            raise ValueError(f"{name} has shape {a.shape}, expected {shape}")
+    return shape
+
+
+def _flat(a):
+    return a.reshape(-1)
+
+
+def gelu_forward(x):
+    """[act.gelu.fwd.c1] x (any shape) -> out, same shape (new)."""
+    shape = _same_shape(x=x)
+    out = np.empty(shape, dtype=np.float32)
+    gelu_forward_kernel(_flat(out), _flat(x))
+    return out
+
+
+def gelu_backward(dout, x):
+    """[act.gelu.bwd.c1] (dout, x) -> dx, same shape (new)."""
+    shape = _same_shape(dout=dout, x=x)
+    dx = np.empty(shape, dtype=np.float32)
+    gelu_backward_kernel(_flat(dx), _flat(dout), _flat(x))
+    return dx
+
+
+def silu_forward(x):
+    """[act.silu.fwd.c1] x (any shape) -> out, same shape (new)."""
+    shape = _same_shape(x=x)
+    out = np.empty(shape, dtype=np.float32)
+    silu_forward_kernel(_flat(out), _flat(x))
+    return out
+
+
+def silu_backward(dout, x):
+    """[act.silu.bwd.c1] (dout, x) -> dx, same shape (new)."""
+    shape = _same_shape(dout=dout, x=x)
+    dx = np.empty(shape, dtype=np.float32)
+    silu_backward_kernel(_flat(dx), _flat(dout), _flat(x))
+    return dx
+
+
+def swiglu_forward(a, b):
+    """[act.swiglu.fwd.c1] gate a and value b (same shape) -> out (new)."""
+    shape = _same_shape(a=a, b=b)
+    out = np.empty(shape, dtype=np.float32)
+    swiglu_forward_kernel(_flat(out), _flat(a), _flat(b))
+    return out
+
+
+def swiglu_backward(dout, a, b):
+    """[act.swiglu.bwd.c1] (dout, a, b) -> (da, db), same shape (new)."""
+    shape = _same_shape(dout=dout, a=a, b=b)
+    da = np.empty(shape, dtype=np.float32)
+    db = np.empty(shape, dtype=np.float32)
+    swiglu_backward_kernel(_flat(da), _flat(db), _flat(dout), _flat(a), _flat(b))
+    return da, db
