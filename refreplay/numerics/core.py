@@ -91,8 +91,9 @@ def fmax(a, b):
     if a != a or b != b:
         return bits_f32(CANONICAL_NAN_BITS)
     if a == b:  # equal values, or -0 vs +0: the one with the clear sign bit
-        return a if f32_bits(a) < f32_bits(b) else b
-    return a if a > b else b
+        return flush(a if f32_bits(a) < f32_bits(b) else b)
+    # flush: a subnormal operand must not survive as the result ([num.flush.c1])
+    return flush(a if a > b else b)
 
 
 @kernel
@@ -101,8 +102,8 @@ def fmin(a, b):
     if a != a or b != b:
         return bits_f32(CANONICAL_NAN_BITS)
     if a == b:
-        return a if f32_bits(a) > f32_bits(b) else b
-    return a if a < b else b
+        return flush(a if f32_bits(a) > f32_bits(b) else b)
+    return flush(a if a < b else b)
 
 
 @kernel
