@@ -11,7 +11,7 @@ import importlib
 import sys
 
 from . import __version__
-from .errors import InputError, VerificationFailure
+from .errors import InputError, UnfitPlatform, VerificationFailure
 
 # name -> module under refreplay.commands (order is the order of --help)
 COMMANDS = {
@@ -74,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as exc:
         print(f"refreplay {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except UnfitPlatform as exc:
+        print(f"refreplay {args.command}: refusing to run: {exc} (see `refreplay doctor`)", file=sys.stderr)
+        return 1
     except VerificationFailure as exc:
         print(f"refreplay {args.command}: FAILED: {exc}", file=sys.stderr)
         return 1

@@ -42,8 +42,7 @@ FLT_MIN_BITS = 0x00800000  # smallest normal binary32
 HALF_MIN_BITS = 0x00400000  # FLT_MIN / 2, a subnormal
 
 
-class UnfitPlatform(Exception):
-    """The process cannot produce conformant bits (e.g. FTZ/DAZ is on)."""
+from .errors import UnfitPlatform  # noqa: E402,F401  (re-exported: callers catch doctor.UnfitPlatform)
 
 
 @dataclass(frozen=True)

@@ -11,3 +11,8 @@ class InputError(ValueError):
 
 class VerificationFailure(Exception):
     """The thing checked does not match (exit 1)."""
+
+
+class UnfitPlatform(Exception):
+    """The process cannot produce conformant bits (hardware FTZ/DAZ on, SVML
+    in use, ...): refreplay refuses to compute (exit 1)."""

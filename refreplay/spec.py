@@ -21,7 +21,7 @@ SPEC_DIR = REPO_DIR / "spec"
 
 LABEL_RE = re.compile(r"\[([a-z][a-z0-9_]*(?:\.[a-z0-9_]+)*\.[cr][0-9]+)\]")
 HEADER_RE = re.compile(r"^\[([a-z][a-z0-9_]*(?:\.[a-z0-9_]+)*\.[cr][0-9]+)\]\s+(.*\S)\s*$")
-EXAMPLE_RE = re.compile(r"^\s*example:\s*(.+?)\s*=\s*([^=].*?)\s*$")
+EXAMPLE_RE = re.compile(r"^\s*example:\s*(.+)\s+=\s+(.+?)\s*$")  # splits at the last " = "
 
 
 class SpecError(Exception):
