@@ -311,6 +311,25 @@ def test_activations_equal_float32_transcription():
     assert same_bits(da, fl(fl(dout * b) * dsilu)) and same_bits(db, fl(dout * fl(x * s)))
 
 
+@pytest.mark.slow
+@np.errstate(invalid="ignore", over="ignore")
+def test_activations_dense_sweep_equal_transcription():
+    """[act.gelu.fwd.c1] [act.gelu.bwd.c1] [act.silu.fwd.c1] [act.silu.bwd.c1]
+    on every 251st binary32 bit pattern (about 17 million values, loaded so
+    subnormals are zero): the ops equal the float32 transcription."""
+    x = flush32(np.arange(0, 2**32, 251, dtype=np.uint64).astype(np.uint32).view(np.float32))
+    dout = np.ones_like(x)
+    one, half, fl = f32(1), f32(0.5), flush32
+    th = EW.tanh(fl(GELU_S * fl(x + fl(fl(fl(GELU_K * x) * x) * x))))
+    assert same_bits(A.gelu_forward(x), fl(fl(half * x) * fl(one + th)))
+    local = fl(fl(half * fl(one + th)) + fl(fl(fl(half * x) * fl(one - fl(th * th)))
+                                           * fl(GELU_S * fl(one + fl(fl(GELU_K3 * x) * x)))))
+    assert same_bits(A.gelu_backward(dout, x), fl(dout * local))
+    s = EW.sigmoid(x)
+    assert same_bits(A.silu_forward(x), fl(x * s))
+    assert same_bits(A.silu_backward(dout, x), fl(dout * fl(s * fl(one + fl(x * fl(one - s))))))
+
+
 def test_gelu_cube3_constant_is_the_rounded_coefficient():
     """[act.gelu.bwd.c1]: K3 is the binary32 nearest 3*0.044715, and differs
     from mul(3, K) (so an implementation that computes it fails)."""
