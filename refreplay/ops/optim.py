@@ -48,7 +48,9 @@ class AdamW:
 # ---- AdamW -----------------------------------------------------------------
 
 
-@kernel
+# Scalar kernels carry explicit signatures: a Python float passed to them is
+# converted to binary32 first, never evaluated in binary64.
+@kernel("UniTuple(float32, 2)(float32, float32, int64)")
 def adamw_bias_corrections(beta1, beta2, t):
     """[optim.adamw.bias.c1] (recip(1 - beta1^t), recip(1 - beta2^t)) for step
     t >= 1, the powers formed by t-1 sequential multiplications from beta."""
@@ -152,7 +154,7 @@ def adamw_step(params: dict, grads: dict, m: dict, v: dict, *, step: int, lr,
 # ---- global gradient-norm clipping -------------------------------------------
 
 
-@kernel
+@kernel("float32(float32[::1])")
 def sum_of_squares(g):
     """[optim.clip.c1] step 1: sum over i increasing of mul(g[i], g[i]) from
     the start of [red.sum.c1].  g: [N] read."""
@@ -162,7 +164,7 @@ def sum_of_squares(g):
     return s
 
 
-@kernel
+@kernel("UniTuple(float32, 2)(float32[::1], float32)")
 def clip_coefficient(partials, max_norm):
     """[optim.clip.c1] steps 2-4: partials [M] (one per tensor, sorted name
     order) -> (norm, coef) with norm = sqrt(sum of partials in order) and
@@ -204,7 +206,7 @@ def clip_grad_norm(grads: dict, max_norm) -> tuple[np.float32, np.float32]:
 # ---- learning-rate schedule ------------------------------------------------------
 
 
-@kernel
+@kernel("float32(int64, int64, int64, float32, float32, int64)")
 def lr_kernel(t, warmup, total, lr_max, lr_min, kind):
     """[optim.lr.c1] The learning rate of step t (1-based).  kind: 0 cosine,
     1 linear, 2 constant.  Integers t, warmup, total; binary32 lr_max, lr_min."""
