@@ -16,19 +16,57 @@ from numba import prange
 
 from .._jit import kernel, parallel_kernel
 from ..linalg.common import NEG_ZERO
-from ..numerics.core import F32, ZERO, add, mul, recip, sqrt
+from ..numerics.core import F32, ZERO, canon, flush, mul, recip, sqrt
 from .softmax import softmax_row, softmax_row_backward
 
 
 @kernel
-def dot(a, b):
-    """[attn.scores.c1] sum over d = 0 .. HS-1, increasing, of a[d]*b[d] from
-    -0: one entry of linalg.matmul_nt ([mm.nt.c1]), computed here because a
-    causal row needs only the entries s <= t."""
-    acc = NEG_ZERO
-    for d in range(a.shape[0]):
-        acc = add(acc, mul(a[d], b[d]))
-    return acc
+def dot_rows(x, MT, n, acc):
+    """[attn.scores.c1] acc[s] = sum over d = 0 .. HS-1, increasing, of
+    x[d] * MT[d, s], for s = 0 .. n-1 (acc overwritten): entries of
+    linalg.matmul_nt ([mm.nt.c1]), each a chain from -0.
+
+    MT [HS, T] is a key (or value) block stored transposed, so that the s
+    loop runs over independent outputs in contiguous memory and vectorises;
+    each output still adds its products in increasing d.  Products and sums
+    are flushed one by one; NaNs are canonicalised once at the end of the
+    chain ([num.nan.c1]).
+    """
+    a = acc[:n]
+    a[:] = NEG_ZERO
+    for d in range(x.shape[0]):
+        xd = x[d]
+        m = MT[d, :n]
+        for s in range(n):
+            a[s] = flush(a[s] + flush(xd * m[s]))
+    for s in range(n):
+        a[s] = canon(a[s])
+
+
+@kernel
+def axpy_rows(c, M, n, acc):
+    """acc[d] = acc[d] + c[s] * M[s, d] for s = 0 .. n-1 in increasing s and
+    every d (acc accumulated into, flushed one by one, NaN left to the
+    caller's canon at the end of the chain)."""
+    for s in range(n):
+        cs = c[s]
+        m = M[s]
+        for d in range(acc.shape[0]):
+            acc[d] = flush(acc[d] + flush(cs * m[d]))
+
+
+@kernel
+def transpose_into(M, MT):
+    """MT[d, s] = M[s, d] (bits copied) for M [T, HS]."""
+    for s in range(M.shape[0]):
+        for d in range(M.shape[1]):
+            MT[d, s] = M[s, d]
+
+
+@kernel
+def canon_all(x):
+    for i in range(x.shape[0]):
+        x[i] = canon(x[i])
 
 
 @kernel
@@ -49,23 +87,21 @@ def attention_forward_kernel(q, k, v, scale, out, att):
     for bh in prange(B * NH):
         b = bh // NH
         h = bh % NH
-        q_bh, k_bh, v_bh = q[b, h], k[b, h], v[b, h]
+        q_bh, v_bh = q[b, h], v[b, h]
+        kT = np.empty((HS, T), np.float32)
+        transpose_into(k[b, h], kT)
         for t in range(T):
             att_t = att[b, h, t]
-            q_t = q_bh[t]
-            for s in range(t + 1):
-                att_t[s] = mul(dot(q_t, k_bh[s]), scale)
-            softmax_row(att_t, t + 1, att_t)
-            for s in range(t + 1, T):
-                att_t[s] = ZERO
+            n = t + 1
+            dot_rows(q_bh[t], kT, n, att_t)
+            for s in range(n):
+                att_t[s] = mul(att_t[s], scale)
+            softmax_row(att_t, n, att_t)
+            att_t[n:] = ZERO
             out_t = out[b, h, t]
-            for d in range(HS):
-                out_t[d] = NEG_ZERO
-            for s in range(t + 1):
-                p = att_t[s]
-                v_s = v_bh[s]
-                for d in range(HS):
-                    out_t[d] = add(out_t[d], mul(p, v_s[d]))
+            out_t[:] = NEG_ZERO
+            axpy_rows(att_t, v_bh, n, out_t)
+            canon_all(out_t)
 
 
 @parallel_kernel
@@ -85,39 +121,38 @@ def attention_backward_kernel(dout, q, k, v, att, scale, dq, dk, dv):
     for bh in prange(B * NH):
         b = bh // NH
         h = bh % NH
-        q_bh, k_bh, v_bh = q[b, h], k[b, h], v[b, h]
+        q_bh, k_bh = q[b, h], k[b, h]
         dq_bh, dk_bh, dv_bh = dq[b, h], dk[b, h], dv[b, h]
-        for s in range(T):
-            for d in range(HS):
-                dk_bh[s, d] = NEG_ZERO
-                dv_bh[s, d] = NEG_ZERO
+        dk_bh[:, :] = NEG_ZERO
+        dv_bh[:, :] = NEG_ZERO
+        vT = np.empty((HS, T), np.float32)
+        transpose_into(v[b, h], vT)
         dp = np.empty(T, np.float32)
         dz = np.empty(T, np.float32)
         for t in range(T):
+            n = t + 1
             att_t = att[b, h, t]
             dout_t = dout[b, h, t]
             q_t = q_bh[t]
-            for s in range(t + 1):
-                dp[s] = dot(dout_t, v_bh[s])
-            softmax_row_backward(dp, att_t, t + 1, dz)
-            for s in range(t + 1):
+            dot_rows(dout_t, vT, n, dp)
+            softmax_row_backward(dp, att_t, n, dz)
+            for s in range(n):
                 dz[s] = mul(dz[s], scale)
             dq_t = dq_bh[t]
-            for d in range(HS):
-                dq_t[d] = NEG_ZERO
-            for s in range(t + 1):
-                z = dz[s]
-                k_s = k_bh[s]
-                for d in range(HS):
-                    dq_t[d] = add(dq_t[d], mul(z, k_s[d]))
-            for s in range(t + 1):
+            dq_t[:] = NEG_ZERO
+            axpy_rows(dz, k_bh, n, dq_t)
+            canon_all(dq_t)
+            for s in range(n):
                 z = dz[s]
                 p = att_t[s]
                 dk_s = dk_bh[s]
                 dv_s = dv_bh[s]
                 for d in range(HS):
-                    dk_s[d] = add(dk_s[d], mul(z, q_t[d]))
-                    dv_s[d] = add(dv_s[d], mul(p, dout_t[d]))
+                    dk_s[d] = flush(dk_s[d] + flush(z * q_t[d]))
+                    dv_s[d] = flush(dv_s[d] + flush(p * dout_t[d]))
+        for s in range(T):
+            canon_all(dk_bh[s])
+            canon_all(dv_bh[s])
 
 
 # ---- public API ------------------------------------------------------------------
