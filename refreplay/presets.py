@@ -116,8 +116,8 @@ class TrainConfig:
             need(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 1 << 24,
                  f"{name} must be an integer in [1, 2^24], got {v!r}")
         need(isinstance(self.warmup_steps, int) and not isinstance(self.warmup_steps, bool)
-             and 0 <= self.warmup_steps <= self.schedule_steps,
-             f"warmup_steps must be an integer in [0, schedule_steps], got {self.warmup_steps!r}")
+             and 0 <= self.warmup_steps < self.schedule_steps,
+             f"warmup_steps must be an integer in [0, schedule_steps), got {self.warmup_steps!r}")
         for name in ("lr", "min_lr", "beta1", "beta2", "eps", "weight_decay", "clip_norm"):
             v = getattr(self, name)
             need(isinstance(v, np.float32) and np.isfinite(v) and v >= 0,

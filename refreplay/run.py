@@ -52,6 +52,15 @@ def canonical_json(obj) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
+def recipe_hash_of_json(text: str) -> str:
+    """[step.recipe.c1] SHA-256 (hex) of the canonical JSON of a JSON text."""
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"not valid JSON: {exc}") from None
+    return hashlib.sha256(canonical_json(obj)).hexdigest()
+
+
 def checkpoint_name(step: int) -> str:
     return f"step-{step:07d}.safetensors"
 
@@ -88,7 +97,8 @@ class Recipe:
                          "sample_tokens": self.model.seq_len + 1}}
 
     def sha256(self) -> str:
-        """[step.recipe.c1] The recipe hash bound into every chain link."""
+        """[step.recipe.c1] The recipe hash bound into every chain link (binary32
+        fields already written as "0x" bit patterns by ``hashed``)."""
         return hashlib.sha256(canonical_json(self.hashed())).hexdigest()
 
     def to_json(self) -> dict:

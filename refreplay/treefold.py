@@ -64,7 +64,7 @@ def _add_arrays(left, right, what):
 
 
 def merge(left, right):
-    """[fold.tree.c1] One tree node: ``add(left, right)`` elementwise, the
+    """[fold.leaves.c1] [fold.tree.c1] One tree node: ``add(left, right)`` elementwise, the
     earlier block's value as the left operand.  Dicts are merged name by name
     and must have the same names; a new value is returned, inputs are kept."""
     if isinstance(left, dict):

@@ -1,0 +1,120 @@
+HELP = "train a recipe on R ranks (in-process or MPI) and publish a run directory with per-step hashes"
+
+
+def add_arguments(p):
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--preset", metavar="NAME", help="a named preset: tiny or small")
+    src.add_argument("--config", metavar="FILE",
+                     help='a JSON file {"preset": NAME (optional base), "model": {...}, "train": {...}} '
+                          "whose fields override the base preset (or the defaults)")
+    p.add_argument("--steps", type=int, required=True, metavar="N", help="training steps to run")
+    p.add_argument("--ranks", type=int, default=1, metavar="R", help="data-parallel ranks (default 1)")
+    p.add_argument("--launcher", choices=("inproc", "mpi"), default="inproc",
+                   help="inproc: R simulated ranks in this process (default); mpi: R processes via mpiexec")
+    p.add_argument("--checkpoint-every", type=int, default=None, metavar="K",
+                   help="save the state every K steps (step 0 and the last step are always saved)")
+    p.add_argument("--out", required=True, metavar="RUN", help="run directory to create (must not exist or be empty)")
+    p.add_argument("--seed", type=int, default=None, metavar="S", help="override the recipe's seed")
+    p.add_argument("--data", nargs="+", metavar="FILE", default=None,
+                   help="build the corpus from these files (in order) instead of the Python standard library")
+    p.add_argument("--byte-cap", type=int, default=None, metavar="BYTES",
+                   help="corpus size cap in bytes (default 1048576)")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="compute threads per process (bits never depend on it)")
+    p.add_argument("--quiet", action="store_true", help="no progress line")
+
+
+def _argv(args) -> list[str]:
+    """The command line again, for re-running under mpiexec."""
+    out = ["train", "--steps", str(args.steps), "--ranks", str(args.ranks), "--launcher", "mpi",
+           "--out", str(args.out)]
+    out += ["--preset", args.preset] if args.preset else ["--config", str(args.config)]
+    for flag, value in (("--checkpoint-every", args.checkpoint_every), ("--seed", args.seed),
+                        ("--byte-cap", args.byte_cap), ("--threads", args.threads)):
+        if value is not None:
+            out += [flag, str(value)]
+    if args.data:
+        out += ["--data", *args.data]
+    if args.quiet:
+        out.append("--quiet")
+    return out
+
+
+def _configs(args):
+    import dataclasses
+    import json
+    from pathlib import Path
+
+    from .. import presets
+    from ..errors import InputError
+
+    explicit_schedule = False
+    if args.preset:
+        model, train = presets.preset(args.preset)
+        name = args.preset
+    else:
+        path = Path(args.config)
+        try:
+            obj = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise InputError(f"config file not found: {path}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise InputError(f"{path}: not valid JSON ({exc})") from None
+        if not isinstance(obj, dict) or set(obj) - {"preset", "model", "train"}:
+            raise InputError(f"{path}: expected an object with keys preset, model, train")
+        name = obj.get("preset")
+        if name is not None and not isinstance(name, str):
+            raise InputError(f"{path}: preset must be a name")
+        base_m, base_t = presets.preset(name) if name else (presets.ModelConfig(), presets.TrainConfig())
+        model = presets.model_from_json(obj.get("model", {}), f"{path}: model", partial=True, base=base_m)
+        train = presets.train_from_json(obj.get("train", {}), f"{path}: train", partial=True, base=base_t)
+        explicit_schedule = "schedule_steps" in obj.get("train", {})
+    if args.seed is not None:
+        train = dataclasses.replace(train, seed=args.seed)
+    # the learning rate decays over the run's length unless the config says otherwise
+    if not explicit_schedule and args.steps > train.warmup_steps:
+        train = dataclasses.replace(train, schedule_steps=args.steps)
+    return name, model.validate(), train.validate()
+
+
+def run(args) -> int:
+    from ..errors import InputError
+    from ..launch import mpi as mpi_launch
+
+    if args.steps is None or args.steps < 1:
+        raise InputError("--steps must be a positive integer")
+    if args.ranks < 1:
+        raise InputError("--ranks must be a positive integer")
+    if args.checkpoint_every is not None and args.checkpoint_every < 1:
+        raise InputError("--checkpoint-every must be a positive integer")
+    if args.threads is not None and args.threads < 1:
+        raise InputError("--threads must be a positive integer")
+    name, model, train_cfg = _configs(args)
+    if args.launcher == "mpi" and not mpi_launch.under_mpi():
+        return mpi_launch.relaunch(args.ranks, _argv(args))
+
+    if args.threads is not None:
+        import numba
+
+        numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
+    from .. import data, launch
+    from ..train import train
+
+    launcher = launch.get(args.launcher, args.ranks)
+    try:
+        summary = train(model, train_cfg, steps=args.steps,
+                        checkpoint_every=args.checkpoint_every or args.steps, out=args.out,
+                        launcher=launcher, launcher_name=args.launcher, preset=name,
+                        corpus_files=args.data, byte_cap=args.byte_cap or data.DEFAULT_BYTE_CAP,
+                        progress=None if args.quiet else __import__("sys").stderr)
+    except InputError:
+        if not launcher.is_root:
+            return 2  # the root reports it
+        raise
+    launcher.close()
+    if launcher.is_root:
+        print(f"run {args.out}: {summary.steps} steps on {args.ranks} rank(s) ({args.launcher}), "
+              f"{summary.seconds:.1f} s")
+        print(f"recipe sha256 {summary.recipe_sha256}")
+        print(f"chain head    {summary.head}")
+    return 0

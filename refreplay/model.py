@@ -1,0 +1,336 @@
+"""The GPT-style decoder of the reference trainer (``spec/20-model.txt``),
+composed from the ops of ``refreplay.ops``; no arithmetic of its own beyond
+the residual additions ([model.residual.c1]).
+
+Shapes (spec letters): tokens, targets [B, T] int32; the residual stream
+[N, C] with N = B*T; q, k, v [B, NH, T, HS]; logits [N, V].
+
+* [model.config.c1] the configuration (``presets.ModelConfig``);
+* [model.params.c1] parameter names and shapes: a flat dict, sorted names;
+* [model.init.c1]   initialisation from Philox;
+* [model.forward.c1] the forward pass, op by op;
+* [model.backward.c1] the backward pass: the forward in reverse, with every
+  gradient sum (residual, tied weights, SwiGLU branches) in a stated order;
+* [model.quant.c1]  int8-QAT linears and their re-pinned step sizes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import prange
+
+from . import rng
+from ._jit import parallel_kernel
+from .numerics.core import F32, finish, mul, sqrt
+from .ops import activations, attention, embedding, linear, loss, norms, quant, rope
+from .presets import ModelConfig
+
+ONE = F32(1.0)
+ZERO = F32(0.0)
+
+
+# ---- parameters -------------------------------------------------------------------
+
+
+def _layer(i: int) -> str:
+    return f"h.{i:02d}"
+
+
+def linear_names(cfg: ModelConfig) -> list[str]:
+    """[model.params.c1] The weight names of the linear layers inside the
+    blocks (the layers that run int8 under linear = "int8", [model.quant.c1])."""
+    out = []
+    for i in range(cfg.layers):
+        p = _layer(i)
+        mlp = ["mlp.fc"] if cfg.mlp == "gelu" else ["mlp.gate", "mlp.up"]
+        for lin in ["attn.qkv", "attn.proj"] + mlp + ["mlp.proj"]:
+            out.append(f"{p}.{lin}.w")
+    return out
+
+
+def param_shapes(cfg: ModelConfig) -> dict[str, tuple]:
+    """[model.params.c1] name -> shape of every parameter, names sorted."""
+    C, V, F = cfg.width, cfg.vocab, cfg.mlp_hidden
+    shapes: dict[str, tuple] = {"wte": (V, C)}
+
+    def norm(prefix):
+        shapes[f"{prefix}.w"] = (C,)
+        if cfg.norm == "layer":
+            shapes[f"{prefix}.b"] = (C,)
+
+    def lin(prefix, oc, ic):
+        shapes[f"{prefix}.w"] = (oc, ic)
+        if cfg.bias:
+            shapes[f"{prefix}.b"] = (oc,)
+
+    for i in range(cfg.layers):
+        p = _layer(i)
+        norm(f"{p}.ln1")
+        lin(f"{p}.attn.qkv", 3 * C, C)
+        lin(f"{p}.attn.proj", C, C)
+        norm(f"{p}.ln2")
+        if cfg.mlp == "gelu":
+            lin(f"{p}.mlp.fc", F, C)
+        else:
+            lin(f"{p}.mlp.gate", F, C)
+            lin(f"{p}.mlp.up", F, C)
+        lin(f"{p}.mlp.proj", C, F)
+    norm("lnf")
+    if not cfg.tied:
+        shapes["head.w"] = (V, C)
+    return {k: shapes[k] for k in sorted(shapes)}
+
+
+def param_count(cfg: ModelConfig) -> int:
+    return sum(int(np.prod(s)) for s in param_shapes(cfg).values())
+
+
+def init_scale(init_std) -> np.float32:
+    """[model.init.c1] a = mul(init_std, sqrt(f32(3))): the half-width of a
+    uniform distribution whose standard deviation is init_std."""
+    return F32(mul(F32(init_std), sqrt(F32(3.0))))
+
+
+def init_weight(seed: int, name: str, count: int, init_std) -> np.ndarray:
+    """[model.init.c1] Elements 0 .. count-1 (row-major) of the initial value
+    of the weight ``name``, whatever its shape."""
+    return rng.init_uniform(seed, name, (count,), init_scale(init_std))
+
+
+def init_params(cfg: ModelConfig, seed: int) -> dict[str, np.ndarray]:
+    """[model.init.c1] Norm weights +1, biases (".b") +0, every other tensor
+    (embedding, linear weights, head) uniform in [-a, a) from its own Philox
+    stream [rng.init.c1]."""
+    cfg.validate()
+    shapes = param_shapes(cfg)
+    rng.init_tags(shapes)  # refuses two names that would share a stream
+    a = init_scale(cfg.init_std)
+    params = {}
+    for name, shape in shapes.items():
+        if name.endswith(".b"):
+            params[name] = np.zeros(shape, np.float32)
+        elif ".ln" in name or name.startswith("lnf."):
+            params[name] = np.ones(shape, np.float32)
+        else:
+            params[name] = np.ascontiguousarray(rng.init_uniform(seed, name, shape, a))
+    return params
+
+
+def quant_steps(cfg: ModelConfig, params: dict) -> dict[str, np.ndarray]:
+    """[model.quant.c1] The re-pinned per-output-channel step sizes of every
+    int8 linear weight ([quant.step.c1]), keyed by weight name; empty for fp32."""
+    if cfg.linear != "int8":
+        return {}
+    return {name: quant.step_size_rows(params[name]) for name in linear_names(cfg)}
+
+
+# ---- residual additions ------------------------------------------------------------
+
+
+@parallel_kernel
+def _add_kernel(a, b, out):
+    """out[N] = add(a[N], b[N]) elementwise ([num.add.c1]); out overwritten."""
+    for i in prange(a.size):
+        out[i] = finish(a[i] + b[i])
+
+
+def add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """[model.residual.c1] Elementwise add(a, b), a on the left; a new array."""
+    if a.shape != b.shape or a.dtype != np.float32 or b.dtype != np.float32:
+        raise ValueError(f"add: float32 arrays of one shape expected, got {a.shape} and {b.shape}")
+    out = np.empty_like(a)
+    _add_kernel(np.ascontiguousarray(a).reshape(-1), np.ascontiguousarray(b).reshape(-1), out.reshape(-1))
+    return out
+
+
+# ---- building blocks: dispatch on the configuration ---------------------------------
+
+
+class _Ctx:
+    """What one forward pass keeps for its backward (one entry per op)."""
+
+    def __init__(self):
+        self.saved: dict = {}
+
+
+def _norm_fwd(cfg, params, prefix, x, ctx, key):
+    if cfg.norm == "rms":
+        out, rrms = norms.rmsnorm_forward(x, params[f"{prefix}.w"], cfg.norm_eps)
+        ctx.saved[key] = (x, rrms)
+    else:
+        out, mean, rstd = norms.layernorm_forward(x, params[f"{prefix}.w"], params[f"{prefix}.b"], cfg.norm_eps)
+        ctx.saved[key] = (x, mean, rstd)
+    return out
+
+
+def _norm_bwd(cfg, params, prefix, dout, ctx, key, grads):
+    if cfg.norm == "rms":
+        x, rrms = ctx.saved[key]
+        dx, dw = norms.rmsnorm_backward(dout, x, params[f"{prefix}.w"], rrms)
+    else:
+        x, mean, rstd = ctx.saved[key]
+        dx, dw, db = norms.layernorm_backward(dout, x, params[f"{prefix}.w"], mean, rstd)
+        grads[f"{prefix}.b"] = db
+    grads[f"{prefix}.w"] = dw
+    return dx
+
+
+def _lin_fwd(cfg, params, prefix, x, ctx, B, T):
+    """x [N, IC] -> y [N, OC]: fp32 [linear.fwd.c1] or int8 [quant.linear.fwd.c1]."""
+    w = params[f"{prefix}.w"]
+    b = params.get(f"{prefix}.b")
+    ctx.saved[prefix] = x
+    if cfg.linear == "int8":
+        return quant.qlinear_forward(x.reshape(B, T, -1), w, b).reshape(B * T, -1)
+    return linear.linear_forward(x, w, b)
+
+
+def _lin_bwd(cfg, params, prefix, dy, ctx, B, T, grads):
+    x = ctx.saved[prefix]
+    w = params[f"{prefix}.w"]
+    if cfg.linear == "int8":
+        dx, dw, db = quant.qlinear_backward(dy.reshape(B, T, -1), x.reshape(B, T, -1), w, cfg.bias)
+        dx = dx.reshape(B * T, -1)
+    else:
+        dx, dw, db = linear.linear_backward(dy, x, w, cfg.bias)
+    grads[f"{prefix}.w"] = dw
+    if cfg.bias:
+        grads[f"{prefix}.b"] = db
+    return dx
+
+
+def _split_heads(qkv, j, B, T, NH, HS):
+    """[model.forward.c1] part j (0 q, 1 k, 2 v) of qkv [N, 3C] as [B, NH, T, HS]:
+    element [b, h, t, d] = qkv[b*T + t, j*C + h*HS + d] (an exact copy)."""
+    C = NH * HS
+    part = qkv.reshape(B, T, 3 * C)[:, :, j * C:(j + 1) * C].reshape(B, T, NH, HS)
+    return np.ascontiguousarray(part.transpose(0, 2, 1, 3))
+
+
+def _merge_heads(x, B, T, NH, HS):
+    """[B, NH, T, HS] -> [N, C], element [b*T + t, h*HS + d] (an exact copy)."""
+    return np.ascontiguousarray(x.transpose(0, 2, 1, 3)).reshape(B * T, NH * HS)
+
+
+# ---- the model ---------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    """One micro-batch: its mean loss and the gradients of that mean."""
+    loss: np.float32
+    grads: dict
+
+
+class Model:
+    """The decoder of [model.forward.c1] for one configuration.  Holds the
+    rotary tables (computed once, [rope.freq.c1]); parameters are passed in."""
+
+    def __init__(self, cfg: ModelConfig):
+        self.cfg = cfg.validate()
+        self.shapes = param_shapes(cfg)
+        self.cos, self.sin = rope.rope_tables(cfg.seq_len, cfg.head_size, cfg.rope_theta)
+
+    def check_params(self, params: dict) -> None:
+        if sorted(params) != list(self.shapes):
+            missing = sorted(set(self.shapes) - set(params))
+            extra = sorted(set(params) - set(self.shapes))
+            raise ValueError(f"parameters do not match the model: missing {missing}, unexpected {extra}")
+        for k, shape in self.shapes.items():
+            a = params[k]
+            if not isinstance(a, np.ndarray) or a.dtype != np.float32 or a.shape != shape:
+                raise ValueError(f"parameter {k}: expected float32 {shape}, got "
+                                 f"{getattr(a, 'dtype', type(a).__name__)} {getattr(a, 'shape', '')}")
+
+    def forward(self, params: dict, tokens: np.ndarray, targets: np.ndarray):
+        """[model.forward.c1] -> (mean loss, logits [N, V], ctx for backward)."""
+        cfg = self.cfg
+        B, T = tokens.shape
+        if T != cfg.seq_len or targets.shape != (B, T):
+            raise ValueError(f"tokens/targets must be [B, {cfg.seq_len}], got {tokens.shape} / {targets.shape}")
+        NH, HS = cfg.heads, cfg.head_size
+        ctx = _Ctx()
+        ctx.saved["tokens"] = tokens
+        h = embedding.embedding_forward(params["wte"], tokens).reshape(B * T, cfg.width)
+        for i in range(cfg.layers):
+            p = _layer(i)
+            n1 = _norm_fwd(cfg, params, f"{p}.ln1", h, ctx, f"{p}.ln1")
+            qkv = _lin_fwd(cfg, params, f"{p}.attn.qkv", n1, ctx, B, T)
+            q = rope.rope_forward(_split_heads(qkv, 0, B, T, NH, HS), self.cos, self.sin)
+            k = rope.rope_forward(_split_heads(qkv, 1, B, T, NH, HS), self.cos, self.sin)
+            v = _split_heads(qkv, 2, B, T, NH, HS)
+            o, att = attention.attention_forward(q, k, v)
+            ctx.saved[f"{p}.attn"] = (q, k, v, att)
+            a = _lin_fwd(cfg, params, f"{p}.attn.proj", _merge_heads(o, B, T, NH, HS), ctx, B, T)
+            h = add(h, a)
+            n2 = _norm_fwd(cfg, params, f"{p}.ln2", h, ctx, f"{p}.ln2")
+            if cfg.mlp == "gelu":
+                u = _lin_fwd(cfg, params, f"{p}.mlp.fc", n2, ctx, B, T)
+                g = activations.gelu_forward(u)
+                ctx.saved[f"{p}.act"] = (u,)
+            else:
+                ga = _lin_fwd(cfg, params, f"{p}.mlp.gate", n2, ctx, B, T)
+                up = _lin_fwd(cfg, params, f"{p}.mlp.up", n2, ctx, B, T)
+                g = activations.swiglu_forward(ga, up)
+                ctx.saved[f"{p}.act"] = (ga, up)
+            m = _lin_fwd(cfg, params, f"{p}.mlp.proj", g, ctx, B, T)
+            h = add(h, m)
+        nf = _norm_fwd(cfg, params, "lnf", h, ctx, "lnf")
+        head = params["wte"] if cfg.tied else params["head.w"]
+        logits = linear.linear_forward(nf, head)
+        ctx.saved["head"] = nf
+        y = targets.reshape(-1)
+        _, mean, _ = loss.cross_entropy_forward(logits, y)
+        ctx.saved["logits"] = (logits, y)
+        return np.float32(mean), logits, ctx
+
+    def backward(self, params: dict, ctx: _Ctx) -> dict:
+        """[model.backward.c1] Gradients of the mean loss, a flat dict with the
+        parameter names (sorted)."""
+        cfg = self.cfg
+        tokens = ctx.saved["tokens"]
+        B, T = tokens.shape
+        NH, HS = cfg.heads, cfg.head_size
+        grads: dict = {}
+        logits, y = ctx.saved["logits"]
+        dlogits = loss.cross_entropy_backward(logits, y)
+        head = params["wte"] if cfg.tied else params["head.w"]
+        dnf, dhead, _ = linear.linear_backward(dlogits, ctx.saved["head"], head, False)
+        dh = _norm_bwd(cfg, params, "lnf", dnf, ctx, "lnf", grads)
+        for i in reversed(range(cfg.layers)):
+            p = _layer(i)
+            # h = add(h, m): the branch receives dh unchanged
+            dg = _lin_bwd(cfg, params, f"{p}.mlp.proj", dh, ctx, B, T, grads)
+            if cfg.mlp == "gelu":
+                (u,) = ctx.saved[f"{p}.act"]
+                du = activations.gelu_backward(dg, u)
+                dn2 = _lin_bwd(cfg, params, f"{p}.mlp.fc", du, ctx, B, T, grads)
+            else:
+                ga, up = ctx.saved[f"{p}.act"]
+                dga, dup = activations.swiglu_backward(dg, ga, up)
+                dn2 = add(_lin_bwd(cfg, params, f"{p}.mlp.gate", dga, ctx, B, T, grads),
+                          _lin_bwd(cfg, params, f"{p}.mlp.up", dup, ctx, B, T, grads))
+            dh = add(dh, _norm_bwd(cfg, params, f"{p}.ln2", dn2, ctx, f"{p}.ln2", grads))
+            # h = add(h, a)
+            do = _lin_bwd(cfg, params, f"{p}.attn.proj", dh, ctx, B, T, grads)
+            q, k, v, att = ctx.saved[f"{p}.attn"]
+            do4 = np.ascontiguousarray(do.reshape(B, T, NH, HS).transpose(0, 2, 1, 3))
+            dq, dk, dv = attention.attention_backward(do4, q, k, v, att)
+            dq = rope.rope_backward(dq, self.cos, self.sin)
+            dk = rope.rope_backward(dk, self.cos, self.sin)
+            dqkv = np.concatenate([_merge_heads(d, B, T, NH, HS) for d in (dq, dk, dv)], axis=1)
+            dn1 = _lin_bwd(cfg, params, f"{p}.attn.qkv", dqkv, ctx, B, T, grads)
+            dh = add(dh, _norm_bwd(cfg, params, f"{p}.ln1", dn1, ctx, f"{p}.ln1", grads))
+        dwte = embedding.embedding_backward(dh.reshape(B, T, cfg.width), tokens, cfg.vocab)
+        if cfg.tied:
+            grads["wte"] = add(dwte, dhead)
+        else:
+            grads["wte"] = dwte
+            grads["head.w"] = dhead
+        return {k: grads[k] for k in sorted(grads)}
+
+    def loss_and_grads(self, params: dict, tokens: np.ndarray, targets: np.ndarray) -> Result:
+        """[model.forward.c1] [model.backward.c1] One micro-batch."""
+        mean, _, ctx = self.forward(params, tokens, targets)
+        return Result(mean, self.backward(params, ctx))

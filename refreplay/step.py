@@ -1,0 +1,183 @@
+"""One training step, from state n-1 to state n (``spec/23-step.txt``).
+
+The data flows one way ([step.order.c1]):
+    micro-batches -> forward/backward -> TreeFold -> scale -> clip -> AdamW
+    -> re-pin quantizer step sizes -> state hash -> chain link.
+
+* [step.state.c1]  what the training state holds, under which names;
+* [step.loss.c1]   the per-micro-batch loss and the step's reported loss;
+* [step.order.c1]  the order of the operations of a step;
+* [step.hparams.c1] the hyper-parameters and where each enters;
+* [step.record.c1] the per-step hash record.
+
+The TreeFold itself is delegated to a *launcher* (``refreplay.launch``):
+an object with ``fold(leaf, M)`` that evaluates ``leaf(m)`` for the
+micro-batches its ranks own and returns the folded sum of [fold.ranks.c1].
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import doctor, treefold
+from . import state as statehash
+from .data import Stream, inputs_targets
+from .model import Model, init_params, quant_steps
+from .ops import optim
+from .presets import ModelConfig, TrainConfig
+
+LOSS = "loss"  # the leaf entry that carries a micro-batch's mean loss ([step.loss.c1])
+SCHEDULE = "cosine"  # [step.hparams.c1]
+
+
+@dataclass
+class TrainState:
+    """[step.state.c1] Parameters, AdamW moments, re-pinned quantizer step
+    sizes, the number of steps taken and the data position."""
+    step: int
+    params: dict
+    m: dict
+    v: dict
+    qsteps: dict
+    data_position: tuple[int, int]
+
+    def tensors(self) -> dict:
+        """[step.state.c1] The flat dict that is hashed and checkpointed."""
+        out = {}
+        for name in sorted(self.params):
+            out[f"param/{name}"] = self.params[name]
+            out[f"adam.m/{name}"] = self.m[name]
+            out[f"adam.v/{name}"] = self.v[name]
+        for name in sorted(self.qsteps):
+            out[f"quant.step/{name}"] = self.qsteps[name]
+        out["train.step"] = np.array([self.step], dtype=np.int64)
+        out["data.position"] = np.array(self.data_position, dtype=np.int64)
+        return {k: out[k] for k in sorted(out)}
+
+    def root(self) -> str:
+        """[state.root.c1] The state root (hex) of ``tensors()``."""
+        return statehash.state_hash(self.tensors()).root
+
+    def copy(self) -> "TrainState":
+        cp = lambda d: {k: d[k].copy() for k in sorted(d)}  # noqa: E731
+        return TrainState(self.step, cp(self.params), cp(self.m), cp(self.v), cp(self.qsteps),
+                          self.data_position)
+
+
+def state_names(cfg: ModelConfig) -> dict[str, tuple[str, tuple]]:
+    """[step.state.c1] Every tensor name of a state -> (dtype name, shape)."""
+    from .model import linear_names, param_shapes
+
+    out = {}
+    for name, shape in param_shapes(cfg).items():
+        for prefix in ("param/", "adam.m/", "adam.v/"):
+            out[prefix + name] = ("F32", shape)
+    if cfg.linear == "int8":
+        shapes = param_shapes(cfg)
+        for name in linear_names(cfg):
+            out["quant.step/" + name] = ("F32", (shapes[name][0],))
+    out["train.step"] = ("I64", (1,))
+    out["data.position"] = ("I64", (2,))
+    return {k: out[k] for k in sorted(out)}
+
+
+def state_from_tensors(cfg: ModelConfig, tensors: dict, where: str = "state") -> TrainState:
+    """Rebuild a TrainState from its flat dict, checking every name, dtype and
+    shape against the configuration (ValueError naming the first problem)."""
+    want = state_names(cfg)
+    missing = sorted(set(want) - set(tensors))
+    extra = sorted(set(tensors) - set(want))
+    if missing or extra:
+        raise ValueError(f"{where}: tensors do not match the model: missing {missing[:5]}, "
+                         f"unexpected {extra[:5]}")
+    for name, (dt, shape) in want.items():
+        a = tensors[name]
+        if statehash.dtype_name(a.dtype) != dt or a.shape != shape:
+            raise ValueError(f"{where}: tensor {name!r} is {a.dtype} {a.shape}, expected {dt} {shape}")
+    pick = lambda prefix: {k[len(prefix):]: np.ascontiguousarray(tensors[k])  # noqa: E731
+                           for k in want if k.startswith(prefix)}
+    step = int(tensors["train.step"][0])
+    pos = tuple(int(x) for x in tensors["data.position"])
+    return TrainState(step, pick("param/"), pick("adam.m/"), pick("adam.v/"), pick("quant.step/"), pos)
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """[step.record.c1] What the run publishes for step n."""
+    step: int
+    state_root: str
+    data_hash: str
+    chain_link: str
+    loss: np.float32 | None  # None for step 0
+
+    def loss_hex(self) -> str | None:
+        if self.loss is None:
+            return None
+        return f"0x{int(np.array([self.loss], np.float32).view(np.uint32)[0]):08X}"
+
+
+def no_decay_names(params: dict) -> frozenset:
+    """[step.hparams.c1] Tensors with one axis (norm weights, biases) take no
+    weight decay."""
+    return frozenset(k for k, a in params.items() if a.ndim == 1)
+
+
+class Trainer:
+    """Runs steps of one recipe: model, hyper-parameters, data stream and the
+    recipe hash that every chain link binds."""
+
+    def __init__(self, model_cfg: ModelConfig, train_cfg: TrainConfig, stream: Stream, recipe_hash: str):
+        self.model = Model(model_cfg)
+        self.cfg = train_cfg.validate()
+        self.stream = stream
+        self.recipe_hash = recipe_hash
+        self.adam = optim.AdamW(train_cfg.beta1, train_cfg.beta2, train_cfg.eps, train_cfg.weight_decay)
+
+    def data_position(self, step: int) -> tuple[int, int]:
+        """[step.state.c1] (epoch, index) of the batch that step ``step + 1`` reads."""
+        return self.stream.position(step + 1)
+
+    def initial_state(self) -> TrainState:
+        """[model.init.c1] [optim.state.c1] State 0."""
+        params = init_params(self.model.cfg, self.cfg.seed)
+        m, v = optim.adamw_init(params)
+        return TrainState(0, params, m, v, quant_steps(self.model.cfg, params), self.data_position(0))
+
+    def initial_record(self, st: TrainState) -> StepRecord:
+        """[step.record.c1] Step 0: the initial state's root; its link is the genesis."""
+        return StepRecord(0, st.root(), "00" * 32, statehash.GENESIS, None)
+
+    def step(self, st: TrainState, prev_link: str, launcher) -> tuple[TrainState, StepRecord]:
+        """[step.order.c1] One step n = st.step + 1; returns (state n, record n).
+        ``st`` is not modified."""
+        doctor.require_ieee()  # refuse to compute under FTZ/DAZ ([num.flush.c1])
+        n = st.step + 1
+        cfg = self.cfg
+        M, B = cfg.micro_batches, cfg.micro_batch_size
+        batch = self.stream.batch(n)  # [data.stream.c1]
+        data_hash = hashlib.sha256(np.ascontiguousarray(batch).tobytes()).hexdigest()  # [data.hash.c1]
+        params = st.params
+
+        def leaf(mb: int) -> dict:
+            x, y = inputs_targets(batch[mb * B:(mb + 1) * B])  # [data.batch.c1]
+            res = self.model.loss_and_grads(params, x, y)
+            out = dict(res.grads)
+            out[LOSS] = np.array([res.loss], dtype=np.float32)
+            return out
+
+        folded = launcher.fold(leaf, M)  # [fold.tree.c1] [fold.ranks.c1]
+        mean = treefold.scale(folded, M)  # [fold.scale.c1]
+        loss = np.float32(mean.pop(LOSS)[0])
+        optim.clip_grad_norm(mean, cfg.clip_norm)  # [optim.clip.c1]
+        lr = optim.lr_at(n, cfg.warmup_steps, cfg.schedule_steps, cfg.lr, cfg.min_lr, SCHEDULE)
+        new = st.copy()
+        new.step = n
+        optim.adamw_step(new.params, mean, new.m, new.v, step=n, lr=lr, hp=self.adam,
+                         no_decay=no_decay_names(new.params))  # [optim.adamw.c1]
+        new.qsteps = quant_steps(self.model.cfg, new.params)  # [model.quant.c1]
+        new.data_position = self.data_position(n)
+        root = new.root()
+        link = statehash.chain_link(prev_link, root, data_hash, self.recipe_hash)  # [state.chain.c1]
+        return new, StepRecord(n, root, data_hash, link, loss)

@@ -1,0 +1,107 @@
+"""Train a recipe and publish the run directory.
+
+    corpus -> samples -> shards + manifest -> recipe -> state 0 -> steps 1..N
+
+The root rank (rank 0) builds the data and writes every file; with the mpi
+launcher the other ranks receive the samples from it and compute their share
+of each step.  Every rank keeps the full training state (the folded gradient
+reaches all of them), and after each step all ranks must agree on the state
+root.
+"""
+from __future__ import annotations
+
+import hashlib
+import sys
+import time
+from dataclasses import dataclass
+
+from . import data
+from .errors import InputError
+from .presets import ModelConfig, TrainConfig
+from .run import RunWriter, checkpoint_steps, new_recipe
+from .step import Trainer
+
+
+@dataclass
+class Summary:
+    steps: int
+    head: str
+    recipe_sha256: str
+    losses: list
+    seconds: float
+
+
+def _progress(stream, n, total, loss, tokens_per_s, final=False):
+    line = f"step {n:>{len(str(total))}}/{total}  loss {float(loss):.4f}  {tokens_per_s:,.0f} tok/s"
+    if stream.isatty():
+        stream.write("\r" + line + ("\n" if final else ""))
+    else:
+        stream.write(line + "\n")
+    stream.flush()
+
+
+def train(model: ModelConfig, train_cfg: TrainConfig, *, steps: int, checkpoint_every: int, out,
+          launcher, launcher_name: str = "inproc", preset: str | None = None, corpus_files=None,
+          byte_cap: int = data.DEFAULT_BYTE_CAP, progress=sys.stderr) -> Summary:
+    """Train ``steps`` steps and write the run to ``out`` (root rank)."""
+    model = model.validate()
+    train_cfg = train_cfg.validate()
+    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= 1 << 24:
+        raise InputError(f"--steps must be an integer in [1, 2^24], got {steps!r}")
+    if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
+        raise InputError(f"--checkpoint-every must be a positive integer, got {checkpoint_every!r}")
+    if launcher.size > train_cfg.micro_batches:
+        raise InputError(f"--ranks {launcher.size} exceeds the {train_cfg.micro_batches} micro-batches "
+                         "of a step: every rank needs at least one")
+
+    writer = None
+    if launcher.is_root:
+        try:
+            path = RunWriter.prepare(out)
+            corpus, source = data.build_corpus(corpus_files, byte_cap)
+            samples = data.make_samples(corpus, model.seq_len)
+            manifest = data.write_shards(samples, path / "data", source)
+            payload = ("ok", samples, hashlib.sha256(data.manifest_bytes(manifest)).hexdigest())
+        except InputError as exc:
+            payload = ("error", str(exc), None)
+        payload = launcher.share(payload)
+    else:
+        payload = launcher.share(None)
+    if payload[0] == "error":
+        raise InputError(payload[1])
+    _, samples, manifest_sha = payload
+
+    recipe = new_recipe(model, train_cfg, manifest_sha, int(samples.shape[0]), preset=preset,
+                        ranks=launcher.size, launcher=launcher_name, steps=steps,
+                        checkpoint_every=checkpoint_every)
+    stream = data.Stream(samples, train_cfg.seed, data.Batching(train_cfg.micro_batches,
+                                                               train_cfg.micro_batch_size))
+    trainer = Trainer(model, train_cfg, stream, recipe.sha256())
+    saves = set(checkpoint_steps(steps, checkpoint_every))
+    if launcher.is_root:
+        writer = RunWriter(path, recipe)
+        writer.write_recipe()
+
+    st = trainer.initial_state()
+    rec = trainer.initial_record(st)
+    launcher.same_on_all(rec.state_root, "the state root of step 0")
+    if writer:
+        writer.record(rec)
+        writer.checkpoint(st, rec.state_root)
+    tokens = train_cfg.micro_batches * train_cfg.micro_batch_size * model.seq_len
+    losses, t0 = [], time.perf_counter()
+    for n in range(1, steps + 1):
+        t = time.perf_counter()
+        st, rec = trainer.step(st, rec.chain_link, launcher)
+        launcher.same_on_all(rec.state_root, f"the state root of step {n}")
+        losses.append(rec.loss)
+        if writer:
+            writer.record(rec)
+            if n in saves:
+                writer.checkpoint(st, rec.state_root)
+            if progress is not None:
+                _progress(progress, n, steps, rec.loss, tokens / max(time.perf_counter() - t, 1e-9),
+                          final=n == steps)
+    if writer:
+        writer.finish(rec)
+    return Summary(steps, rec.chain_link, recipe.sha256(), losses, time.perf_counter() - t0)
