@@ -1,12 +1,20 @@
 """Transformer training ops, one module per op family, forward and backward
 side by side (llm.c style).
 
-    embedding    token embedding; backward as an ordered scatter-add
-    linear       y = x·Wᵀ + b; dx, dW, db
-    norms        LayerNorm and RMSNorm over C
-    activations  GELU (tanh form), SiLU, SwiGLU
-    optim        AdamW, global gradient-norm clipping, learning-rate schedule
-    rope, attention, softmax, loss, quant   (see their modules)
+    module       functions                              spec clauses
+    embedding    embedding_forward / _backward          [emb.fwd.c1] [emb.bwd.c1]
+    linear       linear_forward / _backward             [linear.fwd.c1] [linear.bwd.c1]
+    norms        layernorm_forward / _backward          [norm.layer.fwd.c1] [norm.layer.bwd.c1]
+                 rmsnorm_forward / _backward            [norm.rms.fwd.c1] [norm.rms.bwd.c1]
+    activations  gelu_, silu_, swiglu_forward / _backward   [act.*.fwd.c1] [act.*.bwd.c1]
+    optim        adamw_step (in place), adamw_update    [optim.adamw.c1] [optim.adamw.bias.c1]
+                 clip_grad_norm (in place)              [optim.clip.c1]
+                 lr_at                                  [optim.lr.c1]
+    rope, attention, softmax, loss, quant               (see their modules)
+
+Each listed op is specified (spec chapters 10, 11, 12, 15, with hex worked
+examples), implemented here, and tested in ``tests/test_ops_a.py`` against
+float64 PyTorch autograd, central differences and float32 transcriptions.
 
 Every public function validates its arguments here, in Python, and then calls
 a compiled kernel that does arithmetic only.  Operands are values of the
