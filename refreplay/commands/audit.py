@@ -1,0 +1,69 @@
+HELP = ("audit a published run: pick steps from a public beacon and your secret, replay each, "
+        "write one certificate per step")
+
+
+def add_arguments(p):
+    p.add_argument("run", metavar="RUN", help="published run directory")
+    p.add_argument("--sample", type=int, required=True, metavar="K", help="number of steps to certify")
+    p.add_argument("--beacon", required=True, metavar="HEX",
+                   help="a public random value published AFTER the run's chain head (e.g. a drand round)")
+    p.add_argument("--auditor", required=True, metavar="ID", help="your name or key id, recorded in certificates")
+    p.add_argument("--secret", metavar="HEX",
+                   help="your secret (hex); default: 16 fresh random bytes. It is revealed in the "
+                        "certificates so that anyone can re-check which steps it selected")
+    p.add_argument("--out", required=True, metavar="DIR", help="directory for the certificates")
+    p.add_argument("--expect-head", metavar="HEX", help="the chain head published out of band")
+    p.add_argument("--quiet", action="store_true", help="no progress line")
+
+
+def run(args) -> int:
+    import json
+    import os
+    import re
+    from pathlib import Path
+
+    from .. import __version__, audit, doctor, spec
+    from ..errors import InputError
+    from ..replay import replay
+    from ..run import open_run
+    from .replay import check_head, progress_printer
+
+    if not re.fullmatch(r"[A-Za-z0-9_.@-]{1,64}", args.auditor):
+        raise InputError("--auditor must be 1-64 characters of letters, digits, _ . @ -")
+    r = open_run(args.run)
+    check_head(r, args.expect_head)
+    head = r.head["chain_link"]
+    secret = args.secret or os.urandom(16).hex()
+    steps = audit.sample_steps(head, args.beacon, secret, r.recipe.steps, args.sample)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"run {args.run}: {r.recipe.steps} steps, chain head {head}")
+    print(f"sampled steps {steps} (beacon {args.beacon}, secret {secret})")
+    fp = doctor.fingerprint()
+    bad = 0
+    for s in steps:
+        res = replay(r, s, progress_printer(args.quiet))
+        pub = r.records[s]
+        published = {"state_root": pub.state_root, "data_hash": pub.data_hash, "chain_link": pub.chain_link}
+        if res.verified:
+            replayed, verdict, mismatch = dict(published), "verified", None
+        else:
+            bad += 1
+            verdict = "mismatch"
+            replayed = {"state_root": None, "data_hash": None, "chain_link": None}
+            mismatch = {"step": res.divergence.step, "kind": res.divergence.kind,
+                        "lines": res.divergence.lines()}
+        cert = audit.make_certificate(
+            run={"chain_head": head, "recipe_sha256": r.recipe_sha256, "steps": r.recipe.steps},
+            step=s, verdict=verdict, replayed=replayed, published=published,
+            sampling={"beacon": args.beacon, "secret": secret, "k": args.sample, "steps": steps},
+            auditor=args.auditor, spec_version=spec.version(), spec_sha256=spec.spec_sha256(),
+            refreplay_version=__version__, platform=fp, mismatch=mismatch)
+        path = out / f"cert-{args.auditor}-step-{s:07d}.json"
+        path.write_text(json.dumps(cert, indent=1, sort_keys=True) + "\n")
+        print(f"  step {s}: {verdict.upper()}  -> {path}")
+        if mismatch:
+            for line in mismatch["lines"]:
+                print(f"    {line}")
+    print(f"{len(steps) - bad} of {len(steps)} sampled steps verified")
+    return 0 if bad == 0 else 1

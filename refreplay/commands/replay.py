@@ -1,0 +1,52 @@
+HELP = "replay a published step on this machine and verify it bit for bit against the run's hashes"
+
+
+def add_arguments(p):
+    p.add_argument("run", metavar="RUN", help="published run directory")
+    p.add_argument("--step", type=int, required=True, metavar="N", help="the step to verify (1..steps)")
+    p.add_argument("--expect-head", metavar="HEX",
+                   help="the chain head published out of band; the run's head.json must equal it")
+    p.add_argument("--quiet", action="store_true", help="no progress line")
+
+
+def check_head(run, expected):
+    from ..errors import VerificationFailure
+
+    if expected is not None and run.head["chain_link"] != expected.strip().lower():
+        raise VerificationFailure(f"the run's chain head {run.head['chain_link']} is not the expected "
+                                  f"{expected} (another or a re-published run)")
+
+
+def progress_printer(quiet):
+    import sys
+
+    if quiet or not sys.stderr.isatty():
+        return None
+
+    def show(i, total, step):
+        bar = "#" * (20 * i // total)
+        print(f"\rreplaying step {step} [{bar:<20}] {i}/{total}", end="" if i < total else "\n",
+              file=sys.stderr, flush=True)
+    return show
+
+
+def run(args) -> int:
+    from ..replay import replay
+    from ..run import open_run
+
+    r = open_run(args.run)
+    check_head(r, args.expect_head)
+    res = replay(r, args.step, progress_printer(args.quiet))
+    print(f"run {args.run}: chain head {r.head['chain_link']}")
+    print(f"replayed steps {res.start + 1}..{args.step} from the checkpoint at step {res.start}")
+    for c in res.checked:
+        print(f"  step {c.step}: state {c.state_root[:16]}  link {c.chain_link[:16]}  ok  ({c.seconds:.2f} s)")
+    if res.divergence is not None:
+        for line in res.divergence.lines():
+            print(line)
+        print(f"MISMATCH: step {args.step} is NOT verified")
+        return 1
+    last = res.checked[-1]
+    print(f"VERIFIED: step {args.step} reproduces bit for bit (state root {last.state_root}, "
+          f"chain link {last.chain_link})")
+    return 0

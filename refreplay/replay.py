@@ -1,0 +1,167 @@
+"""Replay published steps on one device and say whether they are exactly what
+was published; when not, localise the first divergence.
+
+``replay(run, n)`` starts from the nearest checkpoint before step n (its state
+root checked against the published record), runs every step up to n on one
+in-process rank, and compares each step's data hash, state root, chain link and
+loss bits with the published record.  The first difference stops the replay
+and is localised:
+
+* a checkpoint whose root differs from its record: the state is rebuilt from
+  the previous checkpoint (or from the seed, for step 0) and the Merkle trees
+  are compared, naming the tensors and 1 MiB chunks that were altered;
+* a step whose data hash differs: the batch the recipe and shards give is not
+  the batch that was trained on;
+* a step whose state root differs: the replayed state is compared with the
+  published state digest of that step (or the step's checkpoint), naming the
+  tensors and chunks, and the step is re-run with an op-level trace when the
+  publisher included one.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from . import state as statehash
+from . import tensorio
+from .errors import InputError
+
+
+@dataclass
+class Divergence:
+    step: int
+    kind: str  # "checkpoint" | "data" | "state" | "chain" | "loss"
+    summary: str
+    details: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        return [f"first divergence at step {self.step} ({self.kind}): {self.summary}"] + \
+            [f"  {d}" for d in self.details]
+
+
+@dataclass
+class StepCheck:
+    step: int
+    state_root: str
+    chain_link: str
+    seconds: float
+
+
+@dataclass
+class ReplayResult:
+    target: int
+    start: int
+    checked: list[StepCheck]
+    divergence: Divergence | None
+
+    @property
+    def verified(self) -> bool:
+        return self.divergence is None and bool(self.checked) and self.checked[-1].step == self.target
+
+
+def _raw_checkpoint_digest(run, k: int):
+    """Digest of the tensors stored in checkpoint k, trusting nothing but the
+    file format."""
+    tensors, _ = tensorio.load(run._file("checkpoints", f"step-{k:07d}.safetensors"))
+    return statehash.state_hash(tensors)
+
+
+def published_digest(run, step: int):
+    """The publisher's Merkle digest of state ``step``: from the per-step
+    digest file when the run has one, else from the step's checkpoint."""
+    get = getattr(run, "state_digest", None)
+    if get is not None:
+        d = get(step)
+        if d is not None:
+            return d
+    if step in run.checkpoints:
+        return _raw_checkpoint_digest(run, step)
+    return None
+
+
+def _localise(published, replayed_tensors) -> list[str]:
+    ours = statehash.state_hash(replayed_tensors)
+    d = statehash.diff(published, ours)
+    return [ln.replace("only in the second state", "only in the replay")
+            .replace("only in the first state", "only in the published state") for ln in d.lines()]
+
+
+def _start_state(run, k: int):
+    """State k from its checkpoint; a checkpoint whose root is not the
+    published one is a divergence at step k, localised by rebuilding step k."""
+    rec = run.records[k]
+    try:
+        return run.load_checkpoint(k), None
+    except InputError as exc:
+        if "state root" not in str(exc):
+            raise
+    # the checkpoint's content differs from what step k published: rebuild it
+    published = _raw_checkpoint_digest(run, k)
+    earlier = [c for c in run.checkpoints if c < k]
+    if k == 0:
+        rebuilt = run.trainer().initial_state()
+    else:
+        res_state = None
+        start = earlier[-1]
+        st, div = _start_state(run, start)
+        if div is not None:
+            return None, div
+        res_state = st
+        for s in range(start + 1, k + 1):
+            res_state, _ = run.replay_step(res_state)
+        rebuilt = res_state
+    if rebuilt.root() != rec.state_root:
+        return None, Divergence(k, "checkpoint", "the checkpoint differs from its published root, and "
+                                "rebuilding step k does not give the published root either",
+                                [f"published root {rec.state_root}", f"rebuilt root   {rebuilt.root()}"])
+    details = _localise(published, rebuilt.tensors())
+    return None, Divergence(k, "checkpoint", f"checkpoint step-{k:07d}.safetensors was altered after "
+                            "publication (its content does not hash to the published state root)",
+                            [f"published root {rec.state_root}"] + details)
+
+
+def replay(run, target: int, progress=None) -> ReplayResult:
+    """Replay steps up to ``target`` from the nearest earlier checkpoint."""
+    steps = run.recipe.steps
+    if not 1 <= target <= steps:
+        raise InputError(f"step {target} is not a step of this run (1..{steps})")
+    k = max(c for c in run.checkpoints if c < target)
+    st, div = _start_state(run, k)
+    if div is not None:
+        return ReplayResult(target, k, [], div)
+    checked: list[StepCheck] = []
+    for s in range(k + 1, target + 1):
+        t0 = time.perf_counter()
+        st, rec = run.replay_step(st)
+        pub = run.records[s]
+        dt = time.perf_counter() - t0
+        if progress:
+            progress(s - k, target - k, s)
+        if rec.data_hash != pub.data_hash:
+            return ReplayResult(target, k, checked, Divergence(
+                s, "data", "the batch rebuilt from the recipe and the shards is not the one published "
+                "for this step", [f"published data hash {pub.data_hash}", f"replayed data hash  {rec.data_hash}"]))
+        if rec.state_root != pub.state_root:
+            dig = published_digest(run, s)
+            details = [f"published root {pub.state_root}", f"replayed root  {rec.state_root}"]
+            if dig is not None:
+                details += _localise(dig, st.tensors())
+            else:
+                details.append("(no per-step digest or checkpoint published for this step: "
+                               "tensors cannot be named)")
+            if pub.loss is not None and rec.loss is not None and \
+                    rec.loss_hex() != pub.loss_hex():
+                details.append(f"loss differs too: published {pub.loss_hex()}, replayed {rec.loss_hex()} "
+                               "(the forward pass already differs)")
+            return ReplayResult(target, k, checked, Divergence(
+                s, "state", "the state after this step differs from the published state", details))
+        if rec.loss_hex() != pub.loss_hex():
+            return ReplayResult(target, k, checked, Divergence(
+                s, "loss", "the published loss is not the loss of this step",
+                [f"published {pub.loss_hex()}, replayed {rec.loss_hex()}"]))
+        if rec.chain_link != pub.chain_link:
+            return ReplayResult(target, k, checked, Divergence(
+                s, "chain", "the chain link differs although state and data match",
+                [f"published {pub.chain_link}", f"replayed  {rec.chain_link}"]))
+        checked.append(StepCheck(s, rec.state_root, rec.chain_link, dt))
+    return ReplayResult(target, k, checked, None)
