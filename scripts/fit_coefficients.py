@@ -179,7 +179,8 @@ def cmd_measure(args) -> int:
             x[args.points // 2:] = rng.integers(0x00800000, 0x7F800000, x.size - args.points // 2,
                                                 dtype=np.uint32).view(np.float32)
         err, at = mpmath_max_ulp(name, x)
-        print(f"{name:8s} mpmath, {x.size} points in [{lo}, {hi}]: max {err:.4f} ulp "
+        where = f"[{lo}, {hi}]" + (" and all positive normals" if name == "log" else "")
+        print(f"{name:8s} mpmath, {x.size} points in {where}: max {err:.4f} ulp "
               f"at x = {at!r} ({time.time() - t0:.0f}s)", flush=True)
         if not args.exhaustive:
             continue

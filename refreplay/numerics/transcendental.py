@@ -1,13 +1,13 @@
 """Transcendental functions defined by algorithm (``spec/02-transcendentals.txt``).
 
 Each function is the clause's algorithm written out step for step, under the
-common rules of [num.trans.c1]: range
-reduction with Cody-Waite constants, a polynomial evaluated by Horner's rule,
-and reconstruction by an exact power of two.  Every multiply and add goes
-through ``mul``/``add``/``sub`` of ``core`` (rounded separately, flushed,
-NaN-canonical; [num.nofma.c1]), every quotient is ``a * recip(b)``.  No vendor
-``exp``/``log``/``sin`` is called: their bits differ between libm, NumPy and
-CUDA, which is exactly what the spec exists to pin down.
+common rules of [num.trans.c1]: range reduction with Cody-Waite constants, a
+polynomial evaluated by Horner's rule, and reconstruction by an exact power
+of two.  Every multiply and add goes through ``mul``/``add``/``sub`` of
+``core`` (rounded separately, flushed, NaN-canonical; [num.nofma.c1]), every
+quotient is ``a * recip(b)``.  No vendor ``exp``/``log``/``sin`` is called:
+their bits differ between libm, NumPy and CUDA, which is exactly what the
+spec exists to pin down.
 
 Constants are bit patterns (``_c(0x...)``) so that the code, the spec and the
 independent transcription in ``tests/naive_numerics.py`` can be compared by
