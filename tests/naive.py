@@ -52,14 +52,26 @@ def seq_sum(terms):
     return s
 
 
-def matmul(A, B):
-    """[mm.nn.c1] A: I×K, B: K×J, one output at a time."""
+def matmul(A, B, flush_results=True):
+    """[mm.nn.c1] A: I×K, B: K×J, one output at a time.
+
+    ``flush_results=False`` computes the same order with plain IEEE gradual
+    underflow (a deliberately wrong model, to show that test data is
+    sensitive to the flushes).
+    """
     I, K = A.shape
     J = B.shape[1]
     C = np.empty((I, J), dtype=np.float32)
     for i in range(I):
         for j in range(J):
-            C[i, j] = seq_sum(mul(A[i, k], B[k, j]) for k in range(K))
+            if flush_results:
+                C[i, j] = seq_sum(mul(A[i, k], B[k, j]) for k in range(K))
+            else:
+                with np.errstate(all="ignore"):
+                    s = F32(-0.0) if K else F32(0.0)
+                    for k in range(K):
+                        s = s + A[i, k] * B[k, j]
+                C[i, j] = canon(s)
     return C
 
 

@@ -212,6 +212,79 @@ def test_fast_reductions_equal_naive(I, N):
     assert np.array_equal(bits(c1), bits(c2))
 
 
+def _f32(x):
+    return np.float32(x)
+
+
+@pytest.mark.parametrize("I,K,J", [(1, 2, 1), (9, 70, 67), (4, 2, 64)])
+def test_flush_free_bound_is_exact(I, K, J):
+    """[mm.nn.c1] [num.flush.c1] products of 2^-104 scale need the flushes, and get them.
+
+    (1 + 2^-23)·2^-104 - 2^-104 = 2^-127 is subnormal and must become +0.
+    The exponents here sum to just below the bound that lets a tile skip its
+    flushes (Ea + Eb = 150 < 151), so a bound one lower would output 2^-127.
+    """
+    A = np.zeros((I, K), np.float32)
+    B = np.zeros((K, J), np.float32)
+    A[:, K - 2], A[:, K - 1] = _f32(1 + 2 ** -23), _f32(-1)
+    B[K - 2, :], B[K - 1, :] = _f32(2.0 ** -104), _f32(2.0 ** -104)
+    for name, fn, args in forms(A, B):
+        assert np.array_equal(bits(fn(*args)), np.zeros((I, J), np.uint32)), name
+    B[K - 2, :], B[K - 1, :] = _f32(2.0 ** -103), _f32(2.0 ** -103)  # at the bound: 2^-126, normal
+    for name, fn, args in forms(A, B):
+        assert np.array_equal(bits(fn(*args)), np.full((I, J), 0x00800000, np.uint32)), name
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_tiny_products_and_cancellation_equal_naive(seed):
+    """[mm.nn.c1] [num.flush.c1] magnitudes around 2^-52 (products near 2^-104) in
+    pairs that cancel to a few ulps, so partial sums fall below 2^-126; with
+    odd seeds most tiles are scaled up (flush-free) and one tiny entry puts
+    one row block back on the flushing path."""
+    rng = np.random.default_rng(100 + seed)
+    I, K, J = 13, 40, 70
+    mant = lambda shape: (1 + rng.integers(0, 8, shape) * 2.0 ** -23) * rng.choice([-1, 1], shape)
+    A = (mant((I, K)) * 2.0 ** rng.integers(-54, -49, (I, K))).astype(np.float32)
+    B = (mant((K, J)) * 2.0 ** rng.integers(-54, -49, (K, J))).astype(np.float32)
+    nudge = rng.integers(-3, 4, (I, K // 2)).astype(np.int32)
+    A[:, 1::2] = -(A[:, 0::2].view(np.int32) + nudge).view(np.float32)  # cancel to a few ulps
+    B[1::2, :] = B[0::2, :]
+    if seed % 2:
+        A, B = A * np.float32(2.0 ** 40), B * np.float32(2.0 ** 10)  # most tiles flush-free
+        A[5] = 0
+        A[5, 3] = np.float32(2.0 ** -90)  # ... but not the row block of row 5: 2^-90·B[3, j] is subnormal
+    want = bits(naive.matmul(A, B))
+    for name, fn, args in forms(A, B):
+        assert np.array_equal(bits(fn(*args)), want), name
+    # the data is sensitive: gradual underflow would give other bits
+    assert not np.array_equal(bits(naive.matmul(A, B, flush_results=False)), want)
+
+
+def test_matmul_kernels_have_no_fma_and_vectorise():
+    """[num.nofma.c1] [mm.nn.c1] the compiled matmul kernels contain no fused
+    multiply-add, and the tile loop runs on SIMD vectors."""
+    import platform
+    import re
+
+    import numba
+    from refreplay._jit import _BASE
+    from refreplay.linalg import mm_fp32, mm_fp32_naive
+
+    fresh = dict(_BASE, cache=False)  # cached code cannot be inspected
+    packed = numba.njit(parallel=True, **fresh)(mm_fp32._mm_packed.py_func)
+    simple = numba.njit(**fresh)(mm_fp32_naive.mm_nn_naive.py_func)
+    A = np.ones((8, 8), np.float32)
+    packed(A, A, np.empty((8, 8), np.float32), False, False)
+    simple(A, A, np.empty((8, 8), np.float32), False)
+    asm = packed.inspect_asm(packed.signatures[0]) + simple.inspect_asm(simple.signatures[0])
+    if platform.machine() in ("x86_64", "AMD64"):
+        assert re.search(r"vmulps\s[^\n]*%[yz]mm", asm) and re.search(r"vaddps\s[^\n]*%[yz]mm", asm)
+        fused = re.findall(r"\bv?f(?:n)?m(?:add|sub)\w*", asm)
+    else:
+        fused = re.findall(r"\b(?:fmla|fmls|fmadd|fmsub|fnmadd|fnmsub)\b", asm)
+    assert not fused, sorted(set(fused))
+
+
 # ---- threads and processes ---------------------------------------------------------------
 
 _HASH_SCRIPT = """

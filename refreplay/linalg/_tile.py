@@ -22,14 +22,14 @@ Two variants are built:
   select ``exponent field == 0 ? sign bit only : x``, which equals
   ``core.flush`` (``x * 0 if |x| < FLT_MIN else x``) on every input.
 * ``tile_plain``: no flush.  The driver calls it only for tiles for which it
-  has proved every flush an identity ([mm.nn.c1] is unchanged; see
-  ``matmul._flush_free``).
+  has proved every flush an identity ([mm.nn.c1] is unchanged; the proof
+  is in ``mm_fp32.py``).
 
 Either variant stores its accumulators back to C with NaNs canonicalised
 ([num.nan.c1] allows this once at the end of an add/mul chain; C may be
 stored and reloaded between k blocks, which keeps every bit).
 
-Layout (packed by ``matmul.py``): ``Ap[ap_off + k*MR + r]``,
+Layout (packed by ``mm_fp32.py``): ``Ap[ap_off + k*MR + r]``,
 ``Bp[bp_off + k*NR + j]``, ``C[c_off + r*ldc + j]``; all 1-D float32.
 """
 from __future__ import annotations
@@ -40,8 +40,8 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 LANES = 16  # one 512-bit vector of float32
-MR = 6  # rows of a tile
-NV = 2  # vectors per tile row
+MR = 4  # rows of a tile
+NV = 4  # vectors per tile row
 NR = NV * LANES  # columns of a tile
 
 _F32 = ir.FloatType()

@@ -1,7 +1,7 @@
 """Python API of the fixed-order linear algebra: validate, allocate, dispatch.
 
-Arithmetic lives in the compiled kernels (``matmul.py``, ``reduce.py``,
-``int8.py``); this module only checks dtypes, ranks, contiguity and shapes,
+Arithmetic lives in the compiled kernels (``mm_fp32.py``, ``reduce.py``,
+``mm_int8.py``); this module only checks dtypes, ranks, contiguity and shapes,
 so that a caller sees a clear ``TypeError``/``ValueError`` instead of a Numba
 typing traceback.
 """
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import matmul as _mm
+from . import mm_fp32 as _mm
 from . import reduce as _red
-from .int8 import I8_MAX_K, mm_i8
+from .mm_int8 import I8_MAX_K, mm_i8
 
 
 def _matrix(name, x, dtype=np.float32, ndim=2):
@@ -84,7 +84,7 @@ def bias_add(C, b, inplace=True):
     if inplace and not C.flags.writeable:
         raise ValueError("C must be writeable for an in-place bias_add")
     target = C if inplace else C.copy()
-    _mm.bias_add(target, b)
+    _mm.bias_add_k(target, b)
     return target
 
 

@@ -3,7 +3,7 @@
 Every output is the sequential sum of [mm.nn.c1] / [mm.nt.c1] / [mm.tn.c1]:
 products and partial sums rounded and flushed one by one, k increasing.
 Speed comes only from computing many independent outputs at once; no sum is
-split or reordered.  ``matmul_naive.py`` holds the one-output-at-a-time loops
+split or reordered.  ``mm_fp32_naive.py`` holds the one-output-at-a-time loops
 these must equal bit for bit.
 
 Structure (the classic packed GEMM, with nothing reassociated):
@@ -33,7 +33,7 @@ from ..numerics._bits import f32_bits
 from ..numerics.core import add, ZERO
 from ._tile import MR, NR, tile_flush, tile_plain
 
-KC = 256  # k block: a packed B panel (KC × NR floats, 32 KiB) streams from L2
+KC = 1024  # k block: long enough that one row block's tiles stream B once per block
 
 # ---- proving the flushes of a tile are identities ------------------------------------
 #
@@ -229,7 +229,7 @@ def mm_tn(A, B, C, accumulate=False):
 
 
 @parallel_kernel
-def bias_add(C, b):
+def bias_add_k(C, b):
     """[mm.bias.c1] C[i,j] = add(C[i,j], b[j]) in place.  C: I×J, b: J."""
     I, J = C.shape
     for i in prange(I):

@@ -2,7 +2,7 @@
 time, a sequential sum over k in increasing order through ``numerics.add`` and
 ``numerics.mul``.
 
-These loops are the readable reference for ``matmul.py``'s blocked kernels;
+These loops are the readable reference for ``mm_fp32.py``'s blocked kernels;
 the tests require the two to agree bit for bit.  Shapes use the letters of
 [conv.shapes.c1]: I rows, J columns, K the contracted length.
 """

@@ -1,0 +1,165 @@
+"""Fixed-order fp32 matmul vs NumPy/OpenBLAS, side by side in one run.
+
+    python benchmarks/bench_matmul.py [--threads 1 2] [--repeats 7] [--json out.json]
+
+For each thread count a fresh worker process is started with
+OPENBLAS_NUM_THREADS = NUMBA_NUM_THREADS = N (both libraries read them at
+load time).  OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE, which this project's
+machines may set to keep an old OpenBLAS from crashing, are removed together
+from the worker's environment only, so that OpenBLAS picks its own kernel; the
+table reports which one it ran.  Every case is warmed up (JIT and caches),
+then NumPy and refreplay are timed alternately, `repeats` times each, so that
+load from other processes hits both alike.  The table shows medians of wall
+time and the throughput ratio refreplay / NumPy (1.0 = as fast as OpenBLAS),
+and the same ratio from process CPU time, which a busy shared machine
+disturbs less (for one thread it is the time the core actually worked).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+# (name, form, I, K, J): form nn = A·B, nt = A·Bᵀ, tn = Aᵀ·B; C is I×J.
+CASES = [
+    ("square 256", "nn", 256, 256, 256),
+    ("square 512", "nn", 512, 512, 512),
+    ("square 1024", "nn", 1024, 1024, 1024),
+    ("1024x256 . 256x1024", "nn", 1024, 256, 1024),
+    ("1024x256 . 256x768", "nn", 1024, 256, 768),
+    ("small qkv fwd", "nn", 512, 256, 768),
+    ("small mlp up fwd", "nn", 512, 256, 1024),
+    ("small mlp down fwd", "nn", 512, 1024, 256),
+    ("small mlp up dX (A.Bt)", "nt", 512, 1024, 256),
+    ("small mlp up dW (At.B)", "tn", 256, 512, 1024),
+    ("square 1024 A.Bt", "nt", 1024, 1024, 1024),
+    ("square 1024 At.B", "tn", 1024, 1024, 1024),
+]
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def openblas_kernel() -> str:
+    """Which OpenBLAS build and core kernel NumPy is using."""
+    try:
+        from threadpoolctl import threadpool_info
+        for info in threadpool_info():
+            if info.get("internal_api") == "openblas":
+                return f"{info.get('version')} {info.get('architecture')} ({info.get('filepath')})"
+    except ImportError:
+        pass
+    import ctypes
+    import glob
+    import numpy as np
+    for so in glob.glob(os.path.join(os.path.dirname(np.__file__), "..", "numpy.libs", "*openblas*.so*")):
+        lib = ctypes.CDLL(so)
+        for prefix in ("scipy_openblas_", "openblas_"):
+            for suffix in ("64_", ""):
+                core = getattr(lib, f"{prefix}get_corename{suffix}", None)
+                conf = getattr(lib, f"{prefix}get_config{suffix}", None)
+                if core is not None and conf is not None:
+                    core.restype = conf.restype = ctypes.c_char_p
+                    return f"{conf().decode()} (core {core().decode()})"
+    return "unknown (threadpoolctl not installed and no OpenBLAS symbols found)"
+
+
+def worker(repeats: int, only: str) -> dict:
+    import numpy as np
+    from refreplay import linalg as L
+    from refreplay.numerics import load
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for name, form, I, K, J in CASES:
+        if only not in name:
+            continue
+        a_shape = (K, I) if form == "tn" else (I, K)
+        b_shape = (J, K) if form == "nt" else (K, J)
+        A = load(rng.standard_normal(a_shape).astype(np.float32))
+        B = load(rng.standard_normal(b_shape).astype(np.float32))
+        C = np.empty((I, J), np.float32)
+        ours = {"nn": L.mm_nn, "nt": L.mm_nt, "tn": L.mm_tn}[form]
+        blas = {"nn": lambda: np.matmul(A, B, out=C), "nt": lambda: np.matmul(A, B.T, out=C),
+                "tn": lambda: np.matmul(A.T, B, out=C)}[form]
+        for _ in range(2):  # warm-up: JIT, page faults, caches
+            ours(A, B, C, False)
+            blas()
+        t_ours, t_blas, c_ours, c_blas = [], [], [], []
+        for _ in range(repeats):
+            for fn, wall, cpu in ((lambda: ours(A, B, C, False), t_ours, c_ours), (blas, t_blas, c_blas)):
+                c0, t0 = time.process_time(), time.perf_counter()
+                fn()
+                wall.append(time.perf_counter() - t0)
+                cpu.append(time.process_time() - c0)
+        m_ours, m_blas = statistics.median(t_ours), statistics.median(t_blas)
+        flop = 2.0 * I * J * K
+        rows.append(dict(name=name, form=form, I=I, K=K, J=J,
+                         refreplay_ms=m_ours * 1e3, numpy_ms=m_blas * 1e3,
+                         refreplay_gflops=flop / m_ours / 1e9, numpy_gflops=flop / m_blas / 1e9,
+                         ratio=m_blas / m_ours,
+                         ratio_cpu=statistics.median(c_blas) / statistics.median(c_ours)))
+    return dict(threads=int(os.environ["NUMBA_NUM_THREADS"]), openblas=openblas_kernel(),
+                numpy=np.__version__, rows=rows)
+
+
+def run_worker(threads: int, repeats: int, only: str) -> dict:
+    env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads), NUMBA_NUM_THREADS=str(threads),
+               OMP_NUM_THREADS=str(threads))
+    env.pop("OPENBLAS_CORETYPE", None)  # removed together: let OpenBLAS choose its kernel
+    env.pop("OPENBLAS_L2_SIZE", None)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    out = subprocess.run([sys.executable, __file__, "--worker", "--repeats", str(repeats), "--only", only],
+                         env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"benchmark worker ({threads} threads) failed:\n{out.stderr}")
+    return json.loads(out.stdout)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--json", default="benchmarks/results/matmul.json", help="where to write the results")
+    p.add_argument("--only", default="", help="run only the cases whose name contains this text")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        print(json.dumps(worker(args.repeats, args.only)))
+        return 0
+    runs = [run_worker(t, args.repeats, args.only) for t in args.threads]
+    print(f"machine: {cpu_model()}, {os.cpu_count()} CPUs; "
+          f"1-minute load average at the end: {os.getloadavg()[0]:.1f}")
+    for run in runs:
+        print(f"\nthreads = {run['threads']}   NumPy {run['numpy']}, OpenBLAS {run['openblas']}")
+        print(f"{'case':26s} {'form':4s} {'I x K x J':>16s} {'refreplay ms':>13s} {'numpy ms':>9s} "
+              f"{'GF/s ours':>9s} {'GF/s numpy':>10s} {'ratio':>6s} {'ratio(cpu)':>10s}")
+        for r in run["rows"]:
+            print(f"{r['name']:26s} {r['form']:4s} {r['I']:>5d}x{r['K']:>4d}x{r['J']:>5d} "
+                  f"{r['refreplay_ms']:13.2f} {r['numpy_ms']:9.2f} {r['refreplay_gflops']:9.1f} "
+                  f"{r['numpy_gflops']:10.1f} {r['ratio']:6.2f} {r['ratio_cpu']:10.2f}")
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(dict(cpu=cpu_model(), load_average=os.getloadavg(), runs=runs),
+                              indent=1) + "\n")
+    print(f"\nwrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
