@@ -510,6 +510,319 @@ def linear_backward(dy, x, W, has_bias=True):
     return matmul(dy, W), matmul_tn(dy, x), col_sum(dy) if has_bias else None
 
 
+# ---- ops: activations (spec chapter 12) and softmax (chapter 13) ------------------
+
+def _same_shape(**arrays):
+    """float32 C-contiguous arrays of one shape (refreplay.ops' checks); returns it."""
+    from refreplay.ops import check_array
+    shape = None
+    for name, a in arrays.items():
+        if not isinstance(a, np.ndarray):
+            raise TypeError(f"{name} must be a numpy array, got {type(a).__name__}")
+        check_array(name, a, np.float32, a.ndim)
+        if shape is None:
+            shape = a.shape
+        elif a.shape != shape:
+            raise ValueError(f"{name} has shape {a.shape}, expected {shape}")
+    return shape
+
+
+def _map(kernel_name, n_out, **inputs):
+    """Run an elementwise op kernel over flattened same-shape inputs -> n_out arrays."""
+    from .ops import activations as ACT
+    shape = _same_shape(**inputs)
+    n = int(np.prod(shape, dtype=np.int64))
+    outs = [cuda.device_array(n, np.float32) for _ in range(n_out)]
+    if n:
+        getattr(ACT, kernel_name)[blocks(n), THREADS](*outs, *(cuda.to_device(a.reshape(-1))
+                                                              for a in inputs.values()))
+    res = tuple(o.copy_to_host().reshape(shape) for o in outs)
+    return res if n_out > 1 else res[0]
+
+
+def gelu_forward(x):
+    """[act.gelu.fwd.c1] x (any shape) -> out."""
+    return _map("gelu_forward_k", 1, x=x)
+
+
+def gelu_backward(dout, x):
+    """[act.gelu.bwd.c1] (dout, x) -> dx."""
+    return _map("gelu_backward_k", 1, dout=dout, x=x)
+
+
+def silu_forward(x):
+    """[act.silu.fwd.c1] x -> out."""
+    return _map("silu_forward_k", 1, x=x)
+
+
+def silu_backward(dout, x):
+    """[act.silu.bwd.c1] (dout, x) -> dx."""
+    return _map("silu_backward_k", 1, dout=dout, x=x)
+
+
+def swiglu_forward(a, b):
+    """[act.swiglu.fwd.c1] gate a, value b -> out."""
+    return _map("swiglu_forward_k", 1, a=a, b=b)
+
+
+def swiglu_backward(dout, a, b):
+    """[act.swiglu.bwd.c1] (dout, a, b) -> (da, db)."""
+    return _map("swiglu_backward_k", 2, dout=dout, a=a, b=b)
+
+
+def _softmax_rows(kernel_name, **inputs):
+    """Row kernel over the last axis of same-shape inputs (leading axes flattened)."""
+    from .ops import softmax as SM
+    shape = _same_shape(**inputs)
+    if len(shape) < 1 or shape[-1] < 1:
+        raise ValueError(f"needs a non-empty last axis, got shape {shape}")
+    rows = [cuda.to_device(a.reshape(-1, shape[-1])) for a in inputs.values()]
+    out = cuda.device_array(rows[0].shape, np.float32)
+    if rows[0].shape[0]:
+        getattr(SM, kernel_name)[blocks(rows[0].shape[0]), THREADS](*rows, out)
+    return out.copy_to_host().reshape(shape)
+
+
+def softmax_forward(x):
+    """[softmax.fwd.c1] softmax over the last axis."""
+    return _softmax_rows("softmax_forward_k", x=x)
+
+
+def softmax_backward(dy, y):
+    """[softmax.bwd.c1] dx from dy and the forward output y."""
+    return _softmax_rows("softmax_backward_k", dy=dy, y=y)
+
+
+def log_softmax_forward(x):
+    """[softmax.log.c1] log-softmax over the last axis."""
+    return _softmax_rows("log_softmax_forward_k", x=x)
+
+
+def log_softmax_backward(dy, y):
+    """[softmax.log.bwd.c1] dx from dy and the forward output y."""
+    return _softmax_rows("log_softmax_backward_k", dy=dy, y=y)
+
+
+# ---- ops: rotary embedding and causal attention (spec chapter 13) ----------------
+
+MAX_T = 2 ** 14 + 1  # [rope.freq.c1] angles stay in the domain of sin and cos
+
+
+def rope_tables(T, HS, theta=np.float32(10000.0)):
+    """[rope.freq.c1] (cos [T, HS/2], sin [T, HS/2]) for positions 0 .. T-1."""
+    from .ops import rope as RO
+    if not (isinstance(T, (int, np.integer)) and isinstance(HS, (int, np.integer))):
+        raise TypeError("T and HS must be integers")
+    if T < 1 or T > MAX_T or HS < 2 or HS % 2:
+        raise ValueError(f"need 1 <= T <= {MAX_T} and an even HS >= 2, got T={T}, HS={HS}")
+    theta = np.float32(theta)
+    if not (theta > 1 and np.isfinite(theta)):
+        raise ValueError(f"theta must be a finite float32 > 1, got {theta}")
+    cos_t, sin_t = (cuda.device_array((T, HS // 2), np.float32) for _ in range(2))
+    RO.rope_tables_k[blocks(T * (HS // 2)), THREADS](theta, int(HS), cos_t, sin_t)
+    return cos_t.copy_to_host(), sin_t.copy_to_host()
+
+
+def _rope(kernel_name, name, x, cos_t, sin_t):
+    from .ops import rope as RO
+    _qcheck(name, x, 4)
+    T, HS = x.shape[2], x.shape[3]
+    for tname, tab in (("cos", cos_t), ("sin", sin_t)):
+        _qcheck(f"{tname} table", tab, 2)
+        if HS % 2 or tab.shape[0] < T or tab.shape[1] != HS // 2:
+            raise ValueError(f"{tname} table of shape {tab.shape} does not fit {name} of shape {x.shape}")
+    out = cuda.device_array(x.shape, np.float32)
+    _each(getattr(RO, kernel_name), x.size // 2, cuda.to_device(x), cuda.to_device(cos_t),
+          cuda.to_device(sin_t), out)
+    return out.copy_to_host()
+
+
+def rope_forward(x, cos_t, sin_t):
+    """[rope.fwd.c1] rotate x [B, NH, T, HS] (half-split pairs)."""
+    return _rope("rope_forward_k", "x", x, cos_t, sin_t)
+
+
+def rope_backward(dout, cos_t, sin_t):
+    """[rope.bwd.c1] dx from dout [B, NH, T, HS]."""
+    return _rope("rope_backward_k", "dout", dout, cos_t, sin_t)
+
+
+def attention_scale(HS):
+    """[attn.scores.c1] recip(sqrt(f32(HS)))."""
+    return recip(sqrt(np.float32(HS)))
+
+
+def _heads(shape=None, **arrays):
+    for name, a in arrays.items():
+        _qcheck(name, a, 4)
+        shape = shape or a.shape
+        if a.shape != shape:
+            raise ValueError(f"{name} has shape {a.shape}, expected {shape}")
+    if min(shape) < 1:
+        raise ValueError(f"empty attention shape {shape}")
+    return shape
+
+
+def attention_forward(q, k, v):
+    """[attn.scores.c1] [attn.mask.c1] [attn.out.c1] q, k, v [B, NH, T, HS] -> (out, att [B, NH, T, T])."""
+    from .ops import attention as AT
+    B, NH, T, HS = _heads(q=q, k=k, v=v)
+    out = cuda.device_array(q.shape, np.float32)
+    att = cuda.device_array((B, NH, T, T), np.float32)
+    _each(AT.attention_forward_k, B * NH * T, cuda.to_device(q), cuda.to_device(k), cuda.to_device(v),
+          attention_scale(HS), out, att)
+    return out.copy_to_host(), att.copy_to_host()
+
+
+def attention_backward(dout, q, k, v, att):
+    """[attn.bwd.c1] -> (dq, dk, dv), each [B, NH, T, HS]."""
+    from .ops import attention as AT
+    B, NH, T, HS = _heads(dout=dout, q=q, k=k, v=v)
+    _heads((B, NH, T, T), att=att)
+    d_dout, d_q, d_att = cuda.to_device(dout), cuda.to_device(q), cuda.to_device(att)
+    dz = cuda.device_array((B, NH, T, T), np.float32)
+    dq, dk, dv = (cuda.device_array(q.shape, np.float32) for _ in range(3))
+    _each(AT.attention_backward_rows_k, B * NH * T, d_dout, d_q, cuda.to_device(k), cuda.to_device(v),
+          d_att, attention_scale(HS), dz, dq)
+    _each(AT.attention_backward_keys_k, q.size, d_dout, d_q, d_att, dz, dk, dv)
+    return dq.copy_to_host(), dk.copy_to_host(), dv.copy_to_host()
+
+
+# ---- ops: cross-entropy (spec chapter 14) and the optimizer (chapter 15) ----------
+
+def _one_thread(kernel, *args):
+    kernel[1, 1](*args)
+
+
+def cross_entropy_forward(logits, targets, ignore_index=-1):
+    """[loss.token.c1] [loss.mean.c1] -> (losses [N], mean, count)."""
+    from refreplay.ops import loss as ref
+    from .ops import loss as LO
+    ref._check(logits, targets, ignore_index)  # the reference's validation, errors and all
+    N = logits.shape[0]
+    d_targets = cuda.to_device(targets)
+    losses = cuda.device_array(N, np.float32)
+    _each(LO.cross_entropy_k, N, cuda.to_device(logits), d_targets, int(ignore_index), losses)
+    mean, count = cuda.device_array(1, np.float32), cuda.device_array(1, np.int64)
+    _one_thread(LO.masked_mean_k, losses, d_targets, int(ignore_index), mean, count)
+    return losses.copy_to_host(), mean.copy_to_host()[0], int(count.copy_to_host()[0])
+
+
+def cross_entropy_backward(logits, targets, dloss=np.float32(1.0), count=None, ignore_index=-1):
+    """[loss.bwd.c1] dlogits [N, V] of dloss * mean-loss over ``count`` tokens."""
+    from refreplay.ops import loss as ref
+    from .ops import loss as LO
+    ref._check(logits, targets, ignore_index)
+    counted = int(np.count_nonzero(targets != ignore_index))
+    count = counted if count is None else int(count)
+    if count < counted or count > ref.MAX_COUNT:
+        raise ValueError(f"count {count} must lie in [{counted}, 2^24]")
+    c = mul(np.float32(dloss), recip(np.float32(count))) if count else np.float32(0.0)
+    dlogits = cuda.device_array(logits.shape, np.float32)
+    _each(LO.cross_entropy_backward_k, logits.shape[0], cuda.to_device(logits), cuda.to_device(targets),
+          int(ignore_index), np.float32(c), dlogits)
+    return dlogits.copy_to_host()
+
+
+def adamw_bias_corrections(beta1, beta2, t):
+    """[optim.adamw.bias.c1] (recip(1 - beta1^t), recip(1 - beta2^t))."""
+    from .ops import optim as OP
+    out = cuda.device_array(2, np.float32)
+    _one_thread(OP.adamw_bias_corrections_k, np.float32(beta1), np.float32(beta2), int(t), out)
+    rbc = out.copy_to_host()
+    return rbc[0], rbc[1]
+
+
+def adamw_step(params, grads, m, v, *, step, lr, hp=None, no_decay=frozenset()):
+    """[optim.adamw.c1] Update ``params``, ``m``, ``v`` (dicts of host arrays) in place,
+    tensors in sorted name order ([optim.state.c1])."""
+    from refreplay.ops import check_scalar_f32
+    from refreplay.ops import optim as ref
+    from .ops import optim as OP
+    hp = ref.AdamW() if hp is None else hp
+    ref._check_state(params, grads=grads, m=m, v=v)
+    t = ref._check_step(step)
+    lr = check_scalar_f32("lr", lr)
+    unknown = set(no_decay) - set(params)
+    if unknown:
+        raise ValueError(f"no_decay names unknown parameters: {sorted(unknown)}")
+    rbc1, rbc2 = adamw_bias_corrections(hp.beta1, hp.beta2, t)
+    for k in sorted(params):
+        wd = np.float32(0.0) if k in no_decay else hp.weight_decay
+        dp, dm, dv = (cuda.to_device(a[k].reshape(-1)) for a in (params, m, v))
+        _each(OP.adamw_k, params[k].size, dp, cuda.to_device(grads[k].reshape(-1)), dm, dv,
+              lr, hp.beta1, hp.beta2, hp.eps, wd, rbc1, rbc2)
+        for a, d in ((params, dp), (m, dm), (v, dv)):
+            a[k].reshape(-1)[:] = d.copy_to_host()
+
+
+def adamw_update(p, g, m, v, step, lr, hp=None, decay=True):
+    """[optim.adamw.c1] One tensor's AdamW update as new arrays -> (p', m', v')."""
+    p2, m2, v2 = p.copy(), m.copy(), v.copy()
+    adamw_step({"t": p2}, {"t": g}, {"t": m2}, {"t": v2}, step=step, lr=lr, hp=hp,
+               no_decay=frozenset() if decay else frozenset({"t"}))
+    return p2, m2, v2
+
+
+def sum_of_squares(g):
+    """[optim.clip.c1] step 1: sum over i increasing of g[i]*g[i] (1-D float32)."""
+    from .ops import optim as OP
+    out = cuda.device_array(1, np.float32)
+    _one_thread(OP.sum_of_squares_k, cuda.to_device(_qcheck("g", g, 1)), out, 0)
+    return out.copy_to_host()[0]
+
+
+def clip_coefficient(partials, max_norm):
+    """[optim.clip.c1] steps 2-4: (norm, coef) from the per-tensor sums in name order."""
+    from .ops import optim as OP
+    out = cuda.device_array(2, np.float32)
+    _one_thread(OP.clip_coefficient_k, cuda.to_device(_qcheck("partials", partials, 1)),
+                np.float32(max_norm), out)
+    r = out.copy_to_host()
+    return r[0], r[1]
+
+
+def clip_grad_norm(grads, max_norm):
+    """[optim.clip.c1] Global-norm clipping of ``grads`` (dict of host arrays), in place -> (norm, coef)."""
+    from refreplay.ops import check_scalar_f32
+    from refreplay.ops import optim as ref
+    from .ops import optim as OP
+    ref._check_state(grads)
+    max_norm = check_scalar_f32("max_norm", max_norm)
+    names = sorted(grads)
+    d_grads = {k: cuda.to_device(grads[k].reshape(-1)) for k in names}
+    partials = cuda.device_array(len(names), np.float32)
+    for j, k in enumerate(names):
+        _one_thread(OP.sum_of_squares_k, d_grads[k], partials, j)
+    out = cuda.device_array(2, np.float32)
+    _one_thread(OP.clip_coefficient_k, partials, max_norm, out)
+    norm, coef = out.copy_to_host()
+    if coef < np.float32(1.0):
+        for k in names:
+            _each(OP.clip_scale_k, grads[k].size, d_grads[k], coef)
+            grads[k].reshape(-1)[:] = d_grads[k].copy_to_host()
+    return norm, coef
+
+
+def lr_at(step, warmup, total, lr_max, lr_min, kind="cosine"):
+    """[optim.lr.c1] Learning rate of update ``step`` (1-based)."""
+    from refreplay.ops import check_scalar_f32
+    from refreplay.ops import optim as ref
+    from .ops import optim as OP
+    t = ref._check_step(step)
+    for name, n in (("warmup", warmup), ("total", total)):
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 <= n <= 1 << 24:
+            raise ValueError(f"{name} must be an integer in [0, 2**24], got {n!r}")
+    if not warmup < total:
+        raise ValueError(f"need warmup < total, got warmup={warmup}, total={total}")
+    if kind not in ref.SCHEDULES:
+        raise ValueError(f"kind must be one of {ref.SCHEDULES}, got {kind!r}")
+    lr_max, lr_min = check_scalar_f32("lr_max", lr_max), check_scalar_f32("lr_min", lr_min)
+    out = cuda.device_array(1, np.float32)
+    _one_thread(OP.lr_k, t, int(warmup), int(total), lr_max, lr_min, ref.SCHEDULES.index(kind), out)
+    return out.copy_to_host()[0]
+
+
 # ---- ops: int8 quantization-aware linear (spec chapter 16) -------------------------
 
 def _qcheck(name, a, ndim=None):
@@ -685,11 +998,20 @@ EXAMPLE_FUNCTIONS = {
     "ops.embedding.embedding_forward": embedding_forward,
     "ops.embedding.embedding_backward": embedding_backward,
     "ops.linear.linear_forward": linear_forward, "ops.linear.linear_backward": linear_backward,
+    **{f"ops.rope.{f.__name__}": f for f in (rope_tables, rope_forward, rope_backward)},
+    **{f"ops.attention.{f.__name__}": f for f in (attention_scale, attention_forward, attention_backward)},
+    **{f"ops.loss.{f.__name__}": f for f in (cross_entropy_forward, cross_entropy_backward)},
+    **{f"ops.optim.{f.__name__}": f
+       for f in (adamw_bias_corrections, adamw_update, sum_of_squares, clip_coefficient, lr_at)},
     **{f"ops.quant.{f.__name__}": f
        for f in (step_size, step_size_rows, quantize, dequantize, fake_quantize,
                  fake_quantize_backward, qlinear_forward, qlinear_backward)},
     "ops.norms.layernorm_forward": layernorm_forward, "ops.norms.layernorm_backward": layernorm_backward,
     "ops.norms.rmsnorm_forward": rmsnorm_forward, "ops.norms.rmsnorm_backward": rmsnorm_backward,
+    **{f"ops.activations.{f.__name__}": f
+       for f in (gelu_forward, gelu_backward, silu_forward, silu_backward, swiglu_forward, swiglu_backward)},
+    **{f"ops.softmax.{f.__name__}": f
+       for f in (softmax_forward, softmax_backward, log_softmax_forward, log_softmax_backward)},
 }
 
 

@@ -45,7 +45,13 @@ KERNEL_MODULES = (
     "cuda_backend.treefold",
     "cuda_backend.ops.embedding",
     "cuda_backend.ops.norms",
+    "cuda_backend.ops.loss",
+    "cuda_backend.ops.optim",
+    "cuda_backend.ops.rope",
+    "cuda_backend.ops.attention",
     "cuda_backend.ops.quant",
+    "cuda_backend.ops.activations",
+    "cuda_backend.ops.softmax",
 )
 
 FLOAT_TYPES = {"f16", "f16x2", "bf16", "bf16x2", "f32", "f64"}

@@ -379,6 +379,75 @@ def _check_quant(rng, large):
     return out
 
 
+def _check_rope_attention(rng, large):
+    from refreplay.ops import attention as att_ref, rope as rope_ref
+    from . import adapter
+    out = []
+    B, NH, T, HS = (2, 4, 128, 64) if large else (2, 2, 5, 4)
+    for T_, HS_ in ((T, HS), (300, 6) if not large else (4096, 128)):
+        out.append((f"rope_tables T={T_} HS={HS_}", rope_ref.rope_tables(T_, HS_), adapter.rope_tables(T_, HS_)))
+    cos_t, sin_t = rope_ref.rope_tables(T, HS)
+    x = random_normal(rng, (B, NH, T, HS))
+    out.append(("rope fwd", rope_ref.rope_forward(x, cos_t, sin_t), adapter.rope_forward(x, cos_t, sin_t)))
+    out.append(("rope bwd", rope_ref.rope_backward(x, cos_t, sin_t), adapter.rope_backward(x, cos_t, sin_t)))
+    q, k, v, dout = (random_normal(rng, (B, NH, T, HS), 2.0) for _ in range(4))
+    k[1, 0, T - 1, 0] = np.float32(np.inf)  # a future inf must not reach earlier rows
+    v[1, 1, 2, 1] = np.float32(np.nan)
+    o, att = att_ref.attention_forward(q, k, v)
+    out.append(("attention fwd", (o, att), adapter.attention_forward(q, k, v)))
+    out.append(("attention bwd", att_ref.attention_backward(dout, q, k, v, att),
+                adapter.attention_backward(dout, q, k, v, att)))
+    return out
+
+
+def _check_loss_optim(rng, large):
+    from refreplay.ops import loss as loss_ref, optim as opt_ref
+    from . import adapter
+    out = []
+    N, V = (64, 50257) if large else (6, 11)
+    logits = random_normal(rng, (N, V), 3.0)
+    targets = rng.integers(0, V, N).astype(np.int32)
+    targets[1] = -1
+    out.append(("cross_entropy fwd", loss_ref.cross_entropy_forward(logits, targets),
+                adapter.cross_entropy_forward(logits, targets)))
+    for dloss, count in ((np.float32(1.0), None), (np.float32(0.37), 3 * N)):
+        out.append((f"cross_entropy bwd dloss={dloss} count={count}",
+                    loss_ref.cross_entropy_backward(logits, targets, dloss, count),
+                    adapter.cross_entropy_backward(logits, targets, dloss, count)))
+    pad = np.full(N, -1, np.int32)
+    out.append(("cross_entropy fwd, padding only", loss_ref.cross_entropy_forward(logits, pad),
+                adapter.cross_entropy_forward(logits, pad)))
+    b1, b2 = np.float32(0.9), np.float32(0.95)
+    for t in (1, 2, 77, 10000):
+        out.append((f"bias corrections t={t}", tuple(np.float32(v) for v in opt_ref.adamw_bias_corrections(b1, b2, t)),
+                    adapter.adamw_bias_corrections(b1, b2, t)))
+    n = 1 << 16 if large else 50
+    params = {"w": random_normal(rng, n), "b": random_normal(rng, 7), "a.z": random_normal(rng, (3, 4))}
+    grads = {k: random_normal(rng, p.shape) for k, p in params.items()}
+    m = {k: random_normal(rng, p.shape, 0.1) for k, p in params.items()}
+    v = {k: np.abs(random_normal(rng, p.shape, 0.01)) for k, p in params.items()}
+    lr = np.float32(1e-3)
+    for decay in (True, False):
+        out.append((f"adamw_update decay={decay}",
+                    opt_ref.adamw_update(params["w"], grads["w"], m["w"], v["w"], 5, lr, decay=decay),
+                    adapter.adamw_update(params["w"], grads["w"], m["w"], v["w"], 5, lr, decay=decay)))
+    for max_norm in (np.float32(1.0), np.float32(1e6)):
+        g_ref = {k: a.copy() for k, a in grads.items()}
+        g_dev = {k: a.copy() for k, a in grads.items()}
+        nc_ref = tuple(np.float32(x) for x in opt_ref.clip_grad_norm(g_ref, max_norm))
+        nc_dev = adapter.clip_grad_norm(g_dev, max_norm)
+        out.append((f"clip_grad_norm max_norm={max_norm}", (nc_ref, *[g_ref[k] for k in sorted(g_ref)]),
+                    (tuple(nc_dev), *[g_dev[k] for k in sorted(g_dev)])))
+    lr_max, lr_min = np.float32(6e-4), np.float32(6e-5)
+    for kind in ("cosine", "linear", "constant"):
+        want = np.array([opt_ref.lr_at(t, 10, 100, lr_max, lr_min, kind) for t in (1, 10, 11, 55, 100, 200)],
+                        np.float32)
+        got = np.array([adapter.lr_at(t, 10, 100, lr_max, lr_min, kind) for t in (1, 10, 11, 55, 100, 200)],
+                       np.float32)
+        out.append((f"lr_at {kind}", want, got))
+    return out
+
+
 def _check_norms(rng, large):
     from refreplay.ops import norms as ref
     from . import adapter
@@ -398,6 +467,41 @@ def _check_norms(rng, large):
         out.append((f"rmsnorm fwd {N}x{C}", (y, rrms), adapter.rmsnorm_forward(x, w, eps)))
         out.append((f"rmsnorm bwd {N}x{C}", ref.rmsnorm_backward(dout, x, w, rrms),
                     adapter.rmsnorm_backward(dout, x, w, rrms)))
+    return out
+
+
+def _check_activations(rng, large):
+    from refreplay.ops import activations as ref
+    from . import adapter
+    n = 1 << 16 if large else 300
+    out = []
+    for case, x in (("normal*4", random_normal(rng, (3, n // 3), 4.0)),
+                    ("edge", edge()), ("wide", rng.uniform(-60, 60, n).astype(np.float32))):
+        dout = random_normal(rng, x.shape)
+        b = random_normal(rng, x.shape)
+        for name, args in (("gelu_forward", (x,)), ("gelu_backward", (dout, x)),
+                           ("silu_forward", (x,)), ("silu_backward", (dout, x)),
+                           ("swiglu_forward", (x, b)), ("swiglu_backward", (dout, x, b))):
+            out.append((f"{name} {case}", getattr(ref, name)(*args), getattr(adapter, name)(*args)))
+    return out
+
+
+def _check_softmax(rng, large):
+    from refreplay import numerics
+    from refreplay.ops import softmax as ref
+    from . import adapter
+    out = []
+    for shape in ((64, 1024), (7, 50257)) if large else ((1, 1), (4, 33), (2, 3, 17)):
+        x = numerics.load(random_normal(rng, shape, 5.0))
+        if x.shape[0] > 1:
+            x[1, ..., 3] = np.float32(np.inf)  # one row (or row group) with +inf: NaN rows
+        dy = random_normal(rng, shape)
+        y, ly = ref.softmax_forward(x), ref.log_softmax_forward(x)
+        out.append((f"softmax fwd {shape}", y, adapter.softmax_forward(x)))
+        out.append((f"softmax bwd {shape}", ref.softmax_backward(dy, y), adapter.softmax_backward(dy, y)))
+        out.append((f"log_softmax fwd {shape}", ly, adapter.log_softmax_forward(x)))
+        out.append((f"log_softmax bwd {shape}", ref.log_softmax_backward(dy, ly),
+                    adapter.log_softmax_backward(dy, ly)))
     return out
 
 
@@ -489,10 +593,18 @@ CHECKS: dict[str, tuple[tuple[str, ...], Callable]] = {
     "treefold": (("fold.tree.c1", "fold.final.c1", "fold.ranks.c1", "fold.scale.c1"), _check_treefold),
     "embedding_linear": (("emb.fwd.c1", "emb.bwd.c1", "linear.fwd.c1", "linear.bwd.c1"),
                          _check_embedding_linear),
+    "rope_attention": (("rope.freq.c1", "rope.fwd.c1", "rope.bwd.c1", "attn.scores.c1", "attn.mask.c1",
+                        "attn.out.c1", "attn.bwd.c1", "attn.batch.c1"), _check_rope_attention),
+    "loss_optim": (("loss.token.c1", "loss.mean.c1", "loss.bwd.c1", "optim.adamw.bias.c1", "optim.adamw.c1",
+                    "optim.clip.c1", "optim.lr.c1"), _check_loss_optim),
     "quant": (("quant.granularity.c1", "quant.step.c1", "quant.quantize.c1", "quant.dequantize.c1",
                "quant.ste.c1", "quant.linear.fwd.c1", "quant.linear.bwd.c1"), _check_quant),
     "norms": (("norm.meanop.c1", "norm.layer.fwd.c1", "norm.layer.bwd.c1", "norm.rms.fwd.c1",
                "norm.rms.bwd.c1"), _check_norms),
+    "activations": (("act.gelu.fwd.c1", "act.gelu.bwd.c1", "act.silu.fwd.c1", "act.silu.bwd.c1",
+                     "act.swiglu.fwd.c1", "act.swiglu.bwd.c1"), _check_activations),
+    "softmax": (("softmax.fwd.c1", "softmax.bwd.c1", "softmax.log.c1", "softmax.log.bwd.c1"),
+                _check_softmax),
     "rng": (("rng.philox.c1", "rng.counter.c1", "rng.unit.c1", "rng.symmetric.c1", "rng.init.c1"), _check_rng),
     "spec_examples": ((), _check_examples),
 }

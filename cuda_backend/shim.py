@@ -168,22 +168,23 @@ def sqrt(x):
 
 @device
 def fmax(a, b):
-    """[num.minmax.c1] max: NaN if either is NaN; max(-0, +0) = +0."""
+    """[num.minmax.c1] max: NaN if either is NaN; max(-0, +0) = +0; then flushed
+    (a subnormal operand never survives as the result)."""
     if a != a or b != b:
         return nan()
     if a == b:  # equal values, or -0 vs +0: prefer the operand with the clear sign bit
-        return b if signbit(a) else a
-    return a if a > b else b
+        return flush(b if signbit(a) else a)
+    return flush(a if a > b else b)
 
 
 @device
 def fmin(a, b):
-    """[num.minmax.c1] min: NaN if either is NaN; min(-0, +0) = -0."""
+    """[num.minmax.c1] min: NaN if either is NaN; min(-0, +0) = -0; then flushed."""
     if a != a or b != b:
         return nan()
     if a == b:  # prefer the operand with the sign bit set
-        return a if signbit(a) else b
-    return a if a < b else b
+        return flush(a if signbit(a) else b)
+    return flush(a if a < b else b)
 
 
 @device

@@ -18,7 +18,16 @@ Clauses checked: [num.load.c1] [num.add.c1] [num.mul.c1] [num.nofma.c1]
 [num.sigmoid.c1] [num.sincos.c1] [rng.philox.c1] [rng.counter.c1] [rng.unit.c1]
 [rng.symmetric.c1] [rng.init.c1] [fold.tree.c1] [fold.final.c1]
 [fold.ranks.c1] [fold.scale.c1] [norm.meanop.c1] [norm.layer.fwd.c1]
-[norm.layer.bwd.c1] [norm.rms.fwd.c1] [norm.rms.bwd.c1].
+[norm.layer.bwd.c1] [norm.rms.fwd.c1] [norm.rms.bwd.c1] [emb.fwd.c1]
+[emb.bwd.c1] [linear.fwd.c1] [linear.bwd.c1] [act.gelu.fwd.c1]
+[act.gelu.bwd.c1] [act.silu.fwd.c1] [act.silu.bwd.c1] [act.swiglu.fwd.c1]
+[act.swiglu.bwd.c1] [softmax.fwd.c1] [softmax.bwd.c1] [softmax.log.c1]
+[softmax.log.bwd.c1] [rope.freq.c1] [rope.fwd.c1] [rope.bwd.c1]
+[attn.scores.c1] [attn.mask.c1] [attn.out.c1] [attn.bwd.c1] [attn.batch.c1]
+[loss.token.c1] [loss.mean.c1] [loss.bwd.c1] [optim.adamw.bias.c1]
+[optim.adamw.c1] [optim.clip.c1] [optim.lr.c1] [quant.granularity.c1]
+[quant.step.c1] [quant.quantize.c1] [quant.dequantize.c1] [quant.ste.c1]
+[quant.linear.fwd.c1] [quant.linear.bwd.c1].
 """
 from __future__ import annotations
 
