@@ -1,4 +1,5 @@
-"""Case builders, one per kind of op: what inputs each probe family gets.
+"""Case builders, one per kind of op: what inputs each probe family gets
+([conf.probes.c1]).
 
 A builder returns ``(family, inputs, note)`` triples; ``generate.py`` computes
 the expected outputs with the reference and names the cases.  Where a probe
@@ -131,7 +132,10 @@ def binary_cases(op, rng, sample, model64=None, sizes=(1, 7, 31, 1021)):
     sub = V.subnormals(rng, 32)
     partner = np.concatenate([fp.f32([0x00800000, 0x80800000, 0x72800000, 0x00000001]),
                               V.random_f32(rng, 28, -2, 2)])
-    out.append(("input_zeroing", {"a": np.concatenate([sub, partner]), "b": np.concatenate([partner, sub])},
+    # fmax/fmin flush their result ([num.minmax.c1]), so there a kept subnormal
+    # input shows only as a subnormal result: a flush probe, not a zeroing one
+    out.append(("flush" if op.name in ("fmax", "fmin") else "input_zeroing",
+                {"a": np.concatenate([sub, partner]), "b": np.concatenate([partner, sub])},
                 "a subnormal operand"))
     z = fp.f32([0x00000000, 0x80000000, 0x3F800000, 0xBF800000])
     za, zb = np.meshgrid(z, z, indexing="ij")
@@ -206,8 +210,9 @@ def max_cases(op, rng):
                 "+0 is larger than -0"))
     out.append(("nan", {"X": fp.f32([[0x3F800000, 0xFFC00000], [0x7FC12345, 0x7F800000],
                                      [0xFF800000, 0x7F800001], [0x7FFFFFFF, 0xFFFFFFFF]])}, "NaN propagates, canonical"))
-    out.append(("input_zeroing", {"X": fp.f32([[0x00000001, 0x80000000], [0x807FFFFF, 0xBF800000],
-                                               [0x00400000, 0x80000000]])}, "subnormal is the maximum"))
+    # fmax flushes its result, so a subnormal maximum must come out as a zero
+    out.append(("flush", {"X": fp.f32([[0x00000001, 0x80000000], [0x807FFFFF, 0xBF800000],
+                                       [0x00400000, 0x80000000]])}, "a subnormal is the maximum"))
     return out
 
 

@@ -1,4 +1,4 @@
-"""Why a kernel fails: conclusions drawn from which probe families failed
+"""Why a kernel fails ([conf.diagnosis.r1]): conclusions drawn from which probe families failed
 and which passed, each citing the clauses it rests on.
 
 A family isolates one property (see ``cases.FAMILIES``), so the pattern of

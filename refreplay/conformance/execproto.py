@@ -1,4 +1,5 @@
-"""The exec protocol: check a kernel written in any language, no bindings.
+"""The exec protocol ([conf.exec.c1]): check a kernel written in any
+language, no bindings.
 
 For every case the runner makes a fresh directory holding
   case.json        {"protocol": "refreplay-exec/1", "op": ..., "case": ...,

@@ -1,4 +1,5 @@
-"""Build every case of every op in the registry, deterministically.
+"""Build every case of every op in the registry, deterministically
+([conf.verify.c1]: byte-for-byte regeneration).
 
 Each op draws from its own random stream, seeded by (SEED, crc32(op name)),
 so adding an op leaves the other ops' vectors unchanged.  Expected outputs

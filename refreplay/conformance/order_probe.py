@@ -1,4 +1,5 @@
-"""Reveal a black-box kernel's accumulation tree (the FPRev technique).
+"""Reveal a black-box kernel's accumulation tree (the FPRev technique,
+[conf.order.c1]).
 
 For a sum of N terms and a pair of positions i < j, feed x[i] = M,
 x[j] = -M and ones elsewhere, with M = 2^(25 + ceil(log2 N)) so large that

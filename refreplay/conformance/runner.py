@@ -1,5 +1,5 @@
 """Run cases against a kernel and compare every output bit for bit
-([conv.conformance.c1]): a case passes only if every bit of every output
+([conv.conformance.c1], [conf.runner.c1]): a case passes only if every bit of every output
 equals the vector.  Ulp distances are computed only to describe a failure.
 """
 from __future__ import annotations

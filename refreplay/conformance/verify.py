@@ -1,4 +1,4 @@
-"""``vectors verify``: compare a fresh in-memory regeneration with the files
+"""[conf.verify.c1] ``vectors verify``: compare a fresh in-memory regeneration with the files
 on disk, byte for byte, and name every case whose bytes differ."""
 from __future__ import annotations
 

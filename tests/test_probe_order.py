@@ -1,0 +1,70 @@
+"""probe-order (FPRev): the accumulation tree of a black-box kernel is
+recovered from pairwise queries ([conf.order.c1], [red.sum.c1], [mm.nn.c1])."""
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from refreplay import cli
+from refreplay.conformance import kernels, order_probe as P
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "python_kernel"
+
+
+def sequential(n):
+    s = "0"
+    for k in range(1, n):
+        s = f"({s}+{k})"
+    return s
+
+
+@pytest.mark.parametrize("op", ["sum", "dot", "matmul"])
+def test_reference_order_is_sequential(op):
+    tree, _ = P.probe(kernels.resolve("reference"), op, 9)
+    assert P.render(tree) == sequential(9)
+
+
+def test_pairwise_kernel_tree_is_recovered(monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    tree, sizes = P.probe(kernels.resolve("pairwise_sum"), "sum", 8)
+    assert P.render(tree) == "(((0+1)+(2+3))+((4+5)+(6+7)))"
+    assert "pairwise tree (recursive halves)" in P.names_for(sizes, 8)
+    tree, _ = P.probe(kernels.resolve("pairwise_sum"), "matmul", 5)
+    assert P.render(tree) == "((0+1)+(2+(3+4)))"
+    assert cli.main(["probe-order", "pairwise_sum", "--op", "sum", "--n", "8"]) == 1
+    out = capsys.readouterr().out
+    assert "DIFFERS" in out and sequential(8) in out
+
+
+def test_reference_cli_agrees_with_spec(capsys):
+    assert cli.main(["probe-order", "reference", "--op", "sum", "--n", "6"]) == 0
+    assert "accumulates in the spec's order" in capsys.readouterr().out
+
+
+def test_numpy_sum_tree_is_named():
+    _, sizes = P.probe(kernels.resolve("numpy"), "sum", 12)
+    assert P.names_for(sizes, 12) == ["NumPy pairwise (8 accumulators, blocks of 128)"]
+
+
+def test_multiway_node():
+    """A kernel that adds four terms exactly at once (a 4-input adder) then
+    sums those partials: the tree has 4-way nodes."""
+    n = 8
+    pairs = P._pairs(n)
+    sizes = np.array([4 if i // 4 == j // 4 else 8 for i, j in pairs])
+    tree = P.build_tree(sizes, pairs, n)
+    assert P.render(tree) == "((0+1+2+3)+(4+5+6+7))"
+
+
+def test_wide_accumulator_is_not_a_binary32_tree():
+    class Wide(kernels.Kernel):
+        def call(self, op, inputs, out_specs):
+            return inputs[0].astype(np.float64).sum(axis=1).astype(np.float32)
+
+    with pytest.raises(P.NotATree):
+        P.probe(Wide(), "sum", 6)
+
+
+def test_bad_n_is_bad_usage():
+    assert cli.main(["probe-order", "reference", "--op", "sum", "--n", "0"]) == 2
