@@ -26,9 +26,6 @@ from .numerics.core import F32, finish, mul, sqrt
 from .ops import activations, attention, embedding, linear, loss, norms, quant, rope
 from .presets import ModelConfig
 
-ONE = F32(1.0)
-ZERO = F32(0.0)
-
 
 # ---- parameters -------------------------------------------------------------------
 

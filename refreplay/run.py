@@ -214,7 +214,15 @@ def _record_from_json(obj, where):
 class Run:
     """A published run directory, validated on open (see ``open_run``)."""
 
-    def __init__(self, path):
+    def __init__(self, path, strict: bool = True):
+        """``strict``: every integrity problem (a hash that does not match) is
+        an ``InputError``.  With ``strict=False`` (what replay uses) only
+        malformed or missing files raise; integrity problems are collected in
+        ``self.findings`` as ``Finding(step, kind, message)`` so that a
+        replay can report them as a verification failure at the step they
+        affect."""
+        self.strict = strict
+        self.findings: list[Finding] = []
         self.path = Path(path)
         _need(self.path.is_dir(), f"run directory not found: {self.path}")
         self._root = self.path.resolve()
@@ -226,8 +234,9 @@ class Run:
         self.recipe = recipe_from_json(obj, str(self.path / RECIPE_FILE))
         self.recipe_sha256 = self.recipe.sha256()
         self.manifest, mraw = data.load_manifest(self._file(DATA_DIR, "manifest.json").parent)
-        _need(hashlib.sha256(mraw).hexdigest() == self.recipe.manifest_sha256,
-              f"{self.path / DATA_DIR / 'manifest.json'}: sha256 does not match the recipe's manifest_sha256")
+        self._integrity(hashlib.sha256(mraw).hexdigest() == self.recipe.manifest_sha256, None, "data",
+                        f"{self.path / DATA_DIR / 'manifest.json'}: sha256 does not match the recipe's "
+                        "manifest_sha256")
         _need(self.manifest["samples"] == self.recipe.samples
               and self.manifest["sample_tokens"] == self.recipe.model.seq_len + 1,
               f"{self.path / DATA_DIR / 'manifest.json'}: sample count or length differs from the recipe")
@@ -239,6 +248,13 @@ class Run:
         for k in self.checkpoints:
             self._file(CKPT_DIR, checkpoint_name(k))
         self._stream = None
+
+    def _integrity(self, ok: bool, step, kind: str, message: str) -> None:
+        if ok:
+            return
+        if self.strict:
+            raise InputError(message)
+        self.findings.append(Finding(step, kind, message))
 
     # -- files
     def _file(self, *parts) -> Path:
@@ -258,8 +274,6 @@ class Run:
         return self._file(name).read_bytes()
 
     def _read_records(self):
-        from .step import StepRecord  # noqa: F401  (type of the records)
-
         where = self.path / STEPS_FILE
         lines = self._read(STEPS_FILE, "step hash").decode("utf-8", "replace").splitlines()
         recs = []
@@ -277,8 +291,9 @@ class Run:
                       f"{w}: step 0 must carry the genesis link and a zero data hash")
             else:
                 want = statehash.chain_link(prev, rec.state_root, rec.data_hash, self.recipe_sha256)
-                _need(rec.chain_link == want, f"{w}: chain link does not follow from the previous "
-                                              "link, this step's hashes and the recipe hash")
+                self._integrity(rec.chain_link == want, i, "chain",
+                                f"{w}: chain link does not follow from the previous link, this step's "
+                                "hashes and the recipe hash")
             prev = rec.chain_link
             recs.append(rec)
         _need(len(recs) == self.recipe.steps + 1,
@@ -295,9 +310,11 @@ class Run:
         _need(isinstance(head, dict), f"{where}: not a JSON object")
         _exact_keys(head, ("step", "chain_link", "recipe_sha256"), str(where))
         last = self.records[-1]
-        _need(head["step"] == last.step and head["chain_link"] == last.chain_link
-              and head["recipe_sha256"] == self.recipe_sha256,
-              f"{where}: the chain head does not match the last record of {STEPS_FILE}")
+        self._integrity(head["recipe_sha256"] == self.recipe_sha256, 1, "recipe",
+                        f"{self.path / RECIPE_FILE} hashes to {self.recipe_sha256} but the published chain "
+                        f"head binds recipe {head['recipe_sha256']}: the recipe was changed after publication")
+        self._integrity(head["step"] == last.step and head["chain_link"] == last.chain_link, last.step, "chain",
+                        f"{where}: the chain head does not match the last record of {STEPS_FILE}")
         return head
 
     # -- state
@@ -326,7 +343,9 @@ class Run:
     def stream(self) -> data.Stream:
         """[data.stream.c1] The run's stream, shards read and hash-checked once."""
         if self._stream is None:
-            samples, _ = data.read_shards(self.path / DATA_DIR)
+            samples, _, problems = data.read_shards(self.path / DATA_DIR, verify=self.strict, problems=True)
+            for msg in problems:
+                self._integrity(False, None, "data", msg)
             t = self.recipe.train
             self._stream = data.Stream(samples, t.seed, data.Batching(t.micro_batches, t.micro_batch_size))
         return self._stream
@@ -352,8 +371,17 @@ class Run:
         return self.trainer().step(st, self.records[st.step].chain_link, launcher or InProcess(1))
 
 
-def open_run(path) -> Run:
-    return Run(path)
+@dataclass(frozen=True)
+class Finding:
+    """An integrity problem of a published run: the step it first affects
+    (None: not known from the files alone), its kind, and what differs."""
+    step: int | None
+    kind: str  # "data" | "chain" | "recipe"
+    message: str
+
+
+def open_run(path, strict: bool = True) -> Run:
+    return Run(path, strict)
 
 
 def checkpoint_metadata(step: int, root: str) -> str:

@@ -5,10 +5,7 @@
 import dataclasses
 import hashlib
 import json
-import os
 import shutil
-import subprocess
-import sys
 
 import numba
 import numpy as np
@@ -244,23 +241,20 @@ def test_corrupt_shard_and_checkpoint_are_refused_on_use(tiny_run, tmp_path):
 # ---- command line -------------------------------------------------------------------------
 
 
-def _cli(*args, **kw):
-    env = dict(os.environ, NUMBA_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-m", "refreplay", "train", *args], capture_output=True,
-                          text=True, env=env, **kw)
-
-
-def test_cli_trains_and_reports(tmp_path):
+def test_cli_trains_and_reports(tmp_path, capsys):
     """`refreplay train` writes a run equal to the library's and prints step,
     loss and tokens/s."""
+    from refreplay.cli import main
+
     out = tmp_path / "run"
-    res = _cli("--preset", "tiny", "--steps", "2", "--ranks", "3", "--out", str(out), "--byte-cap",
-               str(BYTE_CAP), "--seed", "5")
-    assert res.returncode == 0, res.stderr
-    assert "step 2/2" in res.stderr and "loss" in res.stderr and "tok/s" in res.stderr
+    code = main(["train", "--preset", "tiny", "--steps", "2", "--ranks", "3", "--out", str(out),
+                 "--byte-cap", str(BYTE_CAP), "--seed", "5"])
+    cap = capsys.readouterr()
+    assert code == 0, cap.err
+    assert "step 2/2" in cap.err and "loss" in cap.err and "tok/s" in cap.err
     r = run.open_run(out)
     assert r.recipe.train.seed == 5 and r.recipe.ranks == 3 and r.recipe.train.schedule_steps == 1000
-    assert r.head["chain_link"] in res.stdout
+    assert r.head["chain_link"] in cap.out
 
 
 def test_cli_bad_input_exits_2(tmp_path, capsys):
