@@ -235,6 +235,22 @@ def test_flush_free_bound_is_exact(I, K, J):
         assert np.array_equal(bits(fn(*args)), np.full((I, J), 0x00800000, np.uint32)), name
 
 
+@pytest.mark.parametrize("I,K,J", [(1, 2, 1), (9, 70, 67)])
+def test_product_flush_bound_is_exact(I, K, J):
+    """[mm.nn.c1] [num.flush.c1] 1·2^-126 + 0.5·(1.5·2^-126): the second product is
+    subnormal and must be flushed (result 2^-126, not 1.75·2^-126).  Its
+    exponents sum to 127, just below the bound (128) that skips product flushes."""
+    A = np.zeros((I, K), np.float32)
+    B = np.zeros((K, J), np.float32)
+    A[:, K - 2], A[:, K - 1] = _f32(1), _f32(0.5)
+    B[K - 2, :], B[K - 1, :] = _f32(2.0 ** -126), _f32(1.5 * 2.0 ** -126)
+    for name, fn, args in forms(A, B):
+        assert np.array_equal(bits(fn(*args)), np.full((I, J), 0x00800000, np.uint32)), name
+    A[:, K - 1] = _f32(1)  # at the bound: both products normal, 2.5·2^-126
+    for name, fn, args in forms(A, B):
+        assert np.array_equal(bits(fn(*args)), np.full((I, J), 0x01200000, np.uint32)), name
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_tiny_products_and_cancellation_equal_naive(seed):
     """[mm.nn.c1] [num.flush.c1] magnitudes around 2^-52 (products near 2^-104) in

@@ -15,15 +15,18 @@ live in registers for the whole k loop, which is what makes this fast, and
 why it is written as vector IR: Numba's auto-vectoriser cannot keep a 2-D
 accumulator in registers.
 
-Two variants are built:
+Three variants are built:
 
 * ``tile_flush``: every product and every partial sum goes through the flush
   of [num.flush.c1] (a subnormal becomes a zero of its sign), written as the
   select ``exponent field == 0 ? sign bit only : x``, which equals
   ``core.flush`` (``x * 0 if |x| < FLT_MIN else x``) on every input.
-* ``tile_plain``: no flush.  The driver calls it only for tiles for which it
-  has proved every flush an identity ([mm.nn.c1] is unchanged; the proof
-  is in ``mm_fp32.py``).
+* ``tile_flush_sums``: only the partial sums are flushed, for tiles whose
+  products are proved never subnormal.
+* ``tile_plain``: no flush, for tiles in which every flush is proved an
+  identity.
+The driver picks the variant per tile; the proofs are in ``mm_fp32.py``.
+Each gives the bits of [mm.nn.c1] wherever the driver calls it.
 
 Either variant stores its accumulators back to C with NaNs canonicalised
 ([num.nan.c1] allows this once at the end of an add/mul chain; C may be
@@ -73,7 +76,7 @@ def _vec_ptr(builder, base, offset):
     return builder.bitcast(builder.gep(base, [offset]), _VF.as_pointer())
 
 
-def _make_tile(flush_ops: bool):
+def _make_tile(flush_products: bool, flush_sums: bool):
     @intrinsic
     def tile(typingctx, Ap, ap_off, Bp, bp_off, kc, C, c_off, ldc, load_c):
         for arr in (Ap, Bp, C):
@@ -129,10 +132,10 @@ def _make_tile(flush_ops: bool):
                         ir.Constant(_VF, ir.Undefined), ir.Constant(_VI, [0] * LANES))
                     for v in range(NV):
                         p = builder.fmul(a_vec, b[v])  # rounded product, no contraction
-                        if flush_ops:
+                        if flush_products:
                             p = _flush(builder, p)
                         s = builder.fadd(builder.load(acc[r][v]), p)  # rounded sum
-                        if flush_ops:
+                        if flush_sums:
                             s = _flush(builder, s)
                         builder.store(s, acc[r][v])
 
@@ -148,5 +151,6 @@ def _make_tile(flush_ops: bool):
     return tile
 
 
-tile_flush = _make_tile(True)
-tile_plain = _make_tile(False)
+tile_flush = _make_tile(True, True)
+tile_flush_sums = _make_tile(False, True)
+tile_plain = _make_tile(False, False)

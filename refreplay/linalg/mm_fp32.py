@@ -16,7 +16,8 @@ Structure (the classic packed GEMM, with nothing reassociated):
   Packing copies bits (and zero-pads the edges, which feed only lanes that
   are never stored).
 * ``_tile.tile_*`` runs one MR × NR tile over the k block with its
-  accumulators in vector registers.  Threads take row blocks (independent
+  accumulators in vector registers, skipping flushes only where the
+  exponent bounds below prove them identities.  Threads take row blocks (independent
   outputs); the k loop never crosses threads.
 
 Call from compiled code (all arrays C-contiguous float32):
@@ -31,14 +32,19 @@ from numba import prange
 from .._jit import kernel, parallel_kernel
 from ..numerics._bits import f32_bits
 from ..numerics.core import add, ZERO
-from ._tile import MR, NR, tile_flush, tile_plain
+from ._tile import MR, NR, tile_flush, tile_flush_sums, tile_plain
 
 KC = 1024  # k block: long enough that one row block's tiles stream B once per block
 
 # ---- proving the flushes of a tile are identities ------------------------------------
 #
 # [num.flush.c1] replaces a subnormal product or partial sum by a signed zero.
-# Claim: if every nonzero product A[i,k]*B[k,j] of an output has magnitude
+# |a| >= 2^(Ea-127) and |b| >= 2^(Eb-127) for their biased exponents Ea, Eb,
+# so |a*b| >= 2^(Ea+Eb-254), and so is the rounded product (rounding is
+# monotone and powers of two are floats).
+# Products: Ea + Eb >= 128 gives |a*b| >= 2^-126, never subnormal, so the
+# product flushes are identities (the sums may still need theirs).
+# Sums: claim: if every nonzero product A[i,k]*B[k,j] of an output has magnitude
 # >= 2^-103, then no product and no partial sum of that output is ever
 # subnormal, so skipping the flushes gives the same bits.
 #   * Such a product p is normal, and its exponent is >= -103, so p is a
@@ -50,15 +56,15 @@ KC = 1024  # k block: long enough that one row block's tiles stream B once per b
 #   * A nonzero multiple of 2^-126 is at least 2^-126: normal, never
 #     subnormal.  Infinities and NaN are never subnormal either, and a sum
 #     that reached them stays there.
-# |a| >= 2^(Ea-127) and |b| >= 2^(Eb-127) for biased exponents Ea, Eb, so
-# Ea + Eb >= 151 guarantees |a*b| >= 2^-103 (the rounded product too, since
-# rounding is monotone and 2^-103 is a float).  The bound must hold over the
+# Ea + Eb >= 151 guarantees |a*b| >= 2^-103.  The bound must hold over the
 # whole k range of the output (a partial sum left by flushed k blocks need
 # not be a multiple of 2^-126), so it is checked once per row block of A and
-# column panel of B before any k block runs.
+# column panel of B, over all k, before any k block runs.  The minimum
+# exponents come from ``_rows_exp_min`` / ``_cols_exp_min``.
 _E_IGNORED = 255  # zeros, infinities and NaNs: their products never need the bound
 _E_SUBNORMAL = -22  # a subnormal input (never after [num.load.c1]) is >= 2^-149
-_FLUSH_FREE_MIN = 151
+_FLUSH_FREE_MIN = 151  # Ea + Eb at or above: no flush needed at all
+_PRODUCTS_NORMAL_MIN = 128  # Ea + Eb at or above: products need no flush
 
 
 @kernel
@@ -171,20 +177,20 @@ def _mm_packed(A, B, C, a_trans, b_trans):
             for jp in range(nj):
                 j0 = jp * NR
                 cols = min(NR, J - j0)
-                plain = ea[ib] + eb[jp] >= _FLUSH_FREE_MIN
-                if rows == MR and cols == NR:
-                    if plain:
-                        tile_plain(Ap, 0, Bp, jp * kc * NR, kc, Cf, i0 * J + j0, J, load_c)
-                    else:
-                        tile_flush(Ap, 0, Bp, jp * kc * NR, kc, Cf, i0 * J + j0, J, load_c)
-                else:  # edge tile: run the full tile in a scratch copy, keep the valid part
+                full = rows == MR and cols == NR
+                if not full:  # edge tile: run the full tile in a scratch copy, keep the valid part
                     for r in range(rows):
                         for j in range(cols):
                             edge[r * NR + j] = C[i0 + r, j0 + j]
-                    if plain:
-                        tile_plain(Ap, 0, Bp, jp * kc * NR, kc, edge, 0, NR, load_c)
-                    else:
-                        tile_flush(Ap, 0, Bp, jp * kc * NR, kc, edge, 0, NR, load_c)
+                out, off, ld = (Cf, i0 * J + j0, J) if full else (edge, 0, NR)
+                e = ea[ib] + eb[jp]
+                if e >= _FLUSH_FREE_MIN:
+                    tile_plain(Ap, 0, Bp, jp * kc * NR, kc, out, off, ld, load_c)
+                elif e >= _PRODUCTS_NORMAL_MIN:
+                    tile_flush_sums(Ap, 0, Bp, jp * kc * NR, kc, out, off, ld, load_c)
+                else:
+                    tile_flush(Ap, 0, Bp, jp * kc * NR, kc, out, off, ld, load_c)
+                if not full:
                     for r in range(rows):
                         for j in range(cols):
                             C[i0 + r, j0 + j] = edge[r * NR + j]
