@@ -137,8 +137,10 @@ def _exact_keys(d, keys, where):
                                                   missing and f"missing field(s) {', '.join(missing)}"])))
 
 
-def recipe_from_json(obj, where: str = RECIPE_FILE) -> Recipe:
-    """Validate every field of a recipe.json object."""
+def recipe_from_json(obj, where: str = RECIPE_FILE, on_edited=None) -> Recipe:
+    """Validate every field of a recipe.json object.  A recipe_sha256 that is
+    not the hash of the recipe raises InputError, or, when ``on_edited`` is
+    given, is passed to ``on_edited(published_sha256, message)``."""
     _need(isinstance(obj, dict), f"{where}: not a JSON object")
     _exact_keys(obj, ("format", "recipe", "recipe_sha256", "run", "provenance"), where)
     _need(obj["format"] == RUN_FORMAT, f"{where}: unknown format {obj['format']!r} (expected {RUN_FORMAT})")
@@ -171,9 +173,14 @@ def recipe_from_json(obj, where: str = RECIPE_FILE) -> Recipe:
           and _HEX64.match(prov["spec_sha256"]), f"{where}: provenance fields are malformed")
     recipe = Recipe(model, train, msha, samples, preset, ranks, run["launcher"], steps, every,
                     sv, prov["spec_sha256"], prov["refreplay_version"])
-    _need(obj["recipe_sha256"] == recipe.sha256(),
-          f"{where}: recipe_sha256 {obj['recipe_sha256']!r} is not the hash of the recipe "
-          f"({recipe.sha256()}): the recipe was edited")
+    published = obj["recipe_sha256"]
+    _need(isinstance(published, str) and _HEX64.match(published), f"{where}: recipe_sha256 is malformed")
+    if published != recipe.sha256():
+        msg = (f"{where}: recipe_sha256 {published} is not the hash of the recipe "
+               f"({recipe.sha256()}): the recipe was edited")
+        if on_edited is None:
+            raise InputError(msg)
+        on_edited(published, msg)
     return recipe
 
 
@@ -231,8 +238,16 @@ class Run:
             obj = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise InputError(f"{self.path / RECIPE_FILE}: not valid JSON ({exc})") from None
-        self.recipe = recipe_from_json(obj, str(self.path / RECIPE_FILE))
-        self.recipe_sha256 = self.recipe.sha256()
+        published = []
+
+        def edited(sha, msg):
+            # Not strict: replay runs the edited recipe (step 1 is the first
+            # step it decides); the chain is checked with the published hash.
+            self._integrity(False, 1, "recipe", msg)
+            published.append(sha)
+
+        self.recipe = recipe_from_json(obj, str(self.path / RECIPE_FILE), None if strict else edited)
+        self.recipe_sha256 = published[0] if published else self.recipe.sha256()
         self.manifest, mraw = data.load_manifest(self._file(DATA_DIR, "manifest.json").parent)
         self._integrity(hashlib.sha256(mraw).hexdigest() == self.recipe.manifest_sha256, None, "data",
                         f"{self.path / DATA_DIR / 'manifest.json'}: sha256 does not match the recipe's "
