@@ -375,7 +375,8 @@ def test_cross_entropy_is_batch_invariant():
 
 
 def test_input_validation():
-    """Clear TypeError / ValueError instead of a Numba typing error."""
+    """Clear TypeError / ValueError instead of a Numba typing error; the rope
+    tables reach T = 2^14 + 1 and no further ([rope.freq.c1])."""
     q = np.ones((1, 1, 3, 4), F)
     with pytest.raises(TypeError):
         A.attention_forward(q.astype(np.float64), q, q)
@@ -387,6 +388,8 @@ def test_input_validation():
         R.rope_tables(3, 5)
     with pytest.raises(ValueError):
         R.rope_tables(R.MAX_T + 1, 4)
+    last = R.rope_tables(R.MAX_T, 2)  # angle 2^14: the edge of [num.sincos.c1]
+    assert np.isfinite(last[0]).all() and np.isfinite(last[1]).all()
     cos_t, sin_t = R.rope_tables(2, 4)
     with pytest.raises(ValueError):
         R.rope_forward(q, cos_t, sin_t)  # tables shorter than T
