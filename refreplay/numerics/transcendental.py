@@ -69,7 +69,7 @@ TANH_T6 = _c(0x3AE49BBD)
 # ---- [num.sincos.c1] -------------------------------------------------------
 TRIG_MAX = _c(0x46800000)    # 16384: the domain |x| <= 2^14
 TWO_OVER_PI = _c(0x3F22F983)
-PIO2_1 = _c(0x3FC90000)      # pi/2 = PIO2_1 + PIO2_2 + PIO2_3 + PIO2_4 (+ 1.2e-18);
+PIO2_1 = _c(0x3FC90000)      # PIO2_1 + PIO2_2 + PIO2_3 + PIO2_4 = pi/2 + 1.2e-18;
 PIO2_2 = _c(0x39FD8000)      # the first three have <= 9 significant bits, so
 PIO2_3 = _c(0x34A88000)      # k * PIO2_i is exact for |k| < 2^15
 PIO2_4 = _c(0x2E85A309)
