@@ -194,7 +194,7 @@ def test_fast_equals_naive(I, K, J):
             assert np.array_equal(bits(c_fast), bits(c_slow)), (fast, acc)
 
 
-@pytest.mark.parametrize("I,N", [(1, 1), (3, 0), (7, 31), (64, 65), (129, 200)])
+@pytest.mark.parametrize("I,N", [(1, 1), (3, 0), (7, 31), (64, 65), (129, 200), (3, 1100)])
 def test_fast_reductions_equal_naive(I, N):
     """[red.rowsum.c1] [red.colsum.c1] [red.rowmax.c1] [mm.bias.c1] fast == naive kernels."""
     rng = np.random.default_rng(I * 3 + N)

@@ -36,7 +36,7 @@ from ._tile import MR, NR, tile_flush, tile_flush_sums, tile_plain
 
 KC = 1024  # k block: long enough that one row block's tiles stream B once per block
 
-# ---- proving the flushes of a tile are identities ------------------------------------
+# ---- proving the flushes of a tile are identities ([mm.flush.r1]) -------------------
 #
 # [num.flush.c1] replaces a subnormal product or partial sum by a signed zero.
 # |a| >= 2^(Ea-127) and |b| >= 2^(Eb-127) for their biased exponents Ea, Eb,
