@@ -44,7 +44,6 @@ if _PROBLEM:
 from numba import cuda  # noqa: E402
 
 from cuda_backend import ptx_audit  # noqa: E402
-from cuda_backend.numerics import mul_add_k  # noqa: E402, F401  (registers its kernel)
 
 SIG3 = "void(float32[::1], float32[::1], float32[::1], float32[::1])"
 CCS = ((7, 5), (9, 0))  # the full set of ptx_audit.COMPUTE_CAPABILITIES runs under -m slow

@@ -43,7 +43,7 @@ def cross_entropy_k(logits, targets, ignore_index, losses):
     losses[n] = shim.sub(log(s), shim.sub(logits[n, y], m))
 
 
-@kernel(f"void(float32[::1], int32[::1], int32, float32[::1], int64[::1])")
+@kernel("void(float32[::1], int32[::1], int32, float32[::1], int64[::1])")
 def masked_mean_k(losses, targets, ignore_index, mean, count):
     """[loss.mean.c1] mean[0] = (sum of losses[n] over counted n, increasing, from
     +0 as the reference) * recip(f32(count)); count[0] = counted tokens;
