@@ -189,7 +189,19 @@ def test_sin_cos_outside_domain_is_nan():
     assert np.all(bits_of(ew.sin(f32_array([0x46800000]))) != 0x7FC00000)
 
 
-def test_exp_log_never_leak_noncanonical_nan():
+def test_subnormal_operand_behaves_as_zero_of_its_sign():
+    """[num.trans.c1] f(subnormal) = f(zero of the same sign), except sin of a
+    negative subnormal, which the clause says is +0."""
+    sub = f32_array([0x00000001, 0x00400000, 0x007FFFFF, 0x80000001, 0x80400000, 0x807FFFFF])
+    zero = f32_array([0x00000000] * 3 + [0x80000000] * 3)
+    for name in FUNCTIONS:
+        want = bits_of(getattr(ew, name)(zero))
+        if name == "sin":
+            want = np.zeros_like(want)
+        assert np.array_equal(bits_of(getattr(ew, name)(sub)), want), name
+
+
+def test_no_function_leaks_a_noncanonical_nan():
     """[num.nan.c1] NaNs of any payload and sign come out as 0x7FC00000."""
     nans = f32_array([0x7F800001, 0xFF800001, 0x7FC12345, 0xFFFFFFFF, 0xFFC00000])
     for name in FUNCTIONS:
