@@ -152,3 +152,6 @@ _unary("sin", ("num.sincos.c1", "num.trans.c1"), Bld.transcendental_sampler(-100
        vendor=True, zeroing_observable=False)
 _unary("cos", ("num.sincos.c1", "num.trans.c1"), Bld.transcendental_sampler(-100, 100), Bld.libm("cos"),
        vendor=True, zeroing_observable=False)
+
+
+from . import model_ops  # noqa: E402,F401  (registers the transformer ops)
