@@ -121,11 +121,31 @@ def _start_state(run, k: int):
 
 
 def replay(run, target: int, progress=None) -> ReplayResult:
-    """Replay steps up to ``target`` from the nearest earlier checkpoint."""
+    """Replay steps up to ``target`` from the nearest earlier checkpoint.
+
+    ``run`` is best opened with ``open_run(path, strict=False)``: integrity
+    problems of its files (``run.findings``) then become divergences here,
+    at the step they affect, instead of refusals to open."""
     steps = run.recipe.steps
     if not 1 <= target <= steps:
         raise InputError(f"step {target} is not a step of this run (1..{steps})")
     k = max(c for c in run.checkpoints if c < target)
+    dated = sorted((f for f in run.findings if f.step is not None), key=lambda f: f.step)
+    if dated:  # the published records themselves are inconsistent
+        f = dated[0]
+        return ReplayResult(target, k, [], Divergence(
+            f.step, f.kind, f.message, [g.message for g in dated[1:]]))
+    res = _replay_from(run, k, target, progress)
+    undated = [f.message for f in run.findings if f.step is None]
+    if undated and res.divergence is None:
+        res.divergence = Divergence(target, "data", "the run's data files are not the published ones, "
+                                    "although the replayed steps do not read the altered samples", undated)
+    elif undated:
+        res.divergence.details += undated
+    return res
+
+
+def _replay_from(run, k: int, target: int, progress) -> ReplayResult:
     st, div = _start_state(run, k)
     if div is not None:
         return ReplayResult(target, k, [], div)
