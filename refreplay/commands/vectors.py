@@ -9,6 +9,7 @@ def add_arguments(p):
                                       "(exit 1 naming every differing case)")
     v.add_argument("--dir", default=None, help="directory to check (default: the repository's vectors/)")
     sub.add_parser("list", help="list the cases of the committed vectors")
+    sub.add_parser("ops", help="list every covered op with its calling convention and clauses")
 
 
 def run(args) -> int:
@@ -18,6 +19,12 @@ def run(args) -> int:
     from ..conformance import generate, store
 
     directory = Path(args.dir) if getattr(args, "dir", None) else store.VECTOR_DIR
+    if args.vectors_command == "ops":
+        from ..conformance.registry import OPS
+
+        for op in OPS.values():
+            print(f"{op.signature}\n    {' '.join('[' + c + ']' for c in op.clauses)}")
+        return 0
     if args.vectors_command == "list":
         m = store.read_manifest(directory)
         for c in m["cases"]:
