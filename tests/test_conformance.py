@@ -216,3 +216,70 @@ def test_ulp_distance_and_histogram():
     d = fp.ulp_distance(e, a)
     assert d.tolist() == [1, 0, -1, 16]
     assert runner.histogram(d) == {"nan": 1, "0": 1, "1": 1, "5-16": 1}
+
+
+DEVIANT = '''
+import numpy as np
+from refreplay import linalg, numerics
+import refreplay.numerics.elementwise
+from refreplay.conformance import fp, orders
+
+
+def tf32_matmul(op, A, B):
+    """Inputs rounded to TF32 (10 significand bits), then the spec's matmul."""
+    if op != "matmul":
+        raise NotImplementedError(op)
+    A, B = (fp.round_mantissa(numerics.load(x), 10) for x in (A, B))
+    return linalg.matmul(np.ascontiguousarray(A), np.ascontiguousarray(B))
+
+
+def arm_ftz_mul(op, a, b):
+    """Products flushed when their exact value is below 2^-126 (tininess
+    before rounding), otherwise as the spec."""
+    if op != "mul":
+        raise NotImplementedError(op)
+    a, b = numerics.load(a), numerics.load(b)
+    exact = a.astype(np.float64) * b.astype(np.float64)
+    out = numerics.elementwise.mul(a, b)
+    return np.where(np.abs(exact) < 2.0 ** -126, out * np.float32(0), out).astype(np.float32)
+
+
+def split_k_sum(op, X):
+    """Rows summed in blocks of 8, the block sums then summed in order."""
+    if op != "sum":
+        raise NotImplementedError(op)
+    X = numerics.load(X)
+    order = next(o for o in orders.candidates(False) if o.name == "blocked/split-k, blocks of 8")
+    return numerics.load(order(X))
+'''
+
+
+@pytest.fixture
+def deviant(tmp_path, monkeypatch):
+    (tmp_path / "deviant_kernels.py").write_text(DEVIANT)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "deviant_kernels"
+
+
+def test_tf32_inputs_are_recognised(tmp_path, deviant):
+    rc, rep = conform(tmp_path, f"{deviant}:tf32_matmul", "--op", "matmul")
+    assert rc == 1
+    d = diagnosis(rep, "matmul")
+    assert "rounds fp32 inputs to TF32" in d and "num.format.c1" in d
+    assert "multiply-add" not in d  # the fma probes pass: their values have few bits
+
+
+def test_flush_before_rounding_is_recognised(tmp_path, deviant):
+    rc, rep = conform(tmp_path, f"{deviant}:arm_ftz_mul", "--op", "mul")
+    assert rc == 1
+    failing = {c["family"] for c in rep["cases"] if c["status"] == "fail"}
+    assert "ftz_before_rounding" in failing and failing <= {"ftz_before_rounding", "edge"}
+    assert "flushes before rounding" in diagnosis(rep, "mul")
+
+
+def test_split_k_order_is_named(tmp_path, deviant):
+    rc, rep = conform(tmp_path, f"{deviant}:split_k_sum", "--op", "sum")
+    assert rc == 1
+    d = diagnosis(rep, "sum")
+    assert "sums in a different order" in d and "blocked/split-k, blocks of 8" in d
+    assert {c["family"] for c in rep["cases"] if c["status"] == "fail"} <= {"order", "random", "edge"}

@@ -30,9 +30,9 @@ class Finding:
 def _by_family(results):
     fam: dict[str, tuple[list, list]] = {}
     for r in results:
-        if r.status in ("skip",):
+        if r.status == "skip" or not r.actual:  # skipped or errored: no output to reason about
             continue
-        bad = r.status in ("fail", "error", "xfail")
+        bad = r.status in ("fail", "xfail")
         fam.setdefault(r.case.family, ([], []))[0 if bad else 1].append(r)
     return fam
 
