@@ -388,3 +388,6 @@ def test_validation_errors_are_clear():
         L.matmul_i8(A, A.T.copy())
     with pytest.raises(TypeError, match="ndarray"):
         L.row_sum([[1.0]])
+    S = np.zeros((4, 4), np.float32)
+    with pytest.raises(ValueError, match="overlap"):
+        L.matmul(S, S, out=S)

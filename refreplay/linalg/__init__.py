@@ -7,7 +7,9 @@ Python callers use the validating API (``matmul``, ``matmul_nt``,
 ``matmul_i8``).  Compiled callers call the kernels directly (no validation):
 ``mm_nn/mm_nt/mm_tn(A, B, C, accumulate=False)``, ``bias_add_k(C, b)``,
 ``row_sum_k(X, out)``, ``col_sum_k(X, out, accumulate=False)``,
-``row_max_k(X, out)``, ``mm_i8(A, B, C)``.  The ``*_naive`` kernels are the
+``row_max_k(X, out)``, ``mm_i8(A, B, C)`` -- C-contiguous arrays, outputs not
+overlapping inputs, called from serial code (they thread themselves over
+independent outputs).  The ``*_naive`` kernels are the
 one-output-at-a-time references the fast ones must equal bit for bit.
 """
 from .api import (  # noqa: F401

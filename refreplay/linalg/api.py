@@ -26,7 +26,7 @@ def _matrix(name, x, dtype=np.float32, ndim=2):
     return x
 
 
-def _output(out, shape, dtype=np.float32, accumulate=False):
+def _output(out, shape, inputs, dtype=np.float32, accumulate=False):
     if out is None:
         if accumulate:
             raise ValueError("accumulate=True needs out= (the array to accumulate into)")
@@ -36,6 +36,8 @@ def _output(out, shape, dtype=np.float32, accumulate=False):
         raise ValueError(f"out must have shape {shape}, got {out.shape}")
     if not out.flags.writeable:
         raise ValueError("out must be writeable")
+    if any(np.may_share_memory(out, x) for x in inputs):
+        raise ValueError("out must not overlap an input (the kernels read inputs while writing out)")
     return out
 
 
@@ -52,7 +54,7 @@ def matmul(A, B, out=None, accumulate=False):
     """
     _matrix("A", A), _matrix("B", B)
     _contracted("matmul", A.shape[1], B.shape[0])
-    C = _output(out, (A.shape[0], B.shape[1]), accumulate=accumulate)
+    C = _output(out, (A.shape[0], B.shape[1]), (A, B), accumulate=accumulate)
     _mm.mm_nn(A, B, C, bool(accumulate))
     return C
 
@@ -61,7 +63,7 @@ def matmul_nt(A, B, out=None, accumulate=False):
     """[mm.nt.c1] C = A·Bᵀ, A: I×K, B: J×K -> C: I×J (float32)."""
     _matrix("A", A), _matrix("B", B)
     _contracted("matmul_nt", A.shape[1], B.shape[1])
-    C = _output(out, (A.shape[0], B.shape[0]), accumulate=accumulate)
+    C = _output(out, (A.shape[0], B.shape[0]), (A, B), accumulate=accumulate)
     _mm.mm_nt(A, B, C, bool(accumulate))
     return C
 
@@ -70,7 +72,7 @@ def matmul_tn(A, B, out=None, accumulate=False):
     """[mm.tn.c1] C = Aᵀ·B, A: K×I, B: K×J -> C: I×J (float32)."""
     _matrix("A", A), _matrix("B", B)
     _contracted("matmul_tn", A.shape[0], B.shape[0])
-    C = _output(out, (A.shape[1], B.shape[1]), accumulate=accumulate)
+    C = _output(out, (A.shape[1], B.shape[1]), (A, B), accumulate=accumulate)
     _mm.mm_tn(A, B, C, bool(accumulate))
     return C
 
@@ -91,7 +93,7 @@ def bias_add(C, b, inplace=True):
 def row_sum(X, out=None):
     """[red.rowsum.c1] X: I×N -> I, each row summed in increasing n."""
     _matrix("X", X)
-    o = _output(out, (X.shape[0],))
+    o = _output(out, (X.shape[0],), (X,))
     _red.row_sum_k(X, o)
     return o
 
@@ -100,7 +102,7 @@ def col_sum(X, out=None, accumulate=False):
     """[red.colsum.c1] X: N×J -> J, each column summed in increasing row index
     (the bias-gradient reduction); ``accumulate=True`` adds into ``out``."""
     _matrix("X", X)
-    o = _output(out, (X.shape[1],), accumulate=accumulate)
+    o = _output(out, (X.shape[1],), (X,), accumulate=accumulate)
     _red.col_sum_k(X, o, bool(accumulate))
     return o
 
@@ -108,7 +110,7 @@ def col_sum(X, out=None, accumulate=False):
 def row_max(X, out=None):
     """[red.rowmax.c1] X: I×N -> I, fmax of each row (NaN propagates, +0 beats -0)."""
     _matrix("X", X)
-    o = _output(out, (X.shape[0],))
+    o = _output(out, (X.shape[0],), (X,))
     _red.row_max_k(X, o)
     return o
 
@@ -123,6 +125,6 @@ def matmul_i8(A, B, out=None):
     if A.shape[1] > I8_MAX_K:
         raise ValueError(f"matmul_i8: K = {A.shape[1]} exceeds {I8_MAX_K}; an int32 sum of "
                          f"K products of magnitude up to 2**14 could overflow ([mm.i8.c2])")
-    C = _output(out, (A.shape[0], B.shape[1]), np.int32)
+    C = _output(out, (A.shape[0], B.shape[1]), (A, B), np.int32)
     mm_i8(A, B, C)
     return C

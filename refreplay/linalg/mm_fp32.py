@@ -20,9 +20,11 @@ Structure (the classic packed GEMM, with nothing reassociated):
   exponent bounds below prove them identities.  Threads take row blocks (independent
   outputs); the k loop never crosses threads.
 
-Call from compiled code (all arrays C-contiguous float32):
-``mm_nn(A, B, C)`` overwrites C, ``mm_nn(A, B, C, True)`` accumulates into it
-([mm.accumulate.c1]); likewise mm_nt, mm_tn.
+Call from compiled code (all arrays C-contiguous float32, C not overlapping
+A or B): ``mm_nn(A, B, C)`` overwrites C, ``mm_nn(A, B, C, True)`` accumulates
+into it ([mm.accumulate.c1]); likewise mm_nt, mm_tn.  They start their own
+threads, so call them from serial code, not from inside a ``prange`` (Numba's
+default threading layer refuses nested parallel regions).
 """
 from __future__ import annotations
 
