@@ -119,7 +119,7 @@ def exp(x):
 
 @kernel("float32(float32)")
 def log(x):
-    """[num.log.c1] natural logarithm: x = 2^e m with m in [sqrt(1/2), sqrt(2)),
+    """[num.log.c1] natural logarithm: x = 2^e m with m in (sqrt(1/2), sqrt(2)],
     f = m - 1, s = f * recip(2 + f), log(1+f) = f - (f^2/2 - s (f^2/2 + R(s^2)))."""
     if x != x:
         return bits_f32(CANONICAL_NAN_BITS)
