@@ -88,3 +88,17 @@ def test_mpi_four_ranks_under_mpiexec(inproc_run, tmp_path):
                          capture_output=True, text=True, env=_env(), timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
     _same_run(inproc_run, out)
+
+
+def test_mpi_bad_input_exits_2_on_every_rank(tmp_path):
+    """An error on the root (here: a non-empty output directory) ends every
+    rank with exit status 2 and one clear message, instead of leaving the
+    other ranks waiting for messages."""
+    _mpiexec()
+    out = tmp_path / "full"
+    out.mkdir()
+    (out / "x").write_text("x")
+    res = subprocess.run([sys.executable, "-m", "refreplay", *_args(out, 2)], capture_output=True,
+                         text=True, env=_env(), timeout=600)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert res.stderr.count("refusing to overwrite") == 1, res.stderr

@@ -78,6 +78,9 @@ def _configs(args):
 
 
 def run(args) -> int:
+    import sys
+    import traceback
+
     from ..errors import InputError
     from ..launch import mpi as mpi_launch
 
@@ -106,10 +109,19 @@ def run(args) -> int:
                         checkpoint_every=args.checkpoint_every or args.steps, out=args.out,
                         launcher=launcher, launcher_name=args.launcher, preset=name,
                         corpus_files=args.data, byte_cap=args.byte_cap or data.DEFAULT_BYTE_CAP,
-                        progress=None if args.quiet else __import__("sys").stderr)
-    except InputError:
-        if not launcher.is_root:
-            return 2  # the root reports it
+                        progress=None if args.quiet else sys.stderr)
+    except Exception as exc:
+        if launcher.size > 1 and hasattr(launcher, "abort"):
+            # One MPI rank failing must not leave the others waiting for its
+            # messages: report once, then end every rank with the exit code.
+            code = 2 if isinstance(exc, InputError) else 3
+            if launcher.is_root or code == 3:
+                if code == 2:
+                    print(f"refreplay train: error: {exc}", file=sys.stderr)
+                else:
+                    traceback.print_exc()
+            sys.stderr.flush()
+            launcher.abort(code)
         raise
     launcher.close()
     if launcher.is_root:

@@ -140,7 +140,11 @@ class MPILauncher:
             raise VerificationFailure(f"ranks disagree on {what}: rank 0: {text}; " + "; ".join(ok))
 
     def abort(self, code: int) -> None:
+        """End every rank with exit status ``code``.  MPI_Abort may return
+        before the process manager acts, so this process leaves at once
+        (no MPI_Finalize, which would wait for the other ranks)."""
         self.comm.Abort(code)
+        os._exit(code)
 
     def close(self) -> None:
         self.comm.Barrier()
