@@ -287,3 +287,30 @@ def test_cli_bad_input_exits_2(tmp_path, capsys):
         assert main(["train", *args]) == 2, args
         err = capsys.readouterr().err
         assert "refreplay train: error:" in err and message in err, (args, err)
+
+
+@pytest.mark.parametrize("what,message", [
+    ("missing recipe", "missing recipe file"),
+    ("unknown preset", "unknown preset 'huge'"),
+    ("missing shard", "missing file"),
+    ("garbage shard", "is corrupt"),
+    ("missing checkpoint", "missing file"),
+    ("truncated checkpoint", "step-0000000.safetensors"),
+])
+def test_command_line_refuses_a_damaged_run_with_exit_2(tiny_run, tmp_path, capsys, what, message):
+    """A corrupt or missing recipe, shard or checkpoint, or a recipe naming an
+    unknown preset: the command that reads the run (`refreplay replay`) exits
+    2 with a message naming the problem, never a traceback."""
+    from refreplay.cli import main
+
+    p = _copy(tiny_run, tmp_path / "run")
+    if what in CORRUPTIONS:
+        CORRUPTIONS[what][0](p)
+    elif what == "garbage shard":
+        (p / "data" / "shard-00000.zst").write_bytes(b"\x28\xb5\x2f\xfd garbage")
+    else:
+        ck = p / "checkpoints" / "step-0000000.safetensors"
+        ck.write_bytes(ck.read_bytes()[:64])
+    assert main(["replay", str(p), "--step", "1", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and message in err and "Traceback" not in err, err
