@@ -128,3 +128,14 @@ def test_gpu_selfcheck_script_in_simulator():
     device_row = next(line for line in out.splitlines() if "cuda_backend device" in line)
     assert device_row.split()[-1] == "yes"
     assert "all device outputs equal the reference" in out
+
+
+@pytest.mark.slow
+def test_every_golden_vector_in_simulator():
+    """`refreplay conform cuda` in the simulator: every vector of every covered op
+    matches bit for bit (about 7 CPU-minutes; the default run covers `max` through
+    test_gpu_selfcheck_script_in_simulator)."""
+    proc = subprocess.run([sys.executable, "-m", "refreplay", "conform", "cuda"], cwd=ROOT, env=_sim_env(),
+                          capture_output=True, text=True, timeout=3600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "verdict: CONFORMANT" in proc.stdout
