@@ -135,11 +135,17 @@ def _call(node: ast.Call):
     return fn(*args, **kwargs)
 
 
-def _same(expected, actual) -> bool:
+def _coerce(expected, actual):
+    """Numba boxes a float32/int8 scalar result as a Python float/int; the
+    conversion back to the expected type is exact for every value of it."""
+    if isinstance(expected, tuple) and isinstance(actual, tuple) and len(expected) == len(actual):
+        return tuple(_coerce(e, a) for e, a in zip(expected, actual))
     if isinstance(expected, np.generic) and isinstance(actual, (bool, int, float)):
-        # Numba boxes a float32/int8 scalar result as a Python float/int; the
-        # conversion back is exact for every value of the narrower type.
-        actual = np.array(actual, dtype=expected.dtype)[()]
+        return np.array(actual, dtype=expected.dtype)[()]
+    return actual
+
+
+def _same(expected, actual) -> bool:
     if isinstance(expected, tuple):
         return isinstance(actual, tuple) and len(actual) == len(expected) and all(
             _same(e, a) for e, a in zip(expected, actual))
@@ -167,7 +173,7 @@ def run_example(expr: str, result: str) -> tuple[bool, str]:
         want = _value(ast.parse(result, mode="eval").body)
         if not isinstance(call, ast.Call):
             raise SpecError("the left side of an example must be a call")
-        got = _call(call)
+        got = _coerce(want, _call(call))
     except SpecError as exc:
         return False, f"malformed example: {exc}"
     if _same(want, got):
