@@ -127,6 +127,8 @@ def test_gpu_selfcheck_script_in_simulator():
     assert "verdict: CONFORMANT" in out
     device_row = next(line for line in out.splitlines() if "cuda_backend device" in line)
     assert device_row.split()[-1] == "yes"
+    op_rows = [line for line in out.splitlines() if line.strip().startswith(("layernorm", "softmax", "attention"))]
+    assert len(op_rows) == 3 and all(row.split()[-1] == "yes" for row in op_rows)
     assert "all device outputs equal the reference" in out
 
 
