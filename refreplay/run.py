@@ -40,6 +40,7 @@ RUN_FORMAT = "refreplay-run/1"
 RECIPE_FILE = "recipe.json"
 STEPS_FILE = "steps.jsonl"
 HEAD_FILE = "head.json"
+DIGESTS_FILE = "digests.jsonl"
 DATA_DIR = "data"
 CKPT_DIR = "checkpoints"
 LAUNCHERS = ("inproc", "mpi")
@@ -263,6 +264,7 @@ class Run:
         for k in self.checkpoints:
             self._file(CKPT_DIR, checkpoint_name(k))
         self._stream = None
+        self._digests = None
 
     def _integrity(self, ok: bool, step, kind: str, message: str) -> None:
         if ok:
@@ -333,6 +335,26 @@ class Run:
         return head
 
     # -- state
+    def state_digest(self, step: int):
+        """The published Merkle digest of state ``step`` (from digests.jsonl),
+        or None when the run has none for that step or it does not hash to
+        the published state root (a digest is a localisation aid only; the
+        root decides)."""
+        if self._digests is None:
+            self._digests = {}
+            p = self.path / DIGESTS_FILE
+            if p.is_file():
+                for i, line in enumerate(self._file(DIGESTS_FILE).read_text().splitlines()):
+                    try:
+                        obj = json.loads(line)
+                        d = statehash.StateDigest.from_dict(obj["digest"])
+                        k = obj["step"]
+                    except (json.JSONDecodeError, KeyError, TypeError, InputError):
+                        continue
+                    if isinstance(k, int) and 0 <= k < len(self.records) and d.root == self.records[k].state_root:
+                        self._digests[k] = d
+        return self._digests.get(step)
+
     def load_checkpoint(self, k: int):
         """The TrainState at step k, checked against the model and against
         the published state root of step k."""
@@ -428,10 +450,15 @@ class RunWriter:
         text = json.dumps(self.recipe.to_json(), sort_keys=True, indent=2, ensure_ascii=True) + "\n"
         (self.path / RECIPE_FILE).write_text(text)
         self._steps = open(self.path / STEPS_FILE, "w")
+        self._digests = open(self.path / DIGESTS_FILE, "w")
 
     def record(self, rec) -> None:
         self._steps.write(json.dumps(record_to_json(rec), sort_keys=True) + "\n")
         self._steps.flush()
+        if rec.digest is not None:
+            line = {"step": rec.step, "digest": rec.digest.to_dict()}
+            self._digests.write(json.dumps(line, sort_keys=True, separators=(",", ":")) + "\n")
+            self._digests.flush()
 
     def checkpoint(self, st, root: str) -> None:
         tensorio.save(self.path / CKPT_DIR / checkpoint_name(st.step), st.tensors(),
@@ -439,5 +466,6 @@ class RunWriter:
 
     def finish(self, last) -> None:
         self._steps.close()
+        self._digests.close()
         head = {"step": last.step, "chain_link": last.chain_link, "recipe_sha256": self.recipe.sha256()}
         (self.path / HEAD_FILE).write_text(json.dumps(head, sort_keys=True, indent=2) + "\n")

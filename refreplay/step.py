@@ -17,7 +17,7 @@ micro-batches its ranks own and returns the folded sum of [fold.ranks.c1].
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -56,9 +56,14 @@ class TrainState:
         out["data.position"] = np.array(self.data_position, dtype=np.int64)
         return {k: out[k] for k in sorted(out)}
 
+    def digest(self) -> statehash.StateDigest:
+        """[state.root.c1] The Merkle digest of ``tensors()``: the root and the
+        hash of every tensor and chunk (what localises a difference)."""
+        return statehash.state_hash(self.tensors())
+
     def root(self) -> str:
         """[state.root.c1] The state root (hex) of ``tensors()``."""
-        return statehash.state_hash(self.tensors()).root
+        return self.digest().root
 
     def copy(self) -> "TrainState":
         cp = lambda d: {k: d[k].copy() for k in sorted(d)}  # noqa: E731
@@ -105,12 +110,15 @@ def state_from_tensors(cfg: ModelConfig, tensors: dict, where: str = "state") ->
 
 @dataclass(frozen=True)
 class StepRecord:
-    """[step.record.c1] What the run publishes for step n."""
+    """[step.record.c1] What the run publishes for step n.  ``digest`` (the
+    state's full Merkle digest, when at hand) is published beside the record
+    to localise a mismatch; it takes no part in comparisons."""
     step: int
     state_root: str
     data_hash: str
     chain_link: str
     loss: np.float32 | None  # None for step 0
+    digest: statehash.StateDigest | None = field(default=None, compare=False, repr=False)
 
     def loss_hex(self) -> str | None:
         if self.loss is None:
@@ -147,7 +155,8 @@ class Trainer:
 
     def initial_record(self, st: TrainState) -> StepRecord:
         """[step.record.c1] Step 0: the initial state's root; its link is the genesis."""
-        return StepRecord(0, st.root(), "00" * 32, statehash.GENESIS, None)
+        digest = st.digest()
+        return StepRecord(0, digest.root, "00" * 32, statehash.GENESIS, None, digest)
 
     def step(self, st: TrainState, prev_link: str, launcher) -> tuple[TrainState, StepRecord]:
         """[step.order.c1] One step n = st.step + 1; returns (state n, record n).
@@ -178,6 +187,6 @@ class Trainer:
                          no_decay=no_decay_names(new.params))  # [optim.adamw.c1]
         new.qsteps = quant_steps(self.model.cfg, new.params)  # [model.quant.c1]
         new.data_position = self.data_position(n)
-        root = new.root()
-        link = statehash.chain_link(prev_link, root, data_hash, self.recipe_hash)  # [state.chain.c1]
-        return new, StepRecord(n, root, data_hash, link, loss)
+        digest = new.digest()
+        link = statehash.chain_link(prev_link, digest.root, data_hash, self.recipe_hash)  # [state.chain.c1]
+        return new, StepRecord(n, digest.root, data_hash, link, loss, digest)
