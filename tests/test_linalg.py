@@ -341,7 +341,7 @@ def test_same_bits_with_1_and_2_threads_and_across_processes():
 
 # ---- int8 --------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("I,K,J", [(1, 1, 1), (3, 5, 7), (17, 35, 23), (9, 300, 40)])
+@pytest.mark.parametrize("I,K,J", [(1, 1, 1), (3, 5, 7), (17, 35, 23), (9, 300, 40), (3, 2100, 70), (5, 0, 3)])
 def test_matmul_i8_exact(I, K, J):
     """[mm.i8.c1] int8 products summed exactly, equal to Python integers."""
     rng = np.random.default_rng(K)
