@@ -5,7 +5,6 @@ report, JSON, JUnit and xfail handling ([conf.runner.c1], [conf.exec.c1],
 import json
 import shutil
 import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from fractions import Fraction
 from pathlib import Path

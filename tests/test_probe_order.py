@@ -1,6 +1,5 @@
 """probe-order (FPRev): the accumulation tree of a black-box kernel is
 recovered from pairwise queries ([conf.order.c1], [red.sum.c1], [mm.nn.c1])."""
-import sys
 from pathlib import Path
 
 import numpy as np

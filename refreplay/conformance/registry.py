@@ -62,7 +62,7 @@ def _matmul_entry(name, fn_name, kind, clause, sig):
         return getattr(_linalg(), fn_name)(A, B)
 
     def build(op, rng):
-        return Bld.matmul_cases(op, rng, None, store)
+        return Bld.matmul_cases(op, rng, store)
 
     return OpDef(name, (clause, "red.sum.c1", "num.nofma.c1"), sig, ("A", "B"), ("C",), reference, build,
                  terms=lambda A, B: _mm_terms(*canon(A, B)))
@@ -70,7 +70,7 @@ def _matmul_entry(name, fn_name, kind, clause, sig):
 
 def _dot_build(op, rng):
     store, _ = _layout("nn")
-    cases = Bld.dot_from_matmul(Bld.matmul_cases(op, rng, None, store))
+    cases = Bld.dot_from_matmul(Bld.matmul_cases(op, rng, store))
     for n in (5, 9, 33, 100, 257, 1024):
         x = Bld.V.random_f32(rng, n, -24, 24, mant_bits=10)
         y = Bld.V.powers_of_two(rng, n, -2, 2)

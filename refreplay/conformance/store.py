@@ -2,7 +2,8 @@
 
 Format (spec/07-conformance.txt, [conf.vectors.c1]):
   vectors/<op>.safetensors   tensors "<case id>/in/<name>" and "<case id>/out/<name>",
-                             little-endian, a single ``__metadata__`` key
+                             little-endian, written by ``tensorio`` (byte-
+                             deterministic layout, one ``__metadata__`` key)
   vectors/manifest.json      format, spec version, generator version, seed,
                              per file its sha256, per case: op, family, the
                              property probed, clause labels, and per tensor
@@ -41,17 +42,17 @@ def _le(a: np.ndarray) -> np.ndarray:
 
 
 def encode_file(cases: list[Case]) -> bytes:
-    """One op's cases as safetensors bytes (deterministic: safetensors orders
-    tensors by dtype alignment then name; one metadata key)."""
-    from safetensors.numpy import save
+    """One op's cases as the bytes of a refreplay tensor file ([state.file.c1]:
+    tensors in name order, compact sorted header, one metadata key)."""
+    from .. import tensorio
 
-    tensors = {}
+    pairs = []
     for c in cases:
         for n, a in c.inputs.items():
-            tensors[f"{c.id}/in/{n}"] = _le(a)
+            pairs += [f"{c.id}/in/{n}", _le(a)]
         for n, a in c.outputs.items():
-            tensors[f"{c.id}/out/{n}"] = _le(a)
-    return save(tensors, metadata={"format": FORMAT})
+            pairs += [f"{c.id}/out/{n}", _le(a)]
+    return bytes.fromhex(tensorio.file_bytes(FORMAT, *pairs))
 
 
 def _tensor_entry(name, a, with_sha):
@@ -133,8 +134,9 @@ def _validate_manifest(m, path):
 
 
 def read_file(directory: Path, name: str, entry: dict) -> dict[str, np.ndarray]:
-    """The tensors of one vector file, after checking its sha256."""
-    from safetensors.numpy import load
+    """The tensors of one vector file, after checking its sha256; the file is
+    then parsed by the validating reader ([state.fileread.c1])."""
+    from .. import tensorio
 
     path = directory / name
     if not path.is_file():
@@ -144,10 +146,10 @@ def read_file(directory: Path, name: str, entry: dict) -> dict[str, np.ndarray]:
         raise InputError(f"{path}: sha256 {sha256(data)[:16]}... does not match the manifest "
                          f"({str(entry.get('sha256'))[:16]}...): the file is corrupt or was edited; "
                          f"`refreplay vectors verify` names the differing cases")
-    try:
-        return load(data)
-    except Exception as exc:  # safetensors raises its own error types
-        raise InputError(f"{path}: not a valid safetensors file ({exc})") from None
+    tensors, metadata = tensorio.load(path)
+    if metadata != FORMAT:
+        raise InputError(f"{path}: metadata {metadata!r} is not {FORMAT!r}")
+    return tensors
 
 
 def load_cases(directory: Path = VECTOR_DIR, ops=None) -> tuple[dict, list[Case]]:
