@@ -36,10 +36,10 @@ def cross_entropy_kernel(logits, targets, ignore_index, losses):
 
 @kernel
 def masked_mean(losses, targets, ignore_index):
-    """[loss.mean.c1] (mean, count): sum = +0, then sum = sum + losses[n] for
-    every counted n in increasing order; mean = sum * recip(f32(count));
-    count = 0 gives mean = +0."""
-    total = ZERO
+    """[loss.mean.c1] (mean, count): sum = -0 ([red.sum.c1]), then
+    sum = sum + losses[n] for every counted n in increasing order;
+    mean = sum * recip(f32(count)); count = 0 gives mean = +0."""
+    total = F32(-0.0)
     count = 0
     for n in range(losses.shape[0]):
         if targets[n] != ignore_index:
