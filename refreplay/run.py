@@ -6,13 +6,16 @@ every field and file validated (format: ``docs/run-format.md``).
     RUN/data/shard-JJJJJ.zst            the samples
     RUN/checkpoints/step-NNNNNNN.safetensors   state at step 0, every K, and the last
     RUN/steps.jsonl                     one hash record per step, 0..N ([step.record.c1])
+    RUN/digests.jsonl                   each step's full state digest (localisation only)
     RUN/head.json                       the chain head (written last)
 
 The functions an auditor or replayer needs:
 
     run = open_run(path)         validated recipe, manifest, records, head
+    open_run(path, strict=False) hash mismatches become run.findings instead
     run.recipe, run.recipe_sha256, run.records, run.head
     run.load_checkpoint(k)       the TrainState at step k (root checked)
+    run.state_digest(k)          the published Merkle digest of state k, or None
     run.stream(), run.batch(n)   the data of step n, rebuilt from the shards
     run.trainer()                a step.Trainer for this recipe
     run.replay_step(state)       one step from a state -> (state, record)
