@@ -24,7 +24,7 @@ import numpy as np
 from . import doctor, treefold
 from . import state as statehash
 from .data import Stream, inputs_targets
-from .model import Model, init_params, quant_steps
+from .model import Model, init_params, linear_names, param_shapes, quant_steps
 from .ops import optim
 from .presets import ModelConfig, TrainConfig
 
@@ -73,8 +73,6 @@ class TrainState:
 
 def state_names(cfg: ModelConfig) -> dict[str, tuple[str, tuple]]:
     """[step.state.c1] Every tensor name of a state -> (dtype name, shape)."""
-    from .model import linear_names, param_shapes
-
     out = {}
     for name, shape in param_shapes(cfg).items():
         for prefix in ("param/", "adam.m/", "adam.v/"):
