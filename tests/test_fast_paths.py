@@ -1,0 +1,128 @@
+"""Every speed-optimised kernel equals its simple loop version bit for bit.
+
+Each ``*_naive`` kernel below is the simple form the optimised kernel
+replaced (one element or row at a time, calling the scalar primitives of
+``refreplay.numerics``).  An optimisation only vectorises across independent
+outputs, hoists invariant work or removes allocations, so the two must agree
+on every bit, for random inputs, special values (signed zeros, infinities,
+NaN, subnormal-producing and overflow-producing magnitudes) and edge sizes.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from numba import prange
+
+from refreplay._jit import parallel_kernel
+from refreplay.numerics.core import HALF, ONE, add, mul, sub
+from refreplay.numerics.transcendental import tanh
+from refreplay.ops import activations
+
+F32 = np.float32
+
+
+def bits(a):
+    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+
+
+def assert_same_bits(got, want):
+    g, w = bits(got), bits(want)
+    bad = np.flatnonzero(g != w)
+    assert bad.size == 0, (f"{bad.size} of {g.size} differ; first at {bad[0]}: "
+                           f"{g.flat[bad[0]]:#010x} vs {w.flat[bad[0]]:#010x}")
+
+
+def special_values():
+    """Signed zeros, infinities, the canonical NaN, the extremes of binary32,
+    and the magnitudes around every branch point of GELU's tanh and exp."""
+    pats = [0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0x00800000,
+            0x80800000, 0x7F7FFFFF, 0xFF7FFFFF, 0x3F800000, 0xBF800000, 0x3F400000,
+            0xBF400000, 0x42B17217, 0x42B17218, 0xC2B00000, 0xC2B00001, 0x33800000]
+    x = np.array(pats, np.uint32).view(F32)
+    # around the tanh switch |inner| = 0.75 and the exp overflow of 2|inner|
+    near = np.concatenate([np.linspace(-8, 8, 4001), np.linspace(-60, 60, 2001),
+                           np.geomspace(1e-30, 1e30, 2001), -np.geomspace(1e-30, 1e30, 2001)])
+    return np.concatenate([x, near.astype(F32)])
+
+
+def sweep(step=997, start=0, stop=1 << 32):
+    """Every step-th bit pattern in [start, stop) (NaNs canonicalised,
+    subnormal inputs zeroed as [num.load.c1] leaves operands)."""
+    x = np.arange(start, stop, step, dtype=np.uint64).astype(np.uint32).view(F32)
+    x = np.where(np.isnan(x), F32(np.nan), x).astype(F32)
+    x = np.where(np.abs(x) < F32(1.1754944e-38), x * F32(0), x).astype(F32)
+    return x
+
+
+def inputs(rng):
+    return [special_values(), sweep(),
+            (rng.standard_normal(100_003) * 3).astype(F32),  # not a multiple of the block
+            rng.standard_normal(1).astype(F32), np.zeros(0, F32)]
+
+
+# ---- GELU: the kernels as they were before vectorisation -------------------------
+
+@parallel_kernel
+def gelu_forward_naive(out, x):
+    """[act.gelu.fwd.c1] one element per prange index, scalar tanh."""
+    for i in prange(x.shape[0]):
+        x_i = x[i]
+        cube = mul(mul(mul(activations.GELU_CUBE, x_i), x_i), x_i)
+        th = tanh(mul(activations.GELU_SCALE, add(x_i, cube)))
+        out[i] = mul(mul(HALF, x_i), add(ONE, th))
+
+
+@parallel_kernel
+def gelu_backward_naive(dx, dout, x):
+    """[act.gelu.bwd.c1] one element per prange index, scalar tanh."""
+    for i in prange(x.shape[0]):
+        x_i = x[i]
+        cube = mul(mul(mul(activations.GELU_CUBE, x_i), x_i), x_i)
+        th = tanh(mul(activations.GELU_SCALE, add(x_i, cube)))
+        sech2 = sub(ONE, mul(th, th))
+        dinner = mul(activations.GELU_SCALE, add(ONE, mul(mul(activations.GELU_CUBE3, x_i), x_i)))
+        local = add(mul(HALF, add(ONE, th)), mul(mul(mul(HALF, x_i), sech2), dinner))
+        dx[i] = mul(dout[i], local)
+
+
+def test_gelu_forward_fast_equals_naive():
+    """[act.gelu.fwd.c1] [num.tanh.c1] [num.exp.c1] branch-free lanes == scalar calls."""
+    rng = np.random.default_rng(8)
+    for x in inputs(rng):
+        want = np.empty_like(x)
+        gelu_forward_naive(want, x)
+        assert_same_bits(activations.gelu_forward(x), want)
+
+
+def test_gelu_backward_fast_equals_naive():
+    """[act.gelu.bwd.c1] branch-free lanes == scalar calls, dout with specials too."""
+    rng = np.random.default_rng(9)
+    for x in inputs(rng):
+        dout = rng.standard_normal(x.size).astype(F32)
+        if x.size > 4:
+            dout[:4] = np.array([0x80000000, 0x7F800000, 0x7FC00000, 0x00000000], np.uint32).view(F32)
+        want = np.empty_like(x)
+        gelu_backward_naive(want, dout, x)
+        assert_same_bits(activations.gelu_backward(dout, x), want)
+
+
+def test_gelu_tanh_lane_equals_scalar_tanh_on_a_sweep():
+    """[num.tanh.c1] the lane form through the whole GELU agrees on an inner
+    argument sweep: x chosen so that inner covers both sides of 0.75 densely."""
+    x = np.linspace(-1.2, 1.2, 200_001).astype(F32)
+    want = np.empty_like(x)
+    gelu_forward_naive(want, x)
+    assert_same_bits(activations.gelu_forward(x), want)
+
+
+@pytest.mark.slow
+def test_gelu_exhaustive():
+    """[act.gelu.fwd.c1] [act.gelu.bwd.c1] every binary32 input (loaded form)."""
+    for lo in range(0, 1 << 32, 1 << 26):
+        x = sweep(1, lo, lo + (1 << 26))
+        want = np.empty_like(x)
+        gelu_forward_naive(want, x)
+        assert_same_bits(activations.gelu_forward(x), want)
+        dout = np.ones_like(x)
+        gelu_backward_naive(want, dout, x)
+        assert_same_bits(activations.gelu_backward(dout, x), want)
