@@ -13,10 +13,14 @@ import numpy as np
 import pytest
 from numba import prange
 
-from refreplay._jit import parallel_kernel
-from refreplay.numerics.core import HALF, ONE, add, mul, sub
+from refreplay._jit import kernel, parallel_kernel
+from refreplay.linalg.common import NEG_ZERO
+from refreplay.numerics import elementwise
+from refreplay.numerics.core import HALF, ONE, add, mul, recip, sub
+from refreplay.numerics.transcendental import exp as tr_exp
 from refreplay.numerics.transcendental import tanh
-from refreplay.ops import activations
+from refreplay.ops import activations, softmax
+from refreplay.ops.softmax import row_max
 
 F32 = np.float32
 
@@ -126,3 +130,71 @@ def test_gelu_exhaustive():
         dout = np.ones_like(x)
         gelu_backward_naive(want, dout, x)
         assert_same_bits(activations.gelu_backward(dout, x), want)
+
+
+# ---- softmax_row: exponentials in lanes, then the ordered sum ----------------------
+
+@kernel
+def softmax_row_naive(x, n, y):
+    """[softmax.fwd.c1] the row kernel before vectorisation: exp, store and
+    add in one loop."""
+    m = row_max(x, n)
+    s = NEG_ZERO
+    for j in range(n):
+        e = tr_exp(sub(x[j], m))
+        y[j] = e
+        s = add(s, e)
+    r = recip(s)
+    for j in range(n):
+        y[j] = mul(y[j], r)
+
+
+@parallel_kernel
+def softmax_naive(x, y):
+    for i in prange(x.shape[0]):
+        softmax_row_naive(x[i], x.shape[1], y[i])
+
+
+def softmax_rows(rng):
+    """Rows of several lengths (1 .. 300, the lane tail included) with random
+    logits at several scales, and rows holding +-inf, NaN, -0 and huge values."""
+    out = []
+    for V in (1, 2, 7, 8, 9, 31, 128, 256, 300):
+        for scale in (0.01, 1.0, 30.0, 200.0):
+            out.append((rng.standard_normal((17, V)) * scale).astype(F32))
+        sp = np.resize(special_values(), 9 * V).reshape(9, V).astype(F32)
+        out.append(np.ascontiguousarray(sp))
+    return out
+
+
+def test_softmax_row_fast_equals_naive():
+    """[softmax.fwd.c1] [num.exp.c1] lane exponentials then the ordered sum ==
+    the one-loop form, on whole rows and on causal prefixes (attention's use),
+    in place (y aliasing x) and out of place."""
+    rng = np.random.default_rng(10)
+    for x in softmax_rows(rng):
+        want = np.empty_like(x)
+        softmax_naive(x, want)
+        assert_same_bits(softmax.softmax_forward(x), want)
+        V = x.shape[1]
+        for n in sorted({1, V // 2 + 1, V}):
+            got = x.copy()
+            ref = x.copy()
+            for r in range(x.shape[0]):
+                softmax.softmax_row(got[r], n, got[r])
+                softmax_row_naive(ref[r], n, ref[r])
+            assert_same_bits(got, ref)
+
+
+def test_exp_lane_equals_exp():
+    """[num.exp.c1] the lane form equals the scalar exp on specials and a sweep."""
+    for x in (special_values(), sweep(), np.linspace(-100, 100, 100_001).astype(F32)):
+        assert_same_bits(lane_exp_array(x), elementwise.exp(x))
+
+
+@parallel_kernel
+def lane_exp_array(x):
+    out = np.empty_like(x)
+    for i in prange(x.shape[0]):
+        out[i] = elementwise.exp_lane(x[i])
+    return out

@@ -15,8 +15,9 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
-from .._jit import parallel_kernel
+from .._jit import kernel, parallel_kernel
 from . import core, transcendental as tr
+from ._bits import bits_f32, f32_bits
 
 __all__ = ["add", "sub", "mul", "recip", "sqrt", "fmax", "fmin", "rint",
            "exp", "log", "tanh", "sigmoid", "sin", "cos"]
@@ -44,6 +45,61 @@ def _binary(name, kern, a, b):
     out = np.empty_like(fa)
     kern(fa, fb, out)
     return out.reshape(a.shape)
+
+
+# ---- lane forms: the scalar algorithm without control flow ----
+# exp_lane and tanh_lane compute every branch of [num.exp.c1] / [num.tanh.c1]
+# and then select the clause's branch, so a loop over independent elements
+# that calls them has no control flow and compiles to SIMD.  On each element
+# the selected value comes from the very operations, in the very order, of
+# ``transcendental.exp`` / ``tanh``; an unselected branch only ever sees a
+# clamped, finite argument.  tests/test_fast_paths.py checks them bit for bit
+# against the scalar forms (random, special and swept inputs).
+
+SIGN = np.uint32(0x80000000)
+
+
+@kernel(inline="always")
+def exp_lane(x):
+    """[num.exp.c1] exp(x) as transcendental.exp, branch-free."""
+    xc = min(max(x if x == x else core.ZERO, tr.EXP_UNDERFLOW), tr.EXP_OVERFLOW)  # identity where used
+    kx = core.mul(xc, tr.INV_LN2)
+    # [num.rint.c1] for |kx| < 2^23: (|kx| + 2^23) - 2^23, sign of kx put back
+    kr = (abs(kx) + core.RINT_MAGIC) - core.RINT_MAGIC
+    k = -kr if f32_bits(kx) >= SIGN else kr
+    hi = core.sub(xc, core.mul(k, tr.LN2_HI))
+    lo = core.mul(k, tr.LN2_LO)
+    r = core.sub(hi, lo)
+    q = core.add(tr.EXP_C5, core.mul(r, tr.EXP_C6))
+    q = core.add(tr.EXP_C4, core.mul(r, q))
+    q = core.add(tr.EXP_C3, core.mul(r, q))
+    q = core.add(tr.EXP_C2, core.mul(r, q))
+    p = core.add(core.ONE, core.add(hi, core.sub(core.mul(core.mul(r, r), q), lo)))
+    ki = np.int32(k)
+    k1 = ki >> 1
+    k2 = ki - k1
+    y = core.mul(core.mul(p, bits_f32(np.uint32((k1 + 127) << 23))), bits_f32(np.uint32((k2 + 127) << 23)))
+    y = core.ZERO if x < tr.EXP_UNDERFLOW else y
+    y = tr.INF if x > tr.EXP_OVERFLOW else y
+    return tr.NAN if x != x else y
+
+
+@kernel(inline="always")
+def tanh_lane(x):
+    """[num.tanh.c1] tanh(x) as transcendental.tanh, branch-free."""
+    a = abs(x)
+    z = core.mul(a, a)
+    p = core.add(tr.TANH_T5, core.mul(z, tr.TANH_T6))
+    p = core.add(tr.TANH_T4, core.mul(z, p))
+    p = core.add(tr.TANH_T3, core.mul(z, p))
+    p = core.add(tr.TANH_T2, core.mul(z, p))
+    p = core.add(tr.TANH_T1, core.mul(z, p))
+    small = core.add(a, core.mul(a, core.mul(z, p)))
+    e = exp_lane(core.add(a, a))
+    large = core.sub(core.ONE, core.mul(core.TWO, core.recip(core.add(e, core.ONE))))
+    y = small if a < tr.TANH_SMALL else large
+    y = -y if f32_bits(x) >= SIGN else y
+    return tr.NAN if x != x else y
 
 
 # ---- kernels: x, a, b, out are 1-D float32 of length N; out is overwritten ----

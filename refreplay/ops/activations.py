@@ -12,11 +12,8 @@ import numpy as np
 from numba import prange
 
 from .._jit import kernel, parallel_kernel
-from ..numerics._bits import bits_f32, f32_bits
-from ..numerics.core import HALF, ONE, RINT_MAGIC, TWO, ZERO, add, mul, recip, sub
-from ..numerics.transcendental import (EXP_C2, EXP_C3, EXP_C4, EXP_C5, EXP_C6, EXP_OVERFLOW,
-                                       EXP_UNDERFLOW, INF, INV_LN2, LN2_HI, LN2_LO, NAN, TANH_SMALL,
-                                       TANH_T1, TANH_T2, TANH_T3, TANH_T4, TANH_T5, TANH_T6)
+from ..numerics.core import HALF, ONE, add, mul, sub
+from ..numerics.elementwise import tanh_lane  # [num.tanh.c1]
 from ..numerics.transcendental import sigmoid  # [num.sigmoid.c1]
 from . import check_array
 
@@ -28,67 +25,18 @@ GELU_CUBE3 = np.array([0x3E095D4F], dtype=np.uint32).view(np.float32)[0]  # 3 * 
 # ---- GELU (tanh form) ----------------------------------------------------------
 
 
-# The GELU kernels evaluate [num.tanh.c1] and [num.exp.c1] in "lane" form: every
-# branch of the scalar algorithm is computed and the clause's branch is then
-# selected, so the element loop has no control flow and compiles to SIMD over
-# independent elements.  On each element the selected value is produced by the
-# very operations, in the very order, of ``transcendental.tanh`` and ``exp``;
-# an unselected branch only ever sees a clamped, finite argument.
-# tests/test_fast_paths.py checks both kernels against the scalar-call form
-# bit for bit on random, special and swept inputs.
+# The GELU kernels call tanh in its branch-free lane form ([num.tanh.c1],
+# ``elementwise.tanh_lane``), so the element loop has no control flow and
+# compiles to SIMD over independent elements with the scalar form's bits
+# (tests/test_fast_paths.py).
 
 _BLOCK = 2048  # elements per parallel task; any value gives the same bits
-
-SIGN = np.uint32(0x80000000)
-
-
-@kernel(inline="always")
-def _exp_lane(x):
-    """[num.exp.c1] exp(x) for a non-NaN x, as transcendental.exp, branch-free."""
-    xc = min(max(x, EXP_UNDERFLOW), EXP_OVERFLOW)  # identity on the computed range
-    kx = mul(xc, INV_LN2)
-    # [num.rint.c1] for |kx| < 2^23: (|kx| + 2^23) - 2^23, sign of kx put back
-    kr = (abs(kx) + RINT_MAGIC) - RINT_MAGIC
-    k = -kr if f32_bits(kx) >= SIGN else kr
-    hi = sub(xc, mul(k, LN2_HI))
-    lo = mul(k, LN2_LO)
-    r = sub(hi, lo)
-    q = add(EXP_C5, mul(r, EXP_C6))
-    q = add(EXP_C4, mul(r, q))
-    q = add(EXP_C3, mul(r, q))
-    q = add(EXP_C2, mul(r, q))
-    p = add(ONE, add(hi, sub(mul(mul(r, r), q), lo)))
-    ki = np.int32(k)
-    k1 = ki >> 1
-    k2 = ki - k1
-    y = mul(mul(p, bits_f32(np.uint32((k1 + 127) << 23))), bits_f32(np.uint32((k2 + 127) << 23)))
-    y = ZERO if x < EXP_UNDERFLOW else y
-    return INF if x > EXP_OVERFLOW else y
-
-
-@kernel(inline="always")
-def _tanh_lane(x):
-    """[num.tanh.c1] tanh(x) as transcendental.tanh, branch-free."""
-    a = abs(x)
-    z = mul(a, a)
-    p = add(TANH_T5, mul(z, TANH_T6))
-    p = add(TANH_T4, mul(z, p))
-    p = add(TANH_T3, mul(z, p))
-    p = add(TANH_T2, mul(z, p))
-    p = add(TANH_T1, mul(z, p))
-    small = add(a, mul(a, mul(z, p)))
-    e = _exp_lane(add(a, a) if a == a else ZERO)
-    large = sub(ONE, mul(TWO, recip(add(e, ONE))))
-    y = small if a < TANH_SMALL else large
-    y = -y if f32_bits(x) >= SIGN else y
-    return NAN if x != x else y
-
 
 @kernel(inline="always")
 def _gelu_lane(x_i):
     """[act.gelu.fwd.c1] steps 1-5 for one element; (th, out)."""
     cube = mul(mul(mul(GELU_CUBE, x_i), x_i), x_i)
-    th = _tanh_lane(mul(GELU_SCALE, add(x_i, cube)))
+    th = tanh_lane(mul(GELU_SCALE, add(x_i, cube)))
     return th, mul(mul(HALF, x_i), add(ONE, th))
 
 

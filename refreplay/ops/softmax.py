@@ -13,6 +13,7 @@ from numba import prange
 from .._jit import kernel, parallel_kernel
 from ..linalg.common import NEG_INF, NEG_ZERO
 from ..numerics.core import add, fmax, mul, recip, sub
+from ..numerics.elementwise import exp_lane  # [num.exp.c1]
 from ..numerics.transcendental import exp, log
 
 
@@ -38,14 +39,18 @@ def softmax_row(x, n, y):
         r = recip(s) (once);   y[j] = e[j] * r
     """
     m = row_max(x, n)
+    xr = x[:n]
+    yr = y[:n]
+    # The exponentials are independent: computed first, in SIMD lanes
+    # (exp_lane has exp's bits), then summed in order.
+    for j in range(n):
+        yr[j] = exp_lane(sub(xr[j], m))
     s = NEG_ZERO
     for j in range(n):
-        e = exp(sub(x[j], m))
-        y[j] = e
-        s = add(s, e)
+        s = add(s, yr[j])
     r = recip(s)
     for j in range(n):
-        y[j] = mul(y[j], r)
+        yr[j] = mul(yr[j], r)
 
 
 @kernel
