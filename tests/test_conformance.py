@@ -66,27 +66,27 @@ def test_numpy_nan_and_flush_diagnoses(tmp_path):
     assert "does not flush subnormal results" in d and "does not zero subnormal inputs" in d
 
 
-def _gcc(tmp_path, name, *flags):
-    exe = tmp_path / name
-    subprocess.run(["gcc", *flags, "-o", str(exe), str(C_SOURCE)], check=True, capture_output=True)
-    return exe
-
-
 @pytest.fixture(scope="module")
-def gcc():
+def c_builds(tmp_path_factory):
+    """The example C matmul built without and with contraction."""
     if shutil.which("gcc") is None:
         pytest.skip("gcc is not installed: the exec: C matmul check needs a C compiler")
-    return shutil.which("gcc")
+    d = tmp_path_factory.mktemp("c")
+    out = {}
+    for name, flags in (("off", ["-O2", "-ffp-contract=off"]),
+                        ("fast", ["-O2", "-march=native", "-ffp-contract=fast"])):
+        out[name] = d / f"mm_{name}"
+        subprocess.run(["gcc", *flags, "-o", str(out[name]), str(C_SOURCE)], check=True, capture_output=True)
+    return out
 
 
-def test_c_matmul_without_contraction_passes(tmp_path, gcc):
-    exe = _gcc(tmp_path, "mm_off", "-O2", "-ffp-contract=off")
-    rc, rep = conform(tmp_path, f"exec:{exe}", "--op", "matmul")
+def test_c_matmul_without_contraction_passes(tmp_path, c_builds):
+    rc, rep = conform(tmp_path, f"exec:{c_builds['off']}", "--op", "matmul")
     assert rc == 0 and rep["counts"]["pass"] == rep["ops"]["matmul"]["pass"] > 0
 
 
-def test_c_matmul_with_contraction_fails_with_multiply_add_diagnosis(tmp_path, gcc):
-    exe = _gcc(tmp_path, "mm_fast", "-O2", "-march=native", "-ffp-contract=fast")
+def test_c_matmul_with_contraction_fails_with_multiply_add_diagnosis(tmp_path, c_builds):
+    exe = c_builds["fast"]
     dis = subprocess.run(["objdump", "-d", str(exe)], capture_output=True, text=True).stdout \
         if shutil.which("objdump") else "fma"
     if "fma" not in dis and "fmadd" not in dis:
@@ -104,9 +104,8 @@ def test_c_matmul_with_contraction_fails_with_multiply_add_diagnosis(tmp_path, g
     assert sum(first["histogram"].values()) == first["count"]
 
 
-def test_exec_protocol_unsupported_op_is_skipped(tmp_path, gcc):
-    exe = _gcc(tmp_path, "mm_off", "-O2", "-ffp-contract=off")
-    rc, rep = conform(tmp_path, f"exec:{exe}", "--op", "sum")
+def test_exec_protocol_unsupported_op_is_skipped(tmp_path, c_builds):
+    rc, rep = conform(tmp_path, f"exec:{c_builds['off']}", "--op", "sum")
     assert rc == 1  # an op named with --op that the kernel declines is not a pass
     assert rep["counts"]["skip"] == rep["ops"]["sum"]["skip"] > 0
 
