@@ -1,0 +1,132 @@
+"""One full training step of the `small` preset: refreplay vs PyTorch CPU eager.
+
+    python benchmarks/bench_step.py [--threads 1 2] [--repeats 3] [--json out.json]
+
+refreplay: ``Trainer.step`` on one in-process rank (M = 8 micro-batches of
+B = 4 sequences of T = 128 tokens: forward, backward, TreeFold, clip, AdamW,
+state hash, chain link).  PyTorch: ``benchmarks/torch_gpt.py``, the same
+architecture and micro-batching in eager fp32 (forward, backward, clip,
+AdamW; no state hash).  For each thread count a fresh worker process runs
+with NUMBA_NUM_THREADS = OMP_NUM_THREADS = N and torch.set_num_threads(N);
+both steps are warmed up (JIT, allocator) and then timed alternately.  The
+table gives medians of wall time and of process CPU time and the ratio
+refreplay / PyTorch (target <= 2).  The worker also profiles one refreplay
+step with cProfile and prints where the time goes, per compiled kernel.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+from run_all import alternate, load_line, machine, run_worker, table, write_json  # noqa: E402
+
+
+def _setup(threads: int):
+    import numpy as np
+    import torch
+
+    from refreplay.data import Batching, Stream, inputs_targets
+    from refreplay.launch.inproc import InProcess
+    from refreplay.presets import preset
+    from refreplay.step import Trainer
+    from torch_gpt import TorchTrainer
+
+    torch.set_num_threads(threads)
+    mc, tc = preset("small")
+    rs = np.random.RandomState(0)
+    samples = rs.randint(0, 256, size=(4 * tc.micro_batches * tc.micro_batch_size, mc.seq_len + 1))
+    stream = Stream(samples.astype(np.uint8), tc.seed, Batching(tc.micro_batches, tc.micro_batch_size))
+    trainer = Trainer(mc, tc, stream, "00" * 32)
+    s0 = trainer.initial_state()
+    launcher = InProcess(1)
+
+    def ref_step():
+        return trainer.step(s0, "00" * 32, launcher)
+
+    batch = stream.batch(1)
+    B = tc.micro_batch_size
+    mbs = []
+    for m in range(tc.micro_batches):
+        x, y = inputs_targets(batch[m * B:(m + 1) * B])
+        mbs.append((torch.from_numpy(x.astype(np.int64)), torch.from_numpy(y.astype(np.int64))))
+    tt = TorchTrainer(mc, tc)
+
+    def torch_step():
+        return tt.step(mbs)
+
+    return ref_step, torch_step
+
+
+def profile_step(ref_step, top: int = 14) -> list[dict]:
+    """Per-function self time of one refreplay step (compiled kernels appear
+    as single entries), largest first, then the rest as 'other'."""
+    prof = cProfile.Profile()
+    prof.enable()
+    ref_step()
+    prof.disable()
+    st = pstats.Stats(prof)
+    total = sum(v[2] for v in st.stats.values())
+    rows = []
+    for (path, line, fn), (_, ncalls, tottime, _, _) in st.stats.items():
+        where = f"{Path(path).parent.name}/{Path(path).name}:{fn}" if path.startswith("/") else fn
+        rows.append({"function": where, "calls": ncalls, "seconds": tottime})
+    rows.sort(key=lambda r: -r["seconds"])
+    head = rows[:top]
+    rest = sum(r["seconds"] for r in rows[top:])
+    head.append({"function": "other", "calls": sum(r["calls"] for r in rows[top:]), "seconds": rest})
+    for r in head:
+        r["share"] = r["seconds"] / total if total else 0.0
+    return head
+
+
+def worker(threads: int, repeats: int) -> dict:
+    ref_step, torch_step = _setup(threads)
+    med = alternate({"refreplay": ref_step, "torch": torch_step}, repeats)
+    prof = profile_step(ref_step)
+    return {"threads": threads, "refreplay": med["refreplay"], "torch": med["torch"],
+            "ratio_wall": med["refreplay"]["wall"] / med["torch"]["wall"],
+            "ratio_cpu": med["refreplay"]["cpu"] / med["torch"]["cpu"],
+            "profile": prof, "loadavg": os.getloadavg()[0]}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker is not None:
+        import json
+        print(json.dumps(worker(args.worker, args.repeats)))
+        return 0
+    print(load_line(), flush=True)
+    rows = [run_worker(Path(__file__), ["--worker", str(n), "--repeats", str(args.repeats)], n)
+            for n in args.threads]
+    print("\nsmall preset training step (8 micro-batches x 4 x 128 tokens), medians of "
+          f"{args.repeats} after warm-up")
+    print(table(["threads", "refreplay wall s", "torch wall s", "ratio wall", "refreplay cpu s",
+                 "torch cpu s", "ratio cpu", "target", "load"],
+                [[r["threads"], f"{r['refreplay']['wall']:.3f}", f"{r['torch']['wall']:.3f}",
+                  f"{r['ratio_wall']:.2f}", f"{r['refreplay']['cpu']:.3f}", f"{r['torch']['cpu']:.3f}",
+                  f"{r['ratio_cpu']:.2f}", "<= 2", f"{r['loadavg']:.1f}"] for r in rows]))
+    for r in rows:
+        print(f"\nwhere one refreplay step spends its time ({r['threads']} thread(s), cProfile self time)")
+        print(table(["function", "calls", "seconds", "share"],
+                    [[p["function"], p["calls"], f"{p['seconds']:.3f}", f"{100 * p['share']:.1f}%"]
+                     for p in r["profile"]]))
+    out = write_json("step.json", {"machine": machine(), "repeats": args.repeats, "rows": rows}, args.json)
+    print(f"\n{load_line()}\nwrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
