@@ -155,3 +155,12 @@ def test_edited_expected_digest_exits_2(tmp_path, capsys):
     (d / "manifest.json").write_text(json.dumps(m))
     assert cli.main(["conform", "reference", "--op", "sum", "--vectors", str(d)]) == 2
     assert "sha256" in capsys.readouterr().err
+
+
+def test_vectors_for_another_spec_version_exit_2(tmp_path, capsys):
+    d = _copy_vectors(tmp_path)
+    m = json.loads((d / "manifest.json").read_text())
+    m["spec_version"] = "0.0.0-other"
+    (d / "manifest.json").write_text(json.dumps(m))
+    assert cli.main(["conform", "reference", "--op", "sum", "--vectors", str(d)]) == 2
+    assert "spec 0.0.0-other" in capsys.readouterr().err

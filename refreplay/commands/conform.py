@@ -17,11 +17,15 @@ def add_arguments(p):
 def run(args) -> int:
     from pathlib import Path
 
+    from .. import spec
     from ..conformance import kernels, report, runner, store
     from ..errors import InputError
 
     directory = Path(args.vectors) if args.vectors else store.VECTOR_DIR
     manifest = store.read_manifest(directory)
+    if manifest["spec_version"] != spec.version():
+        raise InputError(f"the vectors in {directory} are for spec {manifest['spec_version']}, this is spec "
+                         f"{spec.version()}: run `refreplay vectors generate` (or use matching vectors)")
     known = list(dict.fromkeys(c["op"] for c in manifest["cases"]))
     if args.op:
         unknown = [o for o in args.op if o not in known]

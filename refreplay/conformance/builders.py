@@ -21,7 +21,7 @@ class ProbeError(RuntimeError):
     """A probe's inputs do not separate the property it claims to probe."""
 
 
-def _differs(expected: np.ndarray, other: np.ndarray) -> np.ndarray:
+def differs(expected: np.ndarray, other: np.ndarray) -> np.ndarray:
     """Per element: different bits, not counting two NaNs as different."""
     e, o = np.asarray(expected, np.float32).ravel(), np.asarray(other, np.float32).ravel()
     both_nan = np.isnan(e) & np.isnan(o)
@@ -41,7 +41,7 @@ def distinguished_orders(terms, expected, products: bool) -> set[str]:
     for cand in orders.candidates(False):
         if cand.spec:
             continue
-        if _differs(expected, cand(a, b)).any():
+        if differs(expected, cand(a, b)).any():
             out.add(cand.name)
     return out
 
@@ -113,7 +113,7 @@ def _not_correctly_rounded(op, xs, y64, limit=512):
         c = cr.astype(np.float64)
         gap = np.minimum(np.abs(y64 - (c + lo) / 2), np.abs(y64 - (c + hi) / 2))
         safe = np.isfinite(y64) & (gap > np.abs(y64) * 2.0 ** -40) & (np.abs(y64) >= 2.0 ** -126)
-    pick = safe & _differs(ref, cr) & np.isfinite(ref)
+    pick = safe & differs(ref, cr) & np.isfinite(ref)
     _check(pick.sum() >= 8, f"{op.name}: too few inputs where the spec's algorithm is not correctly rounded")
     return np.ascontiguousarray(xs[pick][:limit])
 
@@ -316,15 +316,15 @@ def check_isolation(family, terms, expected):
         return
     if family == "order":
         if b is not None:
-            _check(not _differs(expected, _fused_spec_order()(a, b)).any(), "order probe depends on fusing")
+            _check(not differs(expected, _fused_spec_order()(a, b)).any(), "order probe depends on fusing")
         return
     for cand in orders.candidates(False):
         if cand.plus_zero:
             continue
-        _check(not _differs(expected, cand(a, b)).any(), f"{family} probe changes under order {cand.name}")
+        _check(not differs(expected, cand(a, b)).any(), f"{family} probe changes under order {cand.name}")
     if b is None:
         return
-    fused = _differs(expected, _fused_spec_order()(a, b))
+    fused = differs(expected, _fused_spec_order()(a, b))
     if family == "fma":
         _check(fused.all(), "fma probe not separated by fused multiply-add")
     else:

@@ -53,7 +53,7 @@ def _check_probe(op, family, raw, outputs, distinguished):
     first = next(iter(outputs.values()))
     if family == "input_zeroing":
         unloaded = as_outputs(op.reference(*raw), op.outputs)
-        if not any(builders._differs(outputs[k], unloaded[k]).any() for k in outputs):
+        if not any(builders.differs(outputs[k], unloaded[k]).any() for k in outputs):
             raise builders.ProbeError(f"{op.name}: input_zeroing probe does not depend on zeroing")
     if family == "ftz_before_rounding":
         if not (np.abs(first) == fp.FLT_MIN).any():

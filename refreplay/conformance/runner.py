@@ -29,6 +29,7 @@ class Mismatch:
     actual: str
     ulp: int | None                # None: NaN involved
     histogram: dict[str, int] = field(default_factory=dict)
+    shape_mismatch: bool = False   # expected/actual then hold dtype[shape]
 
 
 @dataclass
@@ -74,7 +75,7 @@ def compare(expected: np.ndarray, actual: np.ndarray, name: str) -> Mismatch | N
     if actual.dtype != expected.dtype or actual.shape != expected.shape:
         return Mismatch(name, expected.size, expected.size, (),
                         f"{dtype_name(expected)}{list(expected.shape)}",
-                        f"{actual.dtype}{list(actual.shape)}", None)
+                        f"{actual.dtype}{list(actual.shape)}", None, shape_mismatch=True)
     e = expected.reshape(-1)
     a = actual.reshape(-1)
     uint = np.dtype(f"u{e.dtype.itemsize}")
