@@ -135,8 +135,13 @@ def test_python_callable_kernel_and_errors(tmp_path, monkeypatch):
         "def broken(op, *xs):\n"
         "    raise RuntimeError('boom')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.syspath_prepend(str(REPO / "examples" / "python_kernel"))
     rc, rep = conform(tmp_path, "mykernels:good", "--op", "sum")
     assert rc == 0 and rep["counts"]["pass"] > 0
+    rc, rep = conform(tmp_path, "pairwise_sum:sum", "--op", "sum", "--op", "max")
+    # a function named after an op implements that op only: max is declined
+    assert rc == 1 and rep["ops"]["sum"]["fail"] > 0
+    assert rep["ops"]["max"]["skip"] > 0 and rep["ops"]["max"]["pass"] == 0
     rc, rep = conform(tmp_path, "mykernels:broken", "--op", "sum")
     assert rc == 1 and rep["counts"]["error"] == rep["ops"]["sum"]["error"] > 0
     assert "boom" in rep["cases"][0]["message"]

@@ -4,7 +4,9 @@ KERNEL on the command line is one of
   reference            refreplay's own kernels (must pass every vector)
   numpy, torch         the libraries' own kernels: negative controls
   cuda                 cuda_backend's device kernels (a GPU, or the CUDA simulator)
-  package.module:fn    a Python callable, called fn(op, *inputs) -> output(s)
+  package.module:fn    a Python callable: if fn is named after an op (matmul,
+                       sum, ...) it implements that op and is called
+                       fn(*inputs); otherwise it is called fn(op, *inputs)
   package.module       a module with one function per op, called op(*inputs)
   exec:COMMAND         an external program (any language); see execproto.py
 
@@ -119,12 +121,20 @@ def _torch_table():
 
 
 class PythonCallable(Kernel):
-    def __init__(self, spec: str, target, per_op: bool):
+    """``per_op``: the target is a module with one function per op, or (with
+    ``only``) a single op's function; otherwise a dispatcher fn(op, *inputs)."""
+
+    def __init__(self, spec: str, target, per_op: bool, only: str | None = None):
         self.name = spec
         self.target = target
         self.per_op = per_op
+        self.only = only
 
     def call(self, op_name, inputs, out_specs):
+        if self.only is not None:
+            if op_name != self.only:
+                raise Unsupported(f"{self.name} implements {self.only} only")
+            return self.target(*inputs)
         if self.per_op:
             fn = getattr(self.target, op_name, None)
             if fn is None:
@@ -169,4 +179,6 @@ def resolve(spec: str) -> Kernel:
     fn = getattr(module, fn_name, None)
     if not callable(fn):
         raise InputError(f"kernel {spec!r}: {module_name} has no callable {fn_name}")
+    if fn_name in OPS:  # a function named after an op implements that op alone
+        return PythonCallable(spec, fn, per_op=True, only=fn_name)
     return PythonCallable(spec, fn, per_op=False)
