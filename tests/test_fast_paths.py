@@ -19,7 +19,7 @@ from refreplay.numerics import elementwise
 from refreplay.numerics.core import HALF, ONE, add, mul, recip, sub
 from refreplay.numerics.transcendental import exp as tr_exp
 from refreplay.numerics.transcendental import tanh
-from refreplay.ops import activations, softmax
+from refreplay.ops import activations, attention, softmax
 from refreplay.ops.softmax import row_max
 
 F32 = np.float32
@@ -198,3 +198,49 @@ def lane_exp_array(x):
     for i in prange(x.shape[0]):
         out[i] = elementwise.exp_lane(x[i])
     return out
+
+
+# ---- attention forward: scores in a scratch row -------------------------------------
+
+@parallel_kernel
+def attention_forward_naive(q, k, v, scale, out, att):
+    """[attn.scores.c1] [attn.out.c1] the kernel before the scratch row:
+    scores, scale and softmax in place in att, with the one-loop softmax."""
+    B, NH, T, HS = q.shape
+    for bh in prange(B * NH):
+        b = bh // NH
+        h = bh % NH
+        q_bh, v_bh = q[b, h], v[b, h]
+        kT = np.empty((HS, T), np.float32)
+        attention.transpose_into(k[b, h], kT)
+        for t in range(T):
+            att_t = att[b, h, t]
+            n = t + 1
+            attention.dot_rows(q_bh[t], kT, n, att_t)
+            for s in range(n):
+                att_t[s] = mul(att_t[s], scale)
+            softmax_row_naive(att_t, n, att_t)
+            att_t[n:] = F32(0.0)
+            out_t = out[b, h, t]
+            out_t[:] = NEG_ZERO
+            attention.axpy_rows(att_t, v_bh, n, out_t)
+            attention.canon_all(out_t)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1, 2), (2, 3, 17, 8), (4, 8, 128, 32)])
+def test_attention_forward_fast_equals_naive(shape):
+    """[attn.scores.c1] [attn.mask.c1] [attn.out.c1] out and att, bit for bit,
+    also with inf, NaN and -0 planted in q, k and v."""
+    rng = np.random.default_rng(11)
+    q, k, v = [(rng.standard_normal(shape) * 2).astype(F32) for _ in range(3)]
+    if shape[2] > 4:
+        q[0, 0, 3, 0] = np.inf
+        k[0, 0, 1, 1] = np.nan
+        v[0, 0, 2, 0] = F32(-0.0)
+        q[-1, -1, -1, :] = F32(60.0)  # scores large enough for exp underflow in the row
+    scale = attention.attention_scale(shape[3])
+    want_out, want_att = np.empty_like(q), np.empty(shape[:3] + (shape[2],), F32)
+    attention_forward_naive(q, k, v, F32(scale), want_out, want_att)
+    out, att = attention.attention_forward(q, k, v)
+    assert_same_bits(att, want_att)
+    assert_same_bits(out, want_out)

@@ -90,13 +90,17 @@ def attention_forward_kernel(q, k, v, scale, out, att):
         q_bh, v_bh = q[b, h], v[b, h]
         kT = np.empty((HS, T), np.float32)
         transpose_into(k[b, h], kT)
+        # Scores go to a scratch row, so softmax_row reads and writes distinct
+        # buffers and its exponentials vectorise (the bits are the same).
+        z = np.empty(T, np.float32)
         for t in range(T):
             att_t = att[b, h, t]
             n = t + 1
-            dot_rows(q_bh[t], kT, n, att_t)
+            dot_rows(q_bh[t], kT, n, z)
+            zr = z[:n]
             for s in range(n):
-                att_t[s] = mul(att_t[s], scale)
-            softmax_row(att_t, n, att_t)
+                zr[s] = mul(zr[s], scale)
+            softmax_row(z, n, att_t)
             att_t[n:] = ZERO
             out_t = out[b, h, t]
             out_t[:] = NEG_ZERO
