@@ -230,8 +230,9 @@ def check(root: Path = REPO_DIR) -> CheckReport:
     code = citations(CODE_DIRS, root)
     tests = citations(TEST_DIRS, root)
     vectors = citations(VECTOR_DIRS, root)
+    cross = citations(("spec",), root)  # cross-references between clauses
     unknown: dict[str, set[str]] = {}
-    for table in (code, tests, vectors):
+    for table in (code, tests, vectors, cross):
         for label, files in table.items():
             if label not in clauses:
                 unknown.setdefault(label, set()).update(files)
