@@ -18,6 +18,7 @@ from refreplay.linalg.common import NEG_ZERO
 from refreplay.numerics import elementwise
 from refreplay.numerics.core import HALF, ONE, add, mul, recip, sub
 from refreplay.numerics.transcendental import exp as tr_exp
+from refreplay.numerics.transcendental import sigmoid as tr_sigmoid
 from refreplay.numerics.transcendental import tanh
 from refreplay.ops import activations, attention, softmax
 from refreplay.ops.softmax import row_max
@@ -244,3 +245,46 @@ def test_attention_forward_fast_equals_naive(shape):
     out, att = attention.attention_forward(q, k, v)
     assert_same_bits(att, want_att)
     assert_same_bits(out, want_out)
+
+
+# ---- SiLU and SwiGLU: sigmoid in lane form -------------------------------------------
+
+@parallel_kernel
+def silu_naive(out, dx, dout, x):
+    """[act.silu.fwd.c1] [act.silu.bwd.c1] one element per index, scalar sigmoid."""
+    for i in prange(x.shape[0]):
+        x_i = x[i]
+        s = tr_sigmoid(x_i)
+        out[i] = mul(x_i, s)
+        dx[i] = mul(dout[i], mul(s, add(ONE, mul(x_i, sub(ONE, s)))))
+
+
+@parallel_kernel
+def swiglu_naive(out, da, db, dout, a, b):
+    """[act.swiglu.fwd.c1] [act.swiglu.bwd.c1] one element per index, scalar sigmoid."""
+    for i in prange(a.shape[0]):
+        a_i = a[i]
+        s = tr_sigmoid(a_i)
+        silu_a = mul(a_i, s)
+        out[i] = mul(silu_a, b[i])
+        dsilu = mul(s, add(ONE, mul(a_i, sub(ONE, s))))
+        da[i] = mul(mul(dout[i], b[i]), dsilu)
+        db[i] = mul(dout[i], silu_a)
+
+
+def test_silu_swiglu_fast_equal_naive():
+    """[act.silu.fwd.c1] [act.silu.bwd.c1] [act.swiglu.fwd.c1] [act.swiglu.bwd.c1]
+    [num.sigmoid.c1] lane sigmoid == scalar sigmoid through all four kernels."""
+    rng = np.random.default_rng(12)
+    for x in inputs(rng):
+        dout = rng.standard_normal(x.size).astype(F32)
+        b = rng.permutation(x)
+        want = [np.empty_like(x) for _ in range(5)]
+        silu_naive(want[0], want[1], dout, x)
+        swiglu_naive(want[2], want[3], want[4], dout, x, b)
+        assert_same_bits(activations.silu_forward(x), want[0])
+        assert_same_bits(activations.silu_backward(dout, x), want[1])
+        assert_same_bits(activations.swiglu_forward(x, b), want[2])
+        da, db = activations.swiglu_backward(dout, x, b)
+        assert_same_bits(da, want[3])
+        assert_same_bits(db, want[4])

@@ -102,6 +102,17 @@ def tanh_lane(x):
     return tr.NAN if x != x else y
 
 
+@kernel(inline="always")
+def sigmoid_lane(x):
+    """[num.sigmoid.c1] sigmoid(x) as transcendental.sigmoid, branch-free: both
+    branches need exp of w = -x (x >= 0) or x (x < 0), one exp_lane serves both."""
+    pos = x >= core.ZERO  # includes -0, as the clause's branch does
+    t = exp_lane(-x if pos else x)
+    d = core.recip(core.add(core.ONE, t))
+    y = d if pos else core.sub(t, core.mul(t, core.mul(t, d)))
+    return tr.NAN if x != x else y
+
+
 # ---- kernels: x, a, b, out are 1-D float32 of length N; out is overwritten ----
 
 @parallel_kernel

@@ -13,8 +13,7 @@ from numba import prange
 
 from .._jit import kernel, parallel_kernel
 from ..numerics.core import HALF, ONE, add, mul, sub
-from ..numerics.elementwise import tanh_lane  # [num.tanh.c1]
-from ..numerics.transcendental import sigmoid  # [num.sigmoid.c1]
+from ..numerics.elementwise import sigmoid_lane, tanh_lane  # [num.sigmoid.c1] [num.tanh.c1]
 from . import check_array
 
 GELU_SCALE = np.array([0x3F4C422A], dtype=np.uint32).view(np.float32)[0]  # sqrt(2/pi)
@@ -25,10 +24,10 @@ GELU_CUBE3 = np.array([0x3E095D4F], dtype=np.uint32).view(np.float32)[0]  # 3 * 
 # ---- GELU (tanh form) ----------------------------------------------------------
 
 
-# The GELU kernels call tanh in its branch-free lane form ([num.tanh.c1],
-# ``elementwise.tanh_lane``), so the element loop has no control flow and
-# compiles to SIMD over independent elements with the scalar form's bits
-# (tests/test_fast_paths.py).
+# The element kernels call tanh and sigmoid in their branch-free lane forms
+# (``elementwise.tanh_lane``, ``sigmoid_lane``: [num.tanh.c1], [num.sigmoid.c1]),
+# so the element loop has no control flow and compiles to SIMD over
+# independent elements with the scalar forms' bits (tests/test_fast_paths.py).
 
 _BLOCK = 2048  # elements per parallel task; any value gives the same bits
 
@@ -77,20 +76,32 @@ def gelu_backward_kernel(dx, dout, x):
 
 @parallel_kernel
 def silu_forward_kernel(out, x):
-    """[act.silu.fwd.c1] out[i] = x*sigmoid(x).  out, x: [N]; out overwritten."""
-    for i in prange(x.shape[0]):
-        out[i] = mul(x[i], sigmoid(x[i]))
+    """[act.silu.fwd.c1] out[i] = x*sigmoid(x).  out, x: [N]; out overwritten.
+    Parallel over blocks of elements; sigmoid in lane form."""
+    N = x.shape[0]
+    for blk in prange((N + _BLOCK - 1) // _BLOCK):
+        i0 = blk * _BLOCK
+        xb = x[i0:min(i0 + _BLOCK, N)]
+        ob = out[i0:min(i0 + _BLOCK, N)]
+        for i in range(xb.shape[0]):
+            ob[i] = mul(xb[i], sigmoid_lane(xb[i]))
 
 
 @parallel_kernel
 def silu_backward_kernel(dx, dout, x):
     """[act.silu.bwd.c1] dx[i] = dout[i] * s*(1 + x*(1 - s)), s = sigmoid(x).
     dx, dout, x: [N]; dx overwritten."""
-    for i in prange(x.shape[0]):
-        x_i = x[i]
-        s = sigmoid(x_i)  # forward: out = x*s
-        local = mul(s, add(ONE, mul(x_i, sub(ONE, s))))
-        dx[i] = mul(dout[i], local)
+    N = x.shape[0]
+    for blk in prange((N + _BLOCK - 1) // _BLOCK):
+        i0 = blk * _BLOCK
+        xb = x[i0:min(i0 + _BLOCK, N)]
+        db = dout[i0:min(i0 + _BLOCK, N)]
+        dxb = dx[i0:min(i0 + _BLOCK, N)]
+        for i in range(xb.shape[0]):
+            x_i = xb[i]
+            s = sigmoid_lane(x_i)  # forward: out = x*s
+            local = mul(s, add(ONE, mul(x_i, sub(ONE, s))))
+            dxb[i] = mul(db[i], local)
 
 
 # ---- SwiGLU --------------------------------------------------------------------
@@ -100,22 +111,34 @@ def silu_backward_kernel(dx, dout, x):
 def swiglu_forward_kernel(out, a, b):
     """[act.swiglu.fwd.c1] out[i] = (a*sigmoid(a))*b.  out, a, b: [N]; out
     overwritten."""
-    for i in prange(a.shape[0]):
-        a_i = a[i]
-        out[i] = mul(mul(a_i, sigmoid(a_i)), b[i])
+    N = a.shape[0]
+    for blk in prange((N + _BLOCK - 1) // _BLOCK):
+        i0 = blk * _BLOCK
+        ab = a[i0:min(i0 + _BLOCK, N)]
+        bb = b[i0:min(i0 + _BLOCK, N)]
+        ob = out[i0:min(i0 + _BLOCK, N)]
+        for i in range(ab.shape[0]):
+            a_i = ab[i]
+            ob[i] = mul(mul(a_i, sigmoid_lane(a_i)), bb[i])
 
 
 @parallel_kernel
 def swiglu_backward_kernel(da, db, dout, a, b):
     """[act.swiglu.bwd.c1] da[i] = (dout*b)*silu'(a), db[i] = dout*silu(a).
     da, db, dout, a, b: [N]; da, db overwritten."""
-    for i in prange(a.shape[0]):
-        a_i = a[i]
-        s = sigmoid(a_i)
-        silu_a = mul(a_i, s)  # forward: out = silu_a*b
-        dsilu = mul(s, add(ONE, mul(a_i, sub(ONE, s))))
-        da[i] = mul(mul(dout[i], b[i]), dsilu)
-        db[i] = mul(dout[i], silu_a)
+    N = a.shape[0]
+    for blk in prange((N + _BLOCK - 1) // _BLOCK):
+        i0 = blk * _BLOCK
+        i1 = min(i0 + _BLOCK, N)
+        ab, bb, gb = a[i0:i1], b[i0:i1], dout[i0:i1]
+        dab, dbb = da[i0:i1], db[i0:i1]
+        for i in range(ab.shape[0]):
+            a_i = ab[i]
+            s = sigmoid_lane(a_i)
+            silu_a = mul(a_i, s)  # forward: out = silu_a*b
+            dsilu = mul(s, add(ONE, mul(a_i, sub(ONE, s))))
+            dab[i] = mul(mul(gb[i], bb[i]), dsilu)
+            dbb[i] = mul(gb[i], silu_a)
 
 
 # ---- Python API: validation and allocation ----------------------------------------
