@@ -19,8 +19,9 @@ from refreplay.numerics import elementwise
 from refreplay.numerics.core import HALF, ONE, add, mul, recip, sub
 from refreplay.numerics.transcendental import exp as tr_exp
 from refreplay.numerics.transcendental import sigmoid as tr_sigmoid
+from refreplay.numerics.transcendental import log as tr_log
 from refreplay.numerics.transcendental import tanh
-from refreplay.ops import activations, attention, softmax
+from refreplay.ops import activations, attention, loss, softmax
 from refreplay.ops.softmax import row_max
 
 F32 = np.float32
@@ -288,3 +289,60 @@ def test_silu_swiglu_fast_equal_naive():
         da, db = activations.swiglu_backward(dout, x, b)
         assert_same_bits(da, want[3])
         assert_same_bits(db, want[4])
+
+
+# ---- log-softmax and cross-entropy: exponentials in lanes into scratch ---------------
+
+@kernel
+def logsumexp_parts_naive(x, n):
+    """[softmax.log.c1] exp and add in one loop (the form before scratch)."""
+    m = row_max(x, n)
+    s = NEG_ZERO
+    for j in range(n):
+        s = add(s, tr_exp(sub(x[j], m)))
+    return m, tr_log(s)
+
+
+@parallel_kernel
+def log_softmax_naive(x, y):
+    for i in prange(x.shape[0]):
+        m, ls = logsumexp_parts_naive(x[i], x.shape[1])
+        for j in range(x.shape[1]):
+            y[i, j] = sub(sub(x[i, j], m), ls)
+
+
+@parallel_kernel
+def log_softmax_backward_naive(dy, y, dx):
+    """[softmax.log.bwd.c1] scalar exp per element."""
+    for i in prange(y.shape[0]):
+        g = NEG_ZERO
+        for j in range(y.shape[1]):
+            g = add(g, dy[i, j])
+        for j in range(y.shape[1]):
+            dx[i, j] = sub(dy[i, j], mul(tr_exp(y[i, j]), g))
+
+
+@parallel_kernel
+def cross_entropy_naive(logits, targets, losses):
+    """[loss.token.c1] with the one-loop logsumexp (no ignored tokens)."""
+    for n in prange(logits.shape[0]):
+        m, ls = logsumexp_parts_naive(logits[n], logits.shape[1])
+        losses[n] = sub(ls, sub(logits[n, targets[n]], m))
+
+
+def test_log_softmax_and_cross_entropy_fast_equal_naive():
+    """[softmax.log.c1] [softmax.log.bwd.c1] [loss.token.c1] lane exponentials
+    into scratch, then the ordered sum == the one-loop form."""
+    rng = np.random.default_rng(13)
+    for x in softmax_rows(rng):
+        want = np.empty_like(x)
+        log_softmax_naive(x, want)
+        y = softmax.log_softmax_forward(x)
+        assert_same_bits(y, want)
+        dy = rng.standard_normal(x.shape).astype(F32)
+        log_softmax_backward_naive(dy, y, want)
+        assert_same_bits(softmax.log_softmax_backward(dy, y), want)
+        tgt = rng.integers(0, x.shape[1], size=x.shape[0]).astype(np.int32)
+        losses = np.empty(x.shape[0], F32)
+        cross_entropy_naive(x, tgt, losses)
+        assert_same_bits(loss.cross_entropy_forward(x, tgt)[0], losses)

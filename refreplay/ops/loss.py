@@ -30,7 +30,7 @@ def cross_entropy_kernel(logits, targets, ignore_index, losses):
         if y == ignore_index:
             losses[n] = ZERO
         else:
-            m, ls = logsumexp_parts(logits[n], V)
+            m, ls = logsumexp_parts(logits[n], V, np.empty(V, np.float32))
             losses[n] = sub(ls, sub(logits[n, y], m))
 
 

@@ -14,7 +14,7 @@ from .._jit import kernel, parallel_kernel
 from ..linalg.common import NEG_INF, NEG_ZERO
 from ..numerics.core import add, fmax, mul, recip, sub
 from ..numerics.elementwise import exp_lane  # [num.exp.c1]
-from ..numerics.transcendental import exp, log
+from ..numerics.transcendental import log
 
 
 # ---- row kernels (first n entries of a row) --------------------------------------
@@ -54,20 +54,25 @@ def softmax_row(x, n, y):
 
 
 @kernel
-def logsumexp_parts(x, n):
+def logsumexp_parts(x, n, e):
     """[softmax.log.c1] (m, log(s)) of the first n entries: m and s exactly as
-    in softmax_row."""
+    in softmax_row.  e [>= n] is scratch (overwritten with the exponentials,
+    computed in SIMD lanes before the ordered sum; must not alias x)."""
     m = row_max(x, n)
+    xr = x[:n]
+    er = e[:n]
+    for j in range(n):
+        er[j] = exp_lane(sub(xr[j], m))
     s = NEG_ZERO
     for j in range(n):
-        s = add(s, exp(sub(x[j], m)))
+        s = add(s, er[j])
     return m, log(s)
 
 
 @kernel
 def log_softmax_row(x, n, y):
     """[softmax.log.c1] y[j] = (x[j] - m) - log(s) (y overwritten)."""
-    m, ls = logsumexp_parts(x, n)
+    m, ls = logsumexp_parts(x, n, np.empty(n, np.float32))
     for j in range(n):
         y[j] = sub(sub(x[j], m), ls)
 
@@ -94,8 +99,9 @@ def log_softmax_row_backward(dy, y, n, dx):
     g = NEG_ZERO
     for j in range(n):
         g = add(g, dy[j])
+    yr, dyr, dxr = y[:n], dy[:n], dx[:n]
     for j in range(n):
-        dx[j] = sub(dy[j], mul(exp(y[j]), g))
+        dxr[j] = sub(dyr[j], mul(exp_lane(yr[j]), g))
 
 
 # ---- whole-tensor kernels ---------------------------------------------------------
