@@ -1,0 +1,185 @@
+"""Forward + backward of each transformer op: refreplay vs PyTorch CPU eager fp32.
+
+    python benchmarks/bench_ops.py [--threads 1 2] [--repeats 7] [--json out.json]
+
+Shapes are the `small` preset's (B = 4, T = 128, C = 256, NH = 8, HS = 32,
+F = 1024, V = 256; N = B*T = 512 rows).  Each case times one forward and
+its backward (refreplay: the public ``refreplay.ops`` functions, argument
+checks included; PyTorch: the functional op on ``requires_grad`` leaves and
+``.backward(dout)``), in a fresh worker process per thread count with
+NUMBA_NUM_THREADS = OMP_NUM_THREADS = N and torch.set_num_threads(N).  Both
+sides are warmed up and then timed alternately; the table gives medians and
+the ratio refreplay / PyTorch (1.0 = as fast; above 1 = slower).
+
+PyTorch's attention is ``scaled_dot_product_attention(is_causal=True)``,
+what a PyTorch user would call; AdamW is ``torch.optim.AdamW(foreach=True)``
+over the small preset's parameter tensors, against ``optim.adamw_step``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+from run_all import alternate, load_line, machine, run_worker, table, write_json  # noqa: E402
+
+B, T, C, NH, F, V = 4, 128, 256, 8, 1024, 256
+HS, N = C // NH, B * T
+
+
+def cases():
+    """name -> (refreplay fn, torch fn), each doing forward + backward."""
+    import numpy as np
+    import torch
+    import torch.nn.functional as tF
+
+    from refreplay.model import init_params
+    from refreplay.ops import (activations, attention, embedding, linear, loss, norms, optim, rope,
+                               softmax)
+    from refreplay.presets import preset
+    from torch_gpt import rope as trope
+    from torch_gpt import rope_tables
+
+    rs = np.random.RandomState(1)
+    f32 = lambda *s: (rs.standard_normal(s) * 0.5).astype(np.float32)  # noqa: E731
+    tt = lambda a: torch.from_numpy(a.copy()).requires_grad_(True)  # noqa: E731
+    eps = np.float32(1e-5)
+    out = {}
+
+    def torch_case(fn, *leaves, dout=None):
+        ts = [tt(a) for a in leaves]
+
+        def run():
+            for t in ts:
+                t.grad = None
+            y = fn(*ts)
+            y.backward(torch.from_numpy(dout) if dout is not None else torch.ones_like(y))
+        return run
+
+    # linear (the qkv projection): y = x W^T; dx, dW
+    x, W, dy = f32(N, C), f32(3 * C, C), f32(N, 3 * C)
+    out["linear qkv [512x256]x[768x256]^T"] = (
+        lambda: linear.linear_backward(dy, x, W, False) if linear.linear_forward(x, W) is not None else None,
+        torch_case(lambda a, w: tF.linear(a, w), x, W, dout=dy))
+    # norms
+    w, b, dx = np.ones(C, np.float32), np.zeros(C, np.float32), f32(N, C)
+
+    def ln():
+        o, mu, rstd = norms.layernorm_forward(x, w, b, eps)
+        norms.layernorm_backward(dx, x, w, mu, rstd)
+
+    def rms():
+        o, rr = norms.rmsnorm_forward(x, w, eps)
+        norms.rmsnorm_backward(dx, x, w, rr)
+    out["layernorm [512x256]"] = (ln, torch_case(lambda a, ww, bb: tF.layer_norm(a, (C,), ww, bb, 1e-5),
+                                                 x, w, b, dout=dx))
+    out["rmsnorm [512x256]"] = (rms, torch_case(lambda a, ww: tF.rms_norm(a, (C,), ww, 1e-5), x, w, dout=dx))
+    # activations
+    u, du, g2 = f32(N, F), f32(N, F), f32(N, F)
+    out["gelu tanh [512x1024]"] = (
+        lambda: activations.gelu_backward(du, u) if activations.gelu_forward(u) is not None else None,
+        torch_case(lambda a: tF.gelu(a, approximate="tanh"), u, dout=du))
+    out["swiglu [512x1024]"] = (
+        lambda: activations.swiglu_backward(du, u, g2) if activations.swiglu_forward(u, g2) is not None else None,
+        torch_case(lambda a, bb: tF.silu(a) * bb, u, g2, dout=du))
+    # attention
+    q, k, v, do = f32(B, NH, T, HS), f32(B, NH, T, HS), f32(B, NH, T, HS), f32(B, NH, T, HS)
+
+    def attn():
+        o, att = attention.attention_forward(q, k, v)
+        attention.attention_backward(do, q, k, v, att)
+    out["causal attention [4x8x128x32]"] = (
+        attn, torch_case(lambda a, bb, c: tF.scaled_dot_product_attention(a, bb, c, is_causal=True),
+                         q, k, v, dout=do))
+    # rope
+    cos, sin = rope.rope_tables(T, HS, np.float32(10000.0))
+    tcos, tsin = rope_tables(T, HS, 10000.0)
+    out["rope [4x8x128x32]"] = (
+        lambda: rope.rope_backward(do, cos, sin) if rope.rope_forward(q, cos, sin) is not None else None,
+        torch_case(lambda a: trope(a, tcos, tsin), q, dout=do))
+    # softmax and cross-entropy over the vocabulary
+    logits, dl = f32(N, V), f32(N, V)
+    tgt = rs.randint(0, V, size=N).astype(np.int32)
+    ttgt = torch.from_numpy(tgt.astype(np.int64))
+
+    def sm():
+        y = softmax.softmax_forward(logits)
+        softmax.softmax_backward(dl, y)
+
+    def ce():
+        loss.cross_entropy_forward(logits, tgt)
+        loss.cross_entropy_backward(logits, tgt)
+    out["softmax [512x256]"] = (sm, torch_case(lambda a: torch.softmax(a, -1), logits, dout=dl))
+    out["cross-entropy [512x256]"] = (
+        ce, torch_case(lambda a: tF.cross_entropy(a, ttgt), logits, dout=np.array(1, np.float32)))
+    # embedding
+    wte, tok, demb = f32(V, C), rs.randint(0, V, size=(B, T)).astype(np.int32), f32(B, T, C)
+    ttok = torch.from_numpy(tok.astype(np.int64))
+    out["embedding [256x256] <- [4x128]"] = (
+        lambda: embedding.embedding_backward(demb, tok, V)
+        if embedding.embedding_forward(wte, tok) is not None else None,
+        torch_case(lambda ww: tF.embedding(ttok, ww), wte, dout=demb))
+    # AdamW over the small preset's parameters
+    mc, _ = preset("small")
+    params = init_params(mc, 0)
+    grads = {n: (rs.standard_normal(a.shape) * 1e-3).astype(np.float32) for n, a in params.items()}
+    m, vv = optim.adamw_init(params)
+    no_decay = frozenset(n for n, a in params.items() if a.ndim == 1)
+    tparams = [torch.from_numpy(params[n].copy()).requires_grad_(True) for n in sorted(params)]
+    for p, n in zip(tparams, sorted(params)):
+        p.grad = torch.from_numpy(grads[n])
+    topt = torch.optim.AdamW(tparams, lr=1e-3, foreach=True)
+    out[f"adamw ({sum(a.size for a in params.values()) / 1e6:.1f}M params)"] = (
+        lambda: optim.adamw_step(params, grads, m, vv, step=1, lr=np.float32(1e-3), hp=optim.AdamW(),
+                                 no_decay=no_decay),
+        topt.step)
+    return out
+
+
+def worker(threads: int, repeats: int) -> dict:
+    import torch
+    torch.set_num_threads(threads)
+    rows = []
+    for name, (ref, tor) in cases().items():
+        med = alternate({"refreplay": ref, "torch": tor}, repeats, warmup=2)
+        rows.append({"op": name, "threads": threads, "refreplay_ms": 1e3 * med["refreplay"]["wall"],
+                     "torch_ms": 1e3 * med["torch"]["wall"],
+                     "ratio_wall": med["refreplay"]["wall"] / med["torch"]["wall"],
+                     "ratio_cpu": med["refreplay"]["cpu"] / max(med["torch"]["cpu"], 1e-9)})
+    return {"rows": rows, "loadavg": os.getloadavg()[0]}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker is not None:
+        print(json.dumps(worker(args.worker, args.repeats)))
+        return 0
+    print(load_line(), flush=True)
+    rows = []
+    for n in args.threads:
+        res = run_worker(Path(__file__), ["--worker", str(n), "--repeats", str(args.repeats)], n)
+        for r in res["rows"]:
+            r["loadavg"] = res["loadavg"]
+        rows += res["rows"]
+    print(f"\nforward + backward at the small preset's shapes, medians of {args.repeats} (ms)")
+    print(table(["op", "threads", "refreplay ms", "torch ms", "ratio wall", "ratio cpu", "load"],
+                [[r["op"], r["threads"], f"{r['refreplay_ms']:.2f}", f"{r['torch_ms']:.2f}",
+                  f"{r['ratio_wall']:.2f}", f"{r['ratio_cpu']:.2f}", f"{r['loadavg']:.1f}"] for r in rows]))
+    out = write_json("ops.json", {"machine": machine(), "repeats": args.repeats, "rows": rows}, args.json)
+    print(f"\n{load_line()}\nwrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
