@@ -52,6 +52,14 @@ def cases():
     eps = np.float32(1e-5)
     out = {}
 
+    def both(fwd, bwd):
+        """refreplay case: the forward, then the backward (which reads the
+        forward's saved inputs, as in a training step)."""
+        def run():
+            fwd()
+            bwd()
+        return run
+
     def torch_case(fn, *leaves, dout=None):
         ts = [tt(a) for a in leaves]
 
@@ -65,7 +73,7 @@ def cases():
     # linear (the qkv projection): y = x W^T; dx, dW
     x, W, dy = f32(N, C), f32(3 * C, C), f32(N, 3 * C)
     out["linear qkv [512x256]x[768x256]^T"] = (
-        lambda: linear.linear_backward(dy, x, W, False) if linear.linear_forward(x, W) is not None else None,
+        both(lambda: linear.linear_forward(x, W), lambda: linear.linear_backward(dy, x, W, False)),
         torch_case(lambda a, w: tF.linear(a, w), x, W, dout=dy))
     # norms
     w, b, dx = np.ones(C, np.float32), np.zeros(C, np.float32), f32(N, C)
@@ -83,10 +91,10 @@ def cases():
     # activations
     u, du, g2 = f32(N, F), f32(N, F), f32(N, F)
     out["gelu tanh [512x1024]"] = (
-        lambda: activations.gelu_backward(du, u) if activations.gelu_forward(u) is not None else None,
+        both(lambda: activations.gelu_forward(u), lambda: activations.gelu_backward(du, u)),
         torch_case(lambda a: tF.gelu(a, approximate="tanh"), u, dout=du))
     out["swiglu [512x1024]"] = (
-        lambda: activations.swiglu_backward(du, u, g2) if activations.swiglu_forward(u, g2) is not None else None,
+        both(lambda: activations.swiglu_forward(u, g2), lambda: activations.swiglu_backward(du, u, g2)),
         torch_case(lambda a, bb: tF.silu(a) * bb, u, g2, dout=du))
     # attention
     q, k, v, do = f32(B, NH, T, HS), f32(B, NH, T, HS), f32(B, NH, T, HS), f32(B, NH, T, HS)
@@ -101,7 +109,7 @@ def cases():
     cos, sin = rope.rope_tables(T, HS, np.float32(10000.0))
     tcos, tsin = rope_tables(T, HS, 10000.0)
     out["rope [4x8x128x32]"] = (
-        lambda: rope.rope_backward(do, cos, sin) if rope.rope_forward(q, cos, sin) is not None else None,
+        both(lambda: rope.rope_forward(q, cos, sin), lambda: rope.rope_backward(do, cos, sin)),
         torch_case(lambda a: trope(a, tcos, tsin), q, dout=do))
     # softmax and cross-entropy over the vocabulary
     logits, dl = f32(N, V), f32(N, V)
@@ -122,8 +130,7 @@ def cases():
     wte, tok, demb = f32(V, C), rs.randint(0, V, size=(B, T)).astype(np.int32), f32(B, T, C)
     ttok = torch.from_numpy(tok.astype(np.int64))
     out["embedding [256x256] <- [4x128]"] = (
-        lambda: embedding.embedding_backward(demb, tok, V)
-        if embedding.embedding_forward(wte, tok) is not None else None,
+        both(lambda: embedding.embedding_forward(wte, tok), lambda: embedding.embedding_backward(demb, tok, V)),
         torch_case(lambda ww: tF.embedding(ttok, ww), wte, dout=demb))
     # AdamW over the small preset's parameters
     mc, _ = preset("small")

@@ -17,7 +17,6 @@ whole process.  Target: warm ``refreplay --version`` under 2 s.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
 import subprocess
