@@ -20,6 +20,7 @@ COMMANDS = {
     "replay": "replay",
     "audit": "audit",
     "coverage": "coverage",
+    "trace": "trace",
     "conform": "conform",
     "vectors": "vectors",
     "probe-order": "probe_order",

@@ -120,6 +120,22 @@ def _start_state(run, k: int):
                             [f"published root {rec.state_root}"] + details)
 
 
+def _trace_details(run, step: int, state_before) -> list[str]:
+    """Compare the op-level trace of the diverging step with the publisher's."""
+    from .trace import first_difference, load_trace, step_trace
+
+    published = load_trace(run, step)
+    if published is None:
+        return [f"(no op-level trace published for step {step}; the publisher can add one with "
+                f"`refreplay trace RUN --step {step}`)"]
+    diff = first_difference(published, step_trace(run.trainer(), state_before))
+    if diff is None:
+        return ["op-level trace: every forward output, the loss and every gradient of every micro-batch "
+                "match the published trace; the divergence lies after the gradients (TreeFold, clipping, "
+                "AdamW, re-pinning) or in the published record itself"]
+    return [f"op-level trace: {diff}"]
+
+
 def replay(run, target: int, progress=None) -> ReplayResult:
     """Replay steps up to ``target`` from the nearest earlier checkpoint.
 
@@ -152,6 +168,7 @@ def _replay_from(run, k: int, target: int, progress) -> ReplayResult:
     checked: list[StepCheck] = []
     for s in range(k + 1, target + 1):
         t0 = time.perf_counter()
+        before = st
         st, rec = run.replay_step(st)
         pub = run.records[s]
         dt = time.perf_counter() - t0
@@ -167,12 +184,13 @@ def _replay_from(run, k: int, target: int, progress) -> ReplayResult:
             if dig is not None:
                 details += _localise(dig, st.tensors())
             else:
-                details.append("(no per-step digest or checkpoint published for this step: "
-                               "tensors cannot be named)")
+                details.append("(no published digest that hashes to this step's published root, and no "
+                               "checkpoint: tensors cannot be named)")
             if pub.loss is not None and rec.loss is not None and \
                     rec.loss_hex() != pub.loss_hex():
                 details.append(f"loss differs too: published {pub.loss_hex()}, replayed {rec.loss_hex()} "
                                "(the forward pass already differs)")
+            details += _trace_details(run, s, before)
             return ReplayResult(target, k, checked, Divergence(
                 s, "state", "the state after this step differs from the published state", details))
         if rec.loss_hex() != pub.loss_hex():

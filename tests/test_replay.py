@@ -227,3 +227,44 @@ def test_bad_input_exits_2_without_reading_outside(copy, damage, tmp_path):
     out = _cli("replay", copy, "--step", 12)
     assert out.returncode == 2, out.stdout + out.stderr
     assert "Traceback" not in out.stderr and "error:" in out.stderr and "VERIFIED" not in out.stdout
+
+
+def _republish_with_edited_root(path, step):
+    """A publisher who edits one step's state root and re-links the chain
+    from there to a new head, so every hash in the run is consistent."""
+    from refreplay import state as sh
+
+    p = path / "steps.jsonl"
+    recs = [json.loads(x) for x in p.read_text().splitlines()]
+    head = json.loads((path / "head.json").read_text())
+    recs[step]["state_root"] = "ab" * 32
+    for i in range(step, len(recs)):
+        recs[i]["chain_link"] = sh.chain_link(recs[i - 1]["chain_link"], recs[i]["state_root"],
+                                              recs[i]["data_hash"], head["recipe_sha256"])
+    p.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in recs))
+    head["chain_link"] = recs[-1]["chain_link"]
+    (path / "head.json").write_text(json.dumps(head))
+
+
+def test_op_trace_localises_the_first_diverging_operation(copy):
+    assert _cli("trace", copy, "--step", 13).returncode == 0
+    _republish_with_edited_root(copy, 13)
+    text = _expect_mismatch(copy, 13, "state")
+    assert "match the published trace" in text  # forward and backward agree: the update differs
+    # a publisher whose kernels differed from the spec from one op on
+    tp = copy / "traces" / "step-0000013.json"
+    t = json.loads(tp.read_text())
+    names = [e[0] for e in t["micro_batches"][1]]
+    i = next(j for j, n in enumerate(names) if "attn" in n and n.startswith("forward/"))
+    for e in t["micro_batches"][1][i:]:
+        e[1] = "0" * 64
+    tp.write_text(json.dumps(t))
+    text = _expect_mismatch(copy, 13, "state")
+    assert f"micro-batch 1: first diverging operation output {names[i]!r}" in text, text
+
+
+def test_chain_head_published_out_of_band_is_checked(copy, run1):
+    head = open_run(run1).head["chain_link"]
+    _republish_with_edited_root(copy, 13)
+    out = _cli("replay", copy, "--step", 5, "--expect-head", head)
+    assert out.returncode == 1 and "is not the expected" in out.stderr, out.stdout + out.stderr
