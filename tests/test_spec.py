@@ -52,7 +52,7 @@ def test_check_flags_unknown_and_uncited_labels(tmp_path):
     assert "num.add.c1" not in report.uncited_by_code
     # a clause that cross-references a label the spec lacks is flagged too
     with open(root / "spec" / "01-numbers.txt", "a") as fh:
-        fh.write(f"\n[num.extra.r1] Extra\n  see [{'num.gone' + '.c1'}]\n")
+        fh.write(f"\n[{'num.extra' + '.r1'}] Extra\n  see [{'num.gone' + '.c1'}]\n")
     assert "num.gone.c1" in spec.check(root).unknown
 
 
