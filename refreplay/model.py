@@ -18,11 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numba import prange
 
 from . import rng
-from ._jit import parallel_kernel
-from .numerics.core import F32, finish, mul, sqrt
+from .numerics import elementwise
+from .numerics.core import F32, mul, sqrt
 from .ops import activations, attention, embedding, linear, loss, norms, quant, rope
 from .presets import ModelConfig
 
@@ -125,20 +124,11 @@ def quant_steps(cfg: ModelConfig, params: dict) -> dict[str, np.ndarray]:
 # ---- residual additions ------------------------------------------------------------
 
 
-@parallel_kernel
-def _add_kernel(a, b, out):
-    """out[N] = add(a[N], b[N]) elementwise ([num.add.c1]); out overwritten."""
-    for i in prange(a.size):
-        out[i] = finish(a[i] + b[i])
-
-
 def add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """[model.residual.c1] Elementwise add(a, b), a on the left; a new array."""
     if a.shape != b.shape or a.dtype != np.float32 or b.dtype != np.float32:
         raise ValueError(f"add: float32 arrays of one shape expected, got {a.shape} and {b.shape}")
-    out = np.empty_like(a)
-    _add_kernel(np.ascontiguousarray(a).reshape(-1), np.ascontiguousarray(b).reshape(-1), out.reshape(-1))
-    return out
+    return elementwise.add(np.ascontiguousarray(a), np.ascontiguousarray(b))
 
 
 # ---- building blocks: dispatch on the configuration ---------------------------------

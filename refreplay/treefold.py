@@ -24,18 +24,11 @@ import numpy as np
 from numba import prange
 
 from ._jit import parallel_kernel
+from .numerics import elementwise
 from .numerics.core import F32, finish, recip
 
 
 # ---- elementwise kernels ------------------------------------------------------
-
-
-@parallel_kernel
-def _add_kernel(left, right, out):
-    """out[N] = left[N] + right[N] elementwise ([num.add.c1]); out overwritten.
-    Each element is independent, so the prange carries no reduction."""
-    for i in prange(left.size):
-        out[i] = finish(left[i] + right[i])
 
 
 @parallel_kernel
@@ -58,9 +51,7 @@ def _add_arrays(left, right, what):
     _check_f32(right, what)
     if left.shape != right.shape:
         raise ValueError(f"{what}: shapes differ, {left.shape} vs {right.shape}")
-    out = np.empty_like(left)
-    _add_kernel(left.reshape(-1), right.reshape(-1), out.reshape(-1))
-    return out
+    return elementwise.add(left, right)  # [num.add.c1], element by element
 
 
 def merge(left, right):
