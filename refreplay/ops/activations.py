@@ -157,54 +157,41 @@ def _same_shape(**arrays):
     return shape
 
 
-def _flat(a):
-    return a.reshape(-1)
+def _apply(kernel, n_out, **inputs):
+    """Validate that every input has one shape, allocate ``n_out`` new
+    outputs of that shape, and run the element-wise kernel on flat views
+    (outputs first, then the inputs in the order given)."""
+    shape = _same_shape(**inputs)
+    outs = [np.empty(shape, dtype=np.float32) for _ in range(n_out)]
+    kernel(*(o.reshape(-1) for o in outs), *(a.reshape(-1) for a in inputs.values()))
+    return outs[0] if n_out == 1 else tuple(outs)
 
 
 def gelu_forward(x):
     """[act.gelu.fwd.c1] x (any shape) -> out, same shape (new)."""
-    shape = _same_shape(x=x)
-    out = np.empty(shape, dtype=np.float32)
-    gelu_forward_kernel(_flat(out), _flat(x))
-    return out
+    return _apply(gelu_forward_kernel, 1, x=x)
 
 
 def gelu_backward(dout, x):
     """[act.gelu.bwd.c1] (dout, x) -> dx, same shape (new)."""
-    shape = _same_shape(dout=dout, x=x)
-    dx = np.empty(shape, dtype=np.float32)
-    gelu_backward_kernel(_flat(dx), _flat(dout), _flat(x))
-    return dx
+    return _apply(gelu_backward_kernel, 1, dout=dout, x=x)
 
 
 def silu_forward(x):
     """[act.silu.fwd.c1] x (any shape) -> out, same shape (new)."""
-    shape = _same_shape(x=x)
-    out = np.empty(shape, dtype=np.float32)
-    silu_forward_kernel(_flat(out), _flat(x))
-    return out
+    return _apply(silu_forward_kernel, 1, x=x)
 
 
 def silu_backward(dout, x):
     """[act.silu.bwd.c1] (dout, x) -> dx, same shape (new)."""
-    shape = _same_shape(dout=dout, x=x)
-    dx = np.empty(shape, dtype=np.float32)
-    silu_backward_kernel(_flat(dx), _flat(dout), _flat(x))
-    return dx
+    return _apply(silu_backward_kernel, 1, dout=dout, x=x)
 
 
 def swiglu_forward(a, b):
     """[act.swiglu.fwd.c1] gate a and value b (same shape) -> out (new)."""
-    shape = _same_shape(a=a, b=b)
-    out = np.empty(shape, dtype=np.float32)
-    swiglu_forward_kernel(_flat(out), _flat(a), _flat(b))
-    return out
+    return _apply(swiglu_forward_kernel, 1, a=a, b=b)
 
 
 def swiglu_backward(dout, a, b):
     """[act.swiglu.bwd.c1] (dout, a, b) -> (da, db), same shape (new)."""
-    shape = _same_shape(dout=dout, a=a, b=b)
-    da = np.empty(shape, dtype=np.float32)
-    db = np.empty(shape, dtype=np.float32)
-    swiglu_backward_kernel(_flat(da), _flat(db), _flat(dout), _flat(a), _flat(b))
-    return da, db
+    return _apply(swiglu_backward_kernel, 2, dout=dout, a=a, b=b)
