@@ -63,7 +63,7 @@ def _raw_checkpoint_digest(run, k: int):
     """Digest of the tensors stored in checkpoint k, trusting nothing but the
     file format."""
     tensors, _ = tensorio.load(run._file("checkpoints", f"step-{k:07d}.safetensors"))
-    return statehash.state_hash(tensors)
+    return statehash.state_hash(tensors, statehash.default_threads())
 
 
 def published_digest(run, step: int):
@@ -80,7 +80,7 @@ def published_digest(run, step: int):
 
 
 def _localise(published, replayed_tensors) -> list[str]:
-    ours = statehash.state_hash(replayed_tensors)
+    ours = statehash.state_hash(replayed_tensors, statehash.default_threads())
     d = statehash.diff(published, ours)
     return [ln.replace("only in the second state", "only in the replay")
             .replace("only in the first state", "only in the published state") for ln in d.lines()]

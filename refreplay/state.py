@@ -159,6 +159,61 @@ class StateDigest:
             raise InputError(f"malformed state digest: {exc!r}") from None
 
 
+def default_threads() -> int:
+    """The number of hashing threads the trainer and replay use: the Numba
+    thread count (``NUMBA_NUM_THREADS``, or ``train --threads``) when Numba is
+    loaded, else 1.  It never changes a hash ([state.root.c1])."""
+    import sys
+    numba = sys.modules.get("numba")
+    try:
+        return max(1, int(numba.get_num_threads())) if numba is not None else 1
+    except Exception:  # numba partly imported or without threading layer
+        return 1
+
+
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _pool(workers: int) -> ThreadPoolExecutor:
+    """One long-lived pool, grown on demand: starting threads on every hash
+    would cost more than hashing a small state."""
+    global _POOL
+    if _POOL is None or _POOL._max_workers < workers:
+        if _POOL is not None:
+            _POOL.shutdown(wait=False)
+        _POOL = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="refreplay-hash")
+    return _POOL
+
+
+def _hash_in_threads(flat: list, workers: int) -> list[bytes]:
+    """Chunk leaves of ``flat`` computed by ``workers`` threads; the result is
+    the same list ``[_chunk_leaf(v) for v in flat]`` gives.
+
+    Each thread gets one task holding a share of the chunks balanced by bytes
+    (largest first, each to the least-loaded share): tensors smaller than a
+    chunk make chunks unequal, and a strided split left one thread with 13 %
+    more bytes than the other on the `small` state.  ``hashlib`` releases the
+    GIL while it hashes a buffer, so the shares run in parallel.
+    """
+    shares: list[list[int]] = [[] for _ in range(workers)]
+    load = [0] * workers
+    for i in sorted(range(len(flat)), key=lambda i: -len(flat[i])):
+        t = load.index(min(load))
+        shares[t].append(i)
+        load[t] += len(flat[i]) + 64  # + a per-chunk cost, so empty chunks spread too
+    leaves: list = [None] * len(flat)
+
+    def work(share):
+        for i in share:
+            leaves[i] = _chunk_leaf(flat[i])
+
+    futures = [_pool(workers - 1).submit(work, sh) for sh in shares[1:]]
+    work(shares[0])  # the calling thread hashes the first share itself
+    for f in futures:
+        f.result()  # re-raises a worker's exception
+    return leaves
+
+
 def state_hash(tensors: dict, threads: int = 1) -> StateDigest:
     """[state.root.c1] Hash a training state given as name -> array.
 
@@ -178,13 +233,7 @@ def state_hash(tensors: dict, threads: int = 1) -> StateDigest:
     if workers <= 1:
         leaves = [_chunk_leaf(v) for v in flat]
     else:
-        # Worker t hashes chunks t, t + workers, ...: one task per thread (no
-        # per-chunk scheduling cost) and equal shares, since chunks are equal.
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            parts = list(pool.map(lambda t: [_chunk_leaf(v) for v in flat[t::workers]], range(workers)))
-        leaves = [None] * len(flat)
-        for t, part in enumerate(parts):
-            leaves[t::workers] = part
+        leaves = _hash_in_threads(flat, workers)
     digests, tensor_leaves, pos = {}, [], 0
     for name, arr, vs in zip(names, arrays, views):
         chunk_leaves = leaves[pos:pos + len(vs)]

@@ -59,7 +59,7 @@ class TrainState:
     def digest(self) -> statehash.StateDigest:
         """[state.root.c1] The Merkle digest of ``tensors()``: the root and the
         hash of every tensor and chunk (what localises a difference)."""
-        return statehash.state_hash(self.tensors())
+        return statehash.state_hash(self.tensors(), statehash.default_threads())
 
     def root(self) -> str:
         """[state.root.c1] The state root (hex) of ``tensors()``."""

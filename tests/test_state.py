@@ -172,6 +172,20 @@ def test_threads_do_not_change_the_digest():
     assert state.state_hash(s, threads=5) == one
 
 
+def test_threaded_hashing_of_unequal_chunks_matches_serial():
+    """Shares are balanced by bytes, not by count; whatever the split, every
+    chunk leaf lands at its own index (many small tensors, an empty one,
+    and tensors spanning several chunks)."""
+    rng = np.random.default_rng(5)
+    s = {f"w{i:02d}": rng.standard_normal(int(n)).astype(np.float32)
+         for i, n in enumerate(rng.integers(0, 700_000, size=23))}
+    s["empty"] = np.zeros(0, np.float32)
+    one = state.state_hash(s, threads=1)
+    for t in (2, 3, 7, 64):
+        assert state.state_hash(s, threads=t) == one
+    assert state.default_threads() >= 1
+
+
 def test_digest_round_trips_through_json_form():
     s = mixed_state()
     d = state.state_hash(s)
