@@ -1,5 +1,6 @@
 """The GPT-style decoder of the reference trainer (``spec/20-model.txt``),
-composed from the ops of ``refreplay.ops``; no arithmetic of its own beyond
+composed from the ops of ``refreplay.ops`` (or, on ``device="cuda"``, their
+CUDA twins in ``cuda_backend.host``, see ``refreplay.backend``); no arithmetic of its own beyond
 the residual additions ([model.residual.c1]).
 
 Shapes (spec letters): tokens, targets [B, T] int32; the residual stream
@@ -19,10 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import rng
-from .numerics import elementwise
+from . import backend as backends
 from .numerics.core import F32, mul, sqrt
-from .ops import activations, attention, embedding, linear, loss, norms, quant, rope
 from .presets import ModelConfig
 
 
@@ -91,16 +90,17 @@ def init_scale(init_std) -> np.float32:
 def init_weight(seed: int, name: str, count: int, init_std) -> np.ndarray:
     """[model.init.c1] Elements 0 .. count-1 (row-major) of the initial value
     of the weight ``name``, whatever its shape."""
-    return rng.init_uniform(seed, name, (count,), init_scale(init_std))
+    return backends.get("cpu").rng.init_uniform(seed, name, (count,), init_scale(init_std))
 
 
-def init_params(cfg: ModelConfig, seed: int) -> dict[str, np.ndarray]:
+def init_params(cfg: ModelConfig, seed: int, device=None) -> dict[str, np.ndarray]:
     """[model.init.c1] Norm weights +1, biases (".b") +0, every other tensor
     (embedding, linear weights, head) uniform in [-a, a) from its own Philox
     stream [rng.init.c1]."""
     cfg.validate()
     shapes = param_shapes(cfg)
-    rng.init_tags(shapes)  # refuses two names that would share a stream
+    rng = backends.get(device).rng
+    backends.get("cpu").rng.init_tags(shapes)  # refuses two names that would share a stream
     a = init_scale(cfg.init_std)
     params = {}
     for name, shape in shapes.items():
@@ -113,22 +113,28 @@ def init_params(cfg: ModelConfig, seed: int) -> dict[str, np.ndarray]:
     return params
 
 
-def quant_steps(cfg: ModelConfig, params: dict) -> dict[str, np.ndarray]:
+def quant_steps(cfg: ModelConfig, params: dict, device=None) -> dict[str, np.ndarray]:
     """[model.quant.c1] The re-pinned per-output-channel step sizes of every
     int8 linear weight ([quant.step.c1]), keyed by weight name; empty for fp32."""
     if cfg.linear != "int8":
         return {}
+    quant = backends.get(device).quant
     return {name: quant.step_size_rows(params[name]) for name in linear_names(cfg)}
 
 
 # ---- residual additions ------------------------------------------------------------
 
 
-def add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """[model.residual.c1] Elementwise add(a, b), a on the left; a new array."""
+def add(a: np.ndarray, b: np.ndarray, device=None) -> np.ndarray:
+    """[model.residual.c1] Elementwise add(a, b), a on the left; a new array
+    (computed on ``device``, the CPU reference by default)."""
+    return _add(backends.get(device), a, b)
+
+
+def _add(ops, a, b):
     if a.shape != b.shape or a.dtype != np.float32 or b.dtype != np.float32:
         raise ValueError(f"add: float32 arrays of one shape expected, got {a.shape} and {b.shape}")
-    return elementwise.add(np.ascontiguousarray(a), np.ascontiguousarray(b))
+    return ops.elementwise.add(np.ascontiguousarray(a), np.ascontiguousarray(b))
 
 
 # ---- building blocks: dispatch on the configuration ---------------------------------
@@ -141,46 +147,46 @@ class _Ctx:
         self.saved: dict = {}
 
 
-def _norm_fwd(cfg, params, prefix, x, ctx, key):
+def _norm_fwd(ops, cfg, params, prefix, x, ctx, key):
     if cfg.norm == "rms":
-        out, rrms = norms.rmsnorm_forward(x, params[f"{prefix}.w"], cfg.norm_eps)
+        out, rrms = ops.norms.rmsnorm_forward(x, params[f"{prefix}.w"], cfg.norm_eps)
         ctx.saved[key] = (x, rrms)
     else:
-        out, mean, rstd = norms.layernorm_forward(x, params[f"{prefix}.w"], params[f"{prefix}.b"], cfg.norm_eps)
+        out, mean, rstd = ops.norms.layernorm_forward(x, params[f"{prefix}.w"], params[f"{prefix}.b"], cfg.norm_eps)
         ctx.saved[key] = (x, mean, rstd)
     return out
 
 
-def _norm_bwd(cfg, params, prefix, dout, ctx, key, grads):
+def _norm_bwd(ops, cfg, params, prefix, dout, ctx, key, grads):
     if cfg.norm == "rms":
         x, rrms = ctx.saved[key]
-        dx, dw = norms.rmsnorm_backward(dout, x, params[f"{prefix}.w"], rrms)
+        dx, dw = ops.norms.rmsnorm_backward(dout, x, params[f"{prefix}.w"], rrms)
     else:
         x, mean, rstd = ctx.saved[key]
-        dx, dw, db = norms.layernorm_backward(dout, x, params[f"{prefix}.w"], mean, rstd)
+        dx, dw, db = ops.norms.layernorm_backward(dout, x, params[f"{prefix}.w"], mean, rstd)
         grads[f"{prefix}.b"] = db
     grads[f"{prefix}.w"] = dw
     return dx
 
 
-def _lin_fwd(cfg, params, prefix, x, ctx, B, T):
+def _lin_fwd(ops, cfg, params, prefix, x, ctx, B, T):
     """x [N, IC] -> y [N, OC]: fp32 [linear.fwd.c1] or int8 [quant.linear.fwd.c1]."""
     w = params[f"{prefix}.w"]
     b = params.get(f"{prefix}.b")
     ctx.saved[prefix] = x
     if cfg.linear == "int8":
-        return quant.qlinear_forward(x.reshape(B, T, -1), w, b).reshape(B * T, -1)
-    return linear.linear_forward(x, w, b)
+        return ops.quant.qlinear_forward(x.reshape(B, T, -1), w, b).reshape(B * T, -1)
+    return ops.linear.linear_forward(x, w, b)
 
 
-def _lin_bwd(cfg, params, prefix, dy, ctx, B, T, grads):
+def _lin_bwd(ops, cfg, params, prefix, dy, ctx, B, T, grads):
     x = ctx.saved[prefix]
     w = params[f"{prefix}.w"]
     if cfg.linear == "int8":
-        dx, dw, db = quant.qlinear_backward(dy.reshape(B, T, -1), x.reshape(B, T, -1), w, cfg.bias)
+        dx, dw, db = ops.quant.qlinear_backward(dy.reshape(B, T, -1), x.reshape(B, T, -1), w, cfg.bias)
         dx = dx.reshape(B * T, -1)
     else:
-        dx, dw, db = linear.linear_backward(dy, x, w, cfg.bias)
+        dx, dw, db = ops.linear.linear_backward(dy, x, w, cfg.bias)
     grads[f"{prefix}.w"] = dw
     if cfg.bias:
         grads[f"{prefix}.b"] = db
@@ -214,10 +220,11 @@ class Model:
     """The decoder of [model.forward.c1] for one configuration.  Holds the
     rotary tables (computed once, [rope.freq.c1]); parameters are passed in."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, device=None):
         self.cfg = cfg.validate()
+        self.ops = backends.get(device)  # where the ops run ("cpu", the default, or "cuda")
         self.shapes = param_shapes(cfg)
-        self.cos, self.sin = rope.rope_tables(cfg.seq_len, cfg.head_size, cfg.rope_theta)
+        self.cos, self.sin = self.ops.rope.rope_tables(cfg.seq_len, cfg.head_size, cfg.rope_theta)
 
     def check_params(self, params: dict) -> None:
         if sorted(params) != list(self.shapes):
@@ -232,86 +239,86 @@ class Model:
 
     def forward(self, params: dict, tokens: np.ndarray, targets: np.ndarray):
         """[model.forward.c1] -> (mean loss, logits [N, V], ctx for backward)."""
-        cfg = self.cfg
+        cfg, ops = self.cfg, self.ops
         B, T = tokens.shape
         if T != cfg.seq_len or targets.shape != (B, T):
             raise ValueError(f"tokens/targets must be [B, {cfg.seq_len}], got {tokens.shape} / {targets.shape}")
         NH, HS = cfg.heads, cfg.head_size
         ctx = _Ctx()
         ctx.saved["tokens"] = tokens
-        h = embedding.embedding_forward(params["wte"], tokens).reshape(B * T, cfg.width)
+        h = ops.embedding.embedding_forward(params["wte"], tokens).reshape(B * T, cfg.width)
         for i in range(cfg.layers):
             p = _layer(i)
-            n1 = _norm_fwd(cfg, params, f"{p}.ln1", h, ctx, f"{p}.ln1")
-            qkv = _lin_fwd(cfg, params, f"{p}.attn.qkv", n1, ctx, B, T)
-            q = rope.rope_forward(_split_heads(qkv, 0, B, T, NH, HS), self.cos, self.sin)
-            k = rope.rope_forward(_split_heads(qkv, 1, B, T, NH, HS), self.cos, self.sin)
+            n1 = _norm_fwd(ops, cfg, params, f"{p}.ln1", h, ctx, f"{p}.ln1")
+            qkv = _lin_fwd(ops, cfg, params, f"{p}.attn.qkv", n1, ctx, B, T)
+            q = ops.rope.rope_forward(_split_heads(qkv, 0, B, T, NH, HS), self.cos, self.sin)
+            k = ops.rope.rope_forward(_split_heads(qkv, 1, B, T, NH, HS), self.cos, self.sin)
             v = _split_heads(qkv, 2, B, T, NH, HS)
-            o, att = attention.attention_forward(q, k, v)
+            o, att = ops.attention.attention_forward(q, k, v)
             ctx.saved[f"{p}.attn"] = (q, k, v, att)
-            a = _lin_fwd(cfg, params, f"{p}.attn.proj", _merge_heads(o, B, T, NH, HS), ctx, B, T)
-            h = add(h, a)
-            n2 = _norm_fwd(cfg, params, f"{p}.ln2", h, ctx, f"{p}.ln2")
+            a = _lin_fwd(ops, cfg, params, f"{p}.attn.proj", _merge_heads(o, B, T, NH, HS), ctx, B, T)
+            h = _add(ops, h, a)
+            n2 = _norm_fwd(ops, cfg, params, f"{p}.ln2", h, ctx, f"{p}.ln2")
             if cfg.mlp == "gelu":
-                u = _lin_fwd(cfg, params, f"{p}.mlp.fc", n2, ctx, B, T)
-                g = activations.gelu_forward(u)
+                u = _lin_fwd(ops, cfg, params, f"{p}.mlp.fc", n2, ctx, B, T)
+                g = ops.activations.gelu_forward(u)
                 ctx.saved[f"{p}.act"] = (u,)
             else:
-                ga = _lin_fwd(cfg, params, f"{p}.mlp.gate", n2, ctx, B, T)
-                up = _lin_fwd(cfg, params, f"{p}.mlp.up", n2, ctx, B, T)
-                g = activations.swiglu_forward(ga, up)
+                ga = _lin_fwd(ops, cfg, params, f"{p}.mlp.gate", n2, ctx, B, T)
+                up = _lin_fwd(ops, cfg, params, f"{p}.mlp.up", n2, ctx, B, T)
+                g = ops.activations.swiglu_forward(ga, up)
                 ctx.saved[f"{p}.act"] = (ga, up)
-            m = _lin_fwd(cfg, params, f"{p}.mlp.proj", g, ctx, B, T)
-            h = add(h, m)
-        nf = _norm_fwd(cfg, params, "lnf", h, ctx, "lnf")
+            m = _lin_fwd(ops, cfg, params, f"{p}.mlp.proj", g, ctx, B, T)
+            h = _add(ops, h, m)
+        nf = _norm_fwd(ops, cfg, params, "lnf", h, ctx, "lnf")
         head = params["wte"] if cfg.tied else params["head.w"]
-        logits = linear.linear_forward(nf, head)
+        logits = ops.linear.linear_forward(nf, head)
         ctx.saved["head"] = nf
         y = targets.reshape(-1)
-        _, mean, _ = loss.cross_entropy_forward(logits, y)
+        _, mean, _ = ops.loss.cross_entropy_forward(logits, y)
         ctx.saved["logits"] = (logits, y)
         return np.float32(mean), logits, ctx
 
     def backward(self, params: dict, ctx: _Ctx) -> dict:
         """[model.backward.c1] Gradients of the mean loss, a flat dict with the
         parameter names (sorted)."""
-        cfg = self.cfg
+        cfg, ops = self.cfg, self.ops
         tokens = ctx.saved["tokens"]
         B, T = tokens.shape
         NH, HS = cfg.heads, cfg.head_size
         grads: dict = {}
         logits, y = ctx.saved["logits"]
-        dlogits = loss.cross_entropy_backward(logits, y)
+        dlogits = ops.loss.cross_entropy_backward(logits, y)
         head = params["wte"] if cfg.tied else params["head.w"]
-        dnf, dhead, _ = linear.linear_backward(dlogits, ctx.saved["head"], head, False)
-        dh = _norm_bwd(cfg, params, "lnf", dnf, ctx, "lnf", grads)
+        dnf, dhead, _ = ops.linear.linear_backward(dlogits, ctx.saved["head"], head, False)
+        dh = _norm_bwd(ops, cfg, params, "lnf", dnf, ctx, "lnf", grads)
         for i in reversed(range(cfg.layers)):
             p = _layer(i)
             # h = add(h, m): the branch receives dh unchanged
-            dg = _lin_bwd(cfg, params, f"{p}.mlp.proj", dh, ctx, B, T, grads)
+            dg = _lin_bwd(ops, cfg, params, f"{p}.mlp.proj", dh, ctx, B, T, grads)
             if cfg.mlp == "gelu":
                 (u,) = ctx.saved[f"{p}.act"]
-                du = activations.gelu_backward(dg, u)
-                dn2 = _lin_bwd(cfg, params, f"{p}.mlp.fc", du, ctx, B, T, grads)
+                du = ops.activations.gelu_backward(dg, u)
+                dn2 = _lin_bwd(ops, cfg, params, f"{p}.mlp.fc", du, ctx, B, T, grads)
             else:
                 ga, up = ctx.saved[f"{p}.act"]
-                dga, dup = activations.swiglu_backward(dg, ga, up)
-                dn2 = add(_lin_bwd(cfg, params, f"{p}.mlp.gate", dga, ctx, B, T, grads),
-                          _lin_bwd(cfg, params, f"{p}.mlp.up", dup, ctx, B, T, grads))
-            dh = add(dh, _norm_bwd(cfg, params, f"{p}.ln2", dn2, ctx, f"{p}.ln2", grads))
+                dga, dup = ops.activations.swiglu_backward(dg, ga, up)
+                dn2 = _add(ops, _lin_bwd(ops, cfg, params, f"{p}.mlp.gate", dga, ctx, B, T, grads),
+                           _lin_bwd(ops, cfg, params, f"{p}.mlp.up", dup, ctx, B, T, grads))
+            dh = _add(ops, dh, _norm_bwd(ops, cfg, params, f"{p}.ln2", dn2, ctx, f"{p}.ln2", grads))
             # h = add(h, a)
-            do = _lin_bwd(cfg, params, f"{p}.attn.proj", dh, ctx, B, T, grads)
+            do = _lin_bwd(ops, cfg, params, f"{p}.attn.proj", dh, ctx, B, T, grads)
             q, k, v, att = ctx.saved[f"{p}.attn"]
             do4 = np.ascontiguousarray(do.reshape(B, T, NH, HS).transpose(0, 2, 1, 3))
-            dq, dk, dv = attention.attention_backward(do4, q, k, v, att)
-            dq = rope.rope_backward(dq, self.cos, self.sin)
-            dk = rope.rope_backward(dk, self.cos, self.sin)
+            dq, dk, dv = ops.attention.attention_backward(do4, q, k, v, att)
+            dq = ops.rope.rope_backward(dq, self.cos, self.sin)
+            dk = ops.rope.rope_backward(dk, self.cos, self.sin)
             dqkv = np.concatenate([_merge_heads(d, B, T, NH, HS) for d in (dq, dk, dv)], axis=1)
-            dn1 = _lin_bwd(cfg, params, f"{p}.attn.qkv", dqkv, ctx, B, T, grads)
-            dh = add(dh, _norm_bwd(cfg, params, f"{p}.ln1", dn1, ctx, f"{p}.ln1", grads))
-        dwte = embedding.embedding_backward(dh.reshape(B, T, cfg.width), tokens, cfg.vocab)
+            dn1 = _lin_bwd(ops, cfg, params, f"{p}.attn.qkv", dqkv, ctx, B, T, grads)
+            dh = _add(ops, dh, _norm_bwd(ops, cfg, params, f"{p}.ln1", dn1, ctx, f"{p}.ln1", grads))
+        dwte = ops.embedding.embedding_backward(dh.reshape(B, T, cfg.width), tokens, cfg.vocab)
         if cfg.tied:
-            grads["wte"] = add(dwte, dhead)
+            grads["wte"] = _add(ops, dwte, dhead)
         else:
             grads["wte"] = dwte
             grads["head.w"] = dhead

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import doctor, treefold
+from . import backend as backends
+from . import doctor
 from . import state as statehash
 from .data import Stream, inputs_targets
 from .model import Model, init_params, linear_names, param_shapes, quant_steps
@@ -134,8 +135,10 @@ class Trainer:
     """Runs steps of one recipe: model, hyper-parameters, data stream and the
     recipe hash that every chain link binds."""
 
-    def __init__(self, model_cfg: ModelConfig, train_cfg: TrainConfig, stream: Stream, recipe_hash: str):
-        self.model = Model(model_cfg)
+    def __init__(self, model_cfg: ModelConfig, train_cfg: TrainConfig, stream: Stream, recipe_hash: str,
+                 device=None):
+        self.ops = backends.get(device)  # "cpu" (the reference, default) or "cuda": same bits
+        self.model = Model(model_cfg, self.ops)
         self.cfg = train_cfg.validate()
         self.stream = stream
         self.recipe_hash = recipe_hash
@@ -147,9 +150,9 @@ class Trainer:
 
     def initial_state(self) -> TrainState:
         """[model.init.c1] [optim.state.c1] State 0."""
-        params = init_params(self.model.cfg, self.cfg.seed)
-        m, v = optim.adamw_init(params)
-        return TrainState(0, params, m, v, quant_steps(self.model.cfg, params), self.data_position(0))
+        params = init_params(self.model.cfg, self.cfg.seed, self.ops)
+        m, v = optim.adamw_init(params)  # zeros
+        return TrainState(0, params, m, v, quant_steps(self.model.cfg, params, self.ops), self.data_position(0))
 
     def initial_record(self, st: TrainState) -> StepRecord:
         """[step.record.c1] Step 0: the initial state's root; its link is the genesis."""
@@ -174,16 +177,17 @@ class Trainer:
             out[LOSS] = np.array([res.loss], dtype=np.float32)
             return out
 
-        folded = launcher.fold(leaf, M)  # [fold.tree.c1] [fold.ranks.c1]
-        mean = treefold.scale(folded, M)  # [fold.scale.c1]
+        ops = self.ops
+        folded = launcher.fold(leaf, M, ops.treefold.merge)  # [fold.tree.c1] [fold.ranks.c1]
+        mean = ops.treefold.scale(folded, M)  # [fold.scale.c1]
         loss = np.float32(mean.pop(LOSS)[0])
-        optim.clip_grad_norm(mean, cfg.clip_norm)  # [optim.clip.c1]
-        lr = optim.lr_at(n, cfg.warmup_steps, cfg.schedule_steps, cfg.lr, cfg.min_lr, SCHEDULE)
+        ops.optim.clip_grad_norm(mean, cfg.clip_norm)  # [optim.clip.c1]
+        lr = ops.optim.lr_at(n, cfg.warmup_steps, cfg.schedule_steps, cfg.lr, cfg.min_lr, SCHEDULE)
         new = st.copy()
         new.step = n
-        optim.adamw_step(new.params, mean, new.m, new.v, step=n, lr=lr, hp=self.adam,
+        ops.optim.adamw_step(new.params, mean, new.m, new.v, step=n, lr=lr, hp=self.adam,
                          no_decay=no_decay_names(new.params))  # [optim.adamw.c1]
-        new.qsteps = quant_steps(self.model.cfg, new.params)  # [model.quant.c1]
+        new.qsteps = quant_steps(self.model.cfg, new.params, ops)  # [model.quant.c1]
         new.data_position = self.data_position(n)
         digest = new.digest()
         link = statehash.chain_link(prev_link, digest.root, data_hash, self.recipe_hash)  # [state.chain.c1]

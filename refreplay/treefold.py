@@ -100,9 +100,10 @@ class FoldStack:
     held at once (the accumulator count of [fold.memory.r1]).
     """
 
-    def __init__(self, start: int = 0):
+    def __init__(self, start: int = 0, node=None):
         if start < 0:
             raise ValueError("FoldStack: start must be >= 0")
+        self.node = node or merge  # a tree node; a device's twin of ``merge`` gives the same bits
         self.start = start
         self.end = start
         self.entries: list[Block] = []
@@ -119,7 +120,7 @@ class FoldStack:
             lower, upper = self.entries[-2], self.entries[-1]
             if lower.size != upper.size or lower.start % (2 * lower.size):
                 break
-            self.entries[-2:] = [Block(lower.start, 2 * lower.size, merge(lower.value, upper.value))]
+            self.entries[-2:] = [Block(lower.start, 2 * lower.size, self.node(lower.value, upper.value))]
 
     def blocks(self) -> list[Block]:
         """The stack, bottom (earliest) first: for a rank, its aligned blocks."""
@@ -132,7 +133,7 @@ class FoldStack:
             raise ValueError("FoldStack.result: no leaves were pushed")
         acc = self.entries[-1].value
         for block in reversed(self.entries[:-1]):
-            acc = merge(block.value, acc)
+            acc = self.node(block.value, acc)
         return acc
 
 
@@ -173,20 +174,21 @@ def aligned_blocks(a: int, b: int) -> list[tuple[int, int]]:
     return out
 
 
-def fold_local(start: int, leaves) -> list[Block]:
+def fold_local(start: int, leaves, merge=None) -> list[Block]:
     """[fold.ranks.c1] A rank's share: push its leaves (micro-batches start,
     start+1, ...) and return the stack, which holds exactly the maximal
-    aligned blocks of its range."""
-    stack = FoldStack(start)
+    aligned blocks of its range.  ``merge`` is the tree node ([fold.tree.c1]):
+    this module's ``merge`` unless a device's twin is given."""
+    stack = FoldStack(start, merge)
     for leaf in leaves:
         stack.push(leaf)
     return stack.blocks()
 
 
-def fold_blocks(blocks_in_rank_order) -> object:
+def fold_blocks(blocks_in_rank_order, merge=None) -> object:
     """[fold.ranks.c1] The root's share: push every rank's blocks, rank 0
     first, each rank's bottom (earliest) first, then [fold.final.c1]."""
-    stack = FoldStack()
+    stack = FoldStack(node=merge)
     for block in blocks_in_rank_order:
         if block.start != stack.end:
             raise ValueError(f"fold_blocks: block at {block.start} does not follow "

@@ -20,15 +20,15 @@ class InProcess:
             raise InputError(f"--ranks must be a positive integer, got {ranks!r}")
         self.size = ranks
 
-    def fold(self, leaf, m: int):
+    def fold(self, leaf, m: int, merge=None):
         """[fold.ranks.c1] Every rank's blocks (rank 0 first), then the root's fold."""
         if self.size > m:
             raise InputError(f"{self.size} ranks but only {m} micro-batches per step: "
                              "every rank needs at least one")
         blocks = []
         for a, b in rank_ranges(m, self.size):
-            blocks += fold_local(a, (leaf(i) for i in range(a, b)))
-        return fold_blocks(blocks)
+            blocks += fold_local(a, (leaf(i) for i in range(a, b)), merge)
+        return fold_blocks(blocks, merge)
 
     def share(self, obj):
         return obj

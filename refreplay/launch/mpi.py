@@ -92,13 +92,13 @@ class MPILauncher:
         MPI = _require_mpi4py()
         return cls(MPI.COMM_WORLD, ranks)
 
-    def fold(self, leaf, m: int):
+    def fold(self, leaf, m: int, merge=None):
         """[fold.ranks.c1] Local blocks, point-to-point to rank 0, fold there,
         the result sent back to every rank."""
         if self.size > m:
             raise InputError(f"{self.size} ranks but only {m} micro-batches per step")
         a, b = rank_ranges(m, self.size)[self.rank]
-        local = fold_local(a, (leaf(i) for i in range(a, b)))
+        local = fold_local(a, (leaf(i) for i in range(a, b)), merge)
         template = local[0].value
         if not self.is_root:
             self.comm.send([(blk.start, blk.size) for blk in local], dest=0, tag=TAG_HEADER)
@@ -115,7 +115,7 @@ class MPILauncher:
                 buf = np.empty(width, dtype=np.float32)
                 self.comm.Recv(buf, source=q, tag=TAG_BLOCK)
                 blocks.append(Block(start, size, _unpack(buf, template)))
-        folded = fold_blocks(blocks)
+        folded = fold_blocks(blocks, merge)
         flat = _pack(folded)
         for q in range(1, self.size):
             self.comm.Send(flat, dest=q, tag=TAG_RESULT)

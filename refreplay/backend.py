@@ -1,0 +1,91 @@
+"""Where a training step's arithmetic runs: the CPU reference or the CUDA twin.
+
+The model ([model.forward.c1], [model.backward.c1]), the gradient fold
+([fold.tree.c1], [fold.scale.c1]) and the optimiser ([optim.clip.c1],
+[optim.adamw.c1]) call their ops through a ``Backend``: a bundle of modules
+with the reference's function names and calling conventions (host NumPy
+arrays in and out).
+
+* ``cpu``  — ``refreplay.ops``, ``refreplay.numerics.elementwise``,
+  ``refreplay.treefold`` and ``refreplay.rng``: the reference itself.
+* ``cuda`` — ``cuda_backend.host``: every op runs as numba.cuda kernels on
+  the GPU (or in numba-cuda's simulator under ``NUMBA_ENABLE_CUDASIM=1``),
+  implementing the same clauses, so the same bits come out.
+
+The device is not part of a run's recipe: a step trained on either replays
+on the other with the same state root, data hash and chain link.  State
+hashing, data loading and checkpoints stay on the host.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+
+from .errors import InputError
+
+DEVICES = ("cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class Backend:
+    """The op modules one device provides, under the reference's module names."""
+    name: str
+    embedding: ModuleType
+    linear: ModuleType
+    norms: ModuleType
+    activations: ModuleType
+    attention: ModuleType
+    loss: ModuleType
+    quant: ModuleType
+    rope: ModuleType
+    optim: ModuleType
+    elementwise: ModuleType
+    treefold: ModuleType
+    rng: ModuleType
+
+
+def _cpu() -> Backend:
+    from . import rng, treefold
+    from .numerics import elementwise
+    from .ops import activations, attention, embedding, linear, loss, norms, optim, quant, rope
+
+    return Backend("cpu", embedding, linear, norms, activations, attention, loss, quant, rope,
+                   optim, elementwise, treefold, rng)
+
+
+def _cuda() -> Backend:
+    try:
+        from numba import cuda
+    except Exception as exc:  # numba-cuda missing or broken
+        raise InputError("--device cuda needs numba-cuda: pip install -e '.[cuda]' "
+                         f"({type(exc).__name__}: {exc})") from None
+    try:
+        from cuda_backend._jit import SIMULATOR
+        from cuda_backend.host import numerics, rng, treefold
+        from cuda_backend.host.ops import (activations, attention, embedding, linear, loss, norms, optim,
+                                           quant, rope)
+    except ImportError as exc:
+        raise InputError(f"--device cuda needs the cuda_backend package next to refreplay "
+                         f"(a source checkout): {exc}") from None
+    if not SIMULATOR and not cuda.is_available():
+        raise InputError("--device cuda: no usable CUDA GPU or driver on this machine "
+                         "(numba.cuda.is_available() is False); set NUMBA_ENABLE_CUDASIM=1 to run "
+                         "the same kernels in numba-cuda's simulator (slow)")
+    return Backend("cuda", embedding, linear, norms, activations, attention, loss, quant, rope,
+                   optim, numerics, treefold, rng)
+
+
+_CACHE: dict[str, Backend] = {}
+
+
+def get(device: str | Backend | None = None) -> Backend:
+    """The backend of ``device`` ("cpu", the default, or "cuda"); InputError
+    (exit 2) when the device is unknown or cannot run here."""
+    if isinstance(device, Backend):
+        return device
+    device = "cpu" if device is None else device
+    if device not in DEVICES:
+        raise InputError(f"--device must be one of {', '.join(DEVICES)}, got {device!r}")
+    if device not in _CACHE:
+        _CACHE[device] = _cpu() if device == "cpu" else _cuda()
+    return _CACHE[device]
