@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import prange
 
-from ._jit import parallel_kernel
+from ._jit import kernel, parallel_kernel
 from .numerics import elementwise
 from .numerics.core import F32, finish, recip
 
@@ -31,11 +31,19 @@ from .numerics.core import F32, finish, recip
 # ---- elementwise kernels ------------------------------------------------------
 
 
-@parallel_kernel
-def _scale_kernel(x, s, out):
+@kernel
+def _scale_loop(x, s, out):
     """out[N] = x[N] * s elementwise ([num.mul.c1]); out overwritten."""
-    for i in prange(x.size):
+    for i in range(out.size):
         out[i] = finish(x[i] * s)
+
+
+@parallel_kernel
+def _scale_blocks(x, s, out):
+    """_scale_loop in parallel over the blocks of elementwise.BLOCK elements."""
+    for k in prange(elementwise.n_blocks(out.size)):
+        i0, i1 = elementwise.block_range(k, out.size)
+        _scale_loop(x[i0:i1], s, out[i0:i1])
 
 
 def _check_f32(a, what):
@@ -75,7 +83,8 @@ def scale(value, m: int):
         return {k: scale(value[k], m) for k in sorted(value)}
     _check_f32(value, "scale")
     out = np.empty_like(value)
-    _scale_kernel(value.reshape(-1), r, out.reshape(-1))
+    elementwise.run_elementwise(_scale_loop, _scale_blocks, out.size,
+                                value.reshape(-1), r, out.reshape(-1))
     return out
 
 

@@ -2,8 +2,9 @@
 
 ``exp(x)`` here is ``transcendental.exp`` on every element of ``x``; ``add(a,
 b)`` is ``core.add`` on every pair of elements at the same index.  Each element
-is independent, so the loop runs in parallel over elements ([num.format.c1]:
-the bits of one element never depend on another or on the thread count).
+is independent, so large arrays run in parallel over blocks of elements
+([num.format.c1]: the bits of one element never depend on another, on the
+block size or on the thread count).
 
 These are the entry points the conformance runner and the golden vectors use
 for the primitive ops, so their names are exactly the scalar names.  Inputs
@@ -31,19 +32,19 @@ def _as_f32(name: str, arg: str, x) -> np.ndarray:
     return np.ascontiguousarray(x).reshape(-1)
 
 
-def _unary(name, kern, x):
+def _unary(name, loop, blocks, x):
     flat = _as_f32(name, "x", x)
     out = np.empty_like(flat)
-    kern(flat, out)
+    run_elementwise(loop, blocks, out.size, flat, out)
     return out.reshape(x.shape)
 
 
-def _binary(name, kern, a, b):
+def _binary(name, loop, blocks, a, b):
     fa, fb = _as_f32(name, "a", a), _as_f32(name, "b", b)
     if a.shape != b.shape:
         raise ValueError(f"{name}: operands must have the same shape, got {a.shape} and {b.shape}")
     out = np.empty_like(fa)
-    kern(fa, fb, out)
+    run_elementwise(loop, blocks, out.size, fa, fb, out)
     return out.reshape(a.shape)
 
 
@@ -114,158 +115,287 @@ def sigmoid_lane(x):
 
 
 # ---- kernels: x, a, b, out are 1-D float32 of length N; out is overwritten ----
+# Each op has two kernels: ``_<op>_loop``, a plain loop over all N elements
+# (LLVM vectorises it where the element function has no control flow), and
+# ``_<op>_blocks``, which runs that loop on the BLOCK-element views of its
+# inputs in parallel.  ``run_elementwise`` takes the loop for fewer than PARALLEL_MIN
+# elements, where a parallel region costs more than it saves (and on a loaded
+# machine can wait a whole scheduler quantum for a displaced worker).  Every
+# element gets the same scalar function either way, so the bits depend neither
+# on the block size nor on the thread count ([num.format.c1]).
 
-@parallel_kernel
-def _add_kernel(a, b, out):
-    for i in prange(out.size):
+BLOCK = 32768  # elements per parallel task (128 KiB of float32); measured, docs/performance.md
+PARALLEL_MIN = 1 << 18  # fewer elements run in one thread without a parallel region
+
+
+@kernel(inline="always")
+def n_blocks(n):
+    """How many BLOCK-element blocks cover n elements."""
+    return (n + BLOCK - 1) // BLOCK
+
+
+@kernel(inline="always")
+def block_range(k, n):
+    """(i0, i1): the elements [i0, i1) of block k of n elements."""
+    i0 = k * BLOCK
+    return i0, min(i0 + BLOCK, n)
+
+
+def run_elementwise(loop, blocks, n, *args):
+    """Run an element-wise kernel pair over n elements: ``loop(*args)`` (one
+    thread, no parallel region) for n < PARALLEL_MIN, else ``blocks(*args)``."""
+    (loop if n < PARALLEL_MIN else blocks)(*args)
+
+
+@kernel
+def _add_loop(a, b, out):
+    for i in range(out.size):
         out[i] = core.add(a[i], b[i])
 
 
 @parallel_kernel
-def _sub_kernel(a, b, out):
-    for i in prange(out.size):
+def _add_blocks(a, b, out):
+    for k in prange(n_blocks(out.size)):
+        i0, i1 = block_range(k, out.size)
+        _add_loop(a[i0:i1], b[i0:i1], out[i0:i1])
+
+
+@kernel
+def _sub_loop(a, b, out):
+    for i in range(out.size):
         out[i] = core.sub(a[i], b[i])
 
 
 @parallel_kernel
-def _mul_kernel(a, b, out):
-    for i in prange(out.size):
+def _sub_blocks(a, b, out):
+    for k in prange(n_blocks(out.size)):
+        i0, i1 = block_range(k, out.size)
+        _sub_loop(a[i0:i1], b[i0:i1], out[i0:i1])
+
+
+@kernel
+def _mul_loop(a, b, out):
+    for i in range(out.size):
         out[i] = core.mul(a[i], b[i])
 
 
 @parallel_kernel
-def _fmax_kernel(a, b, out):
-    for i in prange(out.size):
+def _mul_blocks(a, b, out):
+    for k in prange(n_blocks(out.size)):
+        i0, i1 = block_range(k, out.size)
+        _mul_loop(a[i0:i1], b[i0:i1], out[i0:i1])
+
+
+@kernel
+def _fmax_loop(a, b, out):
+    for i in range(out.size):
         out[i] = core.fmax(a[i], b[i])
 
 
 @parallel_kernel
-def _fmin_kernel(a, b, out):
-    for i in prange(out.size):
+def _fmax_blocks(a, b, out):
+    for k in prange(n_blocks(out.size)):
+        i0, i1 = block_range(k, out.size)
+        _fmax_loop(a[i0:i1], b[i0:i1], out[i0:i1])
+
+
+@kernel
+def _fmin_loop(a, b, out):
+    for i in range(out.size):
         out[i] = core.fmin(a[i], b[i])
 
 
 @parallel_kernel
-def _recip_kernel(x, out):
-    for i in prange(out.size):
+def _fmin_blocks(a, b, out):
+    for k in prange(n_blocks(out.size)):
+        i0, i1 = block_range(k, out.size)
+        _fmin_loop(a[i0:i1], b[i0:i1], out[i0:i1])
+
+
+@kernel
+def _recip_loop(x, out):
+    for i in range(out.size):
         out[i] = core.recip(x[i])
 
 
 @parallel_kernel
-def _sqrt_kernel(x, out):
-    for i in prange(out.size):
+def _recip_blocks(x, out):
+    for k in prange(n_blocks(out.size)):
+        i0, i1 = block_range(k, out.size)
+        _recip_loop(x[i0:i1], out[i0:i1])
+
+
+@kernel
+def _sqrt_loop(x, out):
+    for i in range(out.size):
         out[i] = core.sqrt(x[i])
 
 
 @parallel_kernel
-def _rint_kernel(x, out):
-    for i in prange(out.size):
+def _sqrt_blocks(x, out):
+    for k in prange(n_blocks(out.size)):
+        i0, i1 = block_range(k, out.size)
+        _sqrt_loop(x[i0:i1], out[i0:i1])
+
+
+@kernel
+def _rint_loop(x, out):
+    for i in range(out.size):
         out[i] = core.rint(x[i])
 
 
 @parallel_kernel
-def _exp_kernel(x, out):
-    for i in prange(out.size):
+def _rint_blocks(x, out):
+    for k in prange(n_blocks(out.size)):
+        i0, i1 = block_range(k, out.size)
+        _rint_loop(x[i0:i1], out[i0:i1])
+
+
+@kernel
+def _exp_loop(x, out):
+    for i in range(out.size):
         out[i] = tr.exp(x[i])
 
 
 @parallel_kernel
-def _log_kernel(x, out):
-    for i in prange(out.size):
+def _exp_blocks(x, out):
+    for k in prange(n_blocks(out.size)):
+        i0, i1 = block_range(k, out.size)
+        _exp_loop(x[i0:i1], out[i0:i1])
+
+
+@kernel
+def _log_loop(x, out):
+    for i in range(out.size):
         out[i] = tr.log(x[i])
 
 
 @parallel_kernel
-def _tanh_kernel(x, out):
-    for i in prange(out.size):
+def _log_blocks(x, out):
+    for k in prange(n_blocks(out.size)):
+        i0, i1 = block_range(k, out.size)
+        _log_loop(x[i0:i1], out[i0:i1])
+
+
+@kernel
+def _tanh_loop(x, out):
+    for i in range(out.size):
         out[i] = tr.tanh(x[i])
 
 
 @parallel_kernel
-def _sigmoid_kernel(x, out):
-    for i in prange(out.size):
+def _tanh_blocks(x, out):
+    for k in prange(n_blocks(out.size)):
+        i0, i1 = block_range(k, out.size)
+        _tanh_loop(x[i0:i1], out[i0:i1])
+
+
+@kernel
+def _sigmoid_loop(x, out):
+    for i in range(out.size):
         out[i] = tr.sigmoid(x[i])
 
 
 @parallel_kernel
-def _sin_kernel(x, out):
-    for i in prange(out.size):
+def _sigmoid_blocks(x, out):
+    for k in prange(n_blocks(out.size)):
+        i0, i1 = block_range(k, out.size)
+        _sigmoid_loop(x[i0:i1], out[i0:i1])
+
+
+@kernel
+def _sin_loop(x, out):
+    for i in range(out.size):
         out[i] = tr.sin(x[i])
 
 
 @parallel_kernel
-def _cos_kernel(x, out):
-    for i in prange(out.size):
+def _sin_blocks(x, out):
+    for k in prange(n_blocks(out.size)):
+        i0, i1 = block_range(k, out.size)
+        _sin_loop(x[i0:i1], out[i0:i1])
+
+
+@kernel
+def _cos_loop(x, out):
+    for i in range(out.size):
         out[i] = tr.cos(x[i])
+
+
+@parallel_kernel
+def _cos_blocks(x, out):
+    for k in prange(n_blocks(out.size)):
+        i0, i1 = block_range(k, out.size)
+        _cos_loop(x[i0:i1], out[i0:i1])
 
 
 # ---- public API -----------------------------------------------------------------
 
 def add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """[num.add.c1] a + b element by element."""
-    return _binary("add", _add_kernel, a, b)
+    return _binary("add", _add_loop, _add_blocks, a, b)
 
 
 def sub(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """[num.add.c1] a - b element by element."""
-    return _binary("sub", _sub_kernel, a, b)
+    return _binary("sub", _sub_loop, _sub_blocks, a, b)
 
 
 def mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """[num.mul.c1] a * b element by element."""
-    return _binary("mul", _mul_kernel, a, b)
+    return _binary("mul", _mul_loop, _mul_blocks, a, b)
 
 
 def fmax(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """[num.minmax.c1] maximum element by element."""
-    return _binary("fmax", _fmax_kernel, a, b)
+    return _binary("fmax", _fmax_loop, _fmax_blocks, a, b)
 
 
 def fmin(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """[num.minmax.c1] minimum element by element."""
-    return _binary("fmin", _fmin_kernel, a, b)
+    return _binary("fmin", _fmin_loop, _fmin_blocks, a, b)
 
 
 def recip(x: np.ndarray) -> np.ndarray:
     """[num.recip.c1] 1/x element by element."""
-    return _unary("recip", _recip_kernel, x)
+    return _unary("recip", _recip_loop, _recip_blocks, x)
 
 
 def sqrt(x: np.ndarray) -> np.ndarray:
     """[num.sqrt.c1] square root element by element."""
-    return _unary("sqrt", _sqrt_kernel, x)
+    return _unary("sqrt", _sqrt_loop, _sqrt_blocks, x)
 
 
 def rint(x: np.ndarray) -> np.ndarray:
     """[num.rint.c1] round to integer (ties to even) element by element."""
-    return _unary("rint", _rint_kernel, x)
+    return _unary("rint", _rint_loop, _rint_blocks, x)
 
 
 def exp(x: np.ndarray) -> np.ndarray:
     """[num.exp.c1] e^x element by element."""
-    return _unary("exp", _exp_kernel, x)
+    return _unary("exp", _exp_loop, _exp_blocks, x)
 
 
 def log(x: np.ndarray) -> np.ndarray:
     """[num.log.c1] natural logarithm element by element."""
-    return _unary("log", _log_kernel, x)
+    return _unary("log", _log_loop, _log_blocks, x)
 
 
 def tanh(x: np.ndarray) -> np.ndarray:
     """[num.tanh.c1] hyperbolic tangent element by element."""
-    return _unary("tanh", _tanh_kernel, x)
+    return _unary("tanh", _tanh_loop, _tanh_blocks, x)
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
     """[num.sigmoid.c1] logistic sigmoid element by element."""
-    return _unary("sigmoid", _sigmoid_kernel, x)
+    return _unary("sigmoid", _sigmoid_loop, _sigmoid_blocks, x)
 
 
 def sin(x: np.ndarray) -> np.ndarray:
     """[num.sincos.c1] sine element by element (|x| <= 2^14, else NaN)."""
-    return _unary("sin", _sin_kernel, x)
+    return _unary("sin", _sin_loop, _sin_blocks, x)
 
 
 def cos(x: np.ndarray) -> np.ndarray:
     """[num.sincos.c1] cosine element by element (|x| <= 2^14, else NaN)."""
-    return _unary("cos", _cos_kernel, x)
+    return _unary("cos", _cos_loop, _cos_blocks, x)

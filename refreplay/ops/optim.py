@@ -21,6 +21,7 @@ from numba import prange
 from .._jit import kernel, parallel_kernel
 from ..linalg.common import sum_start
 from ..numerics.core import F32, HALF, ONE, add, fmin, mul, recip, sqrt, sub
+from ..numerics.elementwise import block_range, n_blocks, run_elementwise
 from ..numerics.transcendental import cos  # [num.sincos.c1]
 from . import check_scalar_f32
 
@@ -62,16 +63,17 @@ def adamw_bias_corrections(beta1, beta2, t):
     return recip(sub(ONE, pow1)), recip(sub(ONE, pow2))
 
 
-@parallel_kernel
+@kernel
 def adamw_kernel(p, g, m, v, lr, beta1, beta2, eps, wd, rbc1, rbc2):
     """[optim.adamw.c1] One AdamW update of one tensor, elementwise.
 
     p, m, v: [N] updated in place; g: [N] read.  lr, beta1, beta2, eps, wd,
-    rbc1, rbc2: binary32 scalars.  Parallel over elements (independent).
+    rbc1, rbc2: binary32 scalars.  One thread; ``adamw_blocks`` runs it in
+    parallel over blocks (elements are independent).
     """
     one_minus_beta1 = sub(ONE, beta1)
     one_minus_beta2 = sub(ONE, beta2)
-    for i in prange(p.shape[0]):
+    for i in range(p.shape[0]):
         g_i = g[i]
         m_i = add(mul(beta1, m[i]), mul(one_minus_beta1, g_i))
         v_i = add(mul(beta2, v[i]), mul(mul(one_minus_beta2, g_i), g_i))
@@ -82,6 +84,15 @@ def adamw_kernel(p, g, m, v, lr, beta1, beta2, eps, wd, rbc1, rbc2):
         p[i] = sub(p_i, mul(lr, add(update, mul(wd, p_i))))
         m[i] = m_i
         v[i] = v_i
+
+
+@parallel_kernel
+def adamw_blocks(p, g, m, v, lr, beta1, beta2, eps, wd, rbc1, rbc2):
+    """[optim.adamw.c1] adamw_kernel in parallel over blocks of
+    elementwise.BLOCK elements; same arguments."""
+    for k in prange(n_blocks(p.shape[0])):
+        i0, i1 = block_range(k, p.shape[0])
+        adamw_kernel(p[i0:i1], g[i0:i1], m[i0:i1], v[i0:i1], lr, beta1, beta2, eps, wd, rbc1, rbc2)
 
 
 def adamw_init(params: dict) -> tuple[dict, dict]:
@@ -147,8 +158,9 @@ def adamw_step(params: dict, grads: dict, m: dict, v: dict, *, step: int, lr,
     rbc1, rbc2 = np.float32(rbc1), np.float32(rbc2)  # Numba returns Python floats (exact)
     for k in sorted(params):
         wd = np.float32(0.0) if k in no_decay else hp.weight_decay
-        adamw_kernel(params[k].reshape(-1), grads[k].reshape(-1), m[k].reshape(-1),
-                     v[k].reshape(-1), lr, hp.beta1, hp.beta2, hp.eps, wd, rbc1, rbc2)
+        run_elementwise(adamw_kernel, adamw_blocks, params[k].size,
+                        params[k].reshape(-1), grads[k].reshape(-1), m[k].reshape(-1),
+                        v[k].reshape(-1), lr, hp.beta1, hp.beta2, hp.eps, wd, rbc1, rbc2)
 
 
 # ---- global gradient-norm clipping -------------------------------------------
@@ -176,11 +188,19 @@ def clip_coefficient(partials, max_norm):
     return norm, mul(max_norm, recip(add(norm, CLIP_EPS)))
 
 
-@parallel_kernel
+@kernel
 def scale_kernel(g, coef):
     """[optim.clip.c1] step 5: g[i] = mul(g[i], coef), in place.  g: [N]."""
-    for i in prange(g.shape[0]):
+    for i in range(g.shape[0]):
         g[i] = mul(g[i], coef)
+
+
+@parallel_kernel
+def scale_blocks(g, coef):
+    """[optim.clip.c1] scale_kernel in parallel over blocks of elementwise.BLOCK elements."""
+    for k in prange(n_blocks(g.shape[0])):
+        i0, i1 = block_range(k, g.shape[0])
+        scale_kernel(g[i0:i1], coef)
 
 
 def clip_grad_norm(grads: dict, max_norm) -> tuple[np.float32, np.float32]:
@@ -199,7 +219,7 @@ def clip_grad_norm(grads: dict, max_norm) -> tuple[np.float32, np.float32]:
     norm, coef = np.float32(norm), np.float32(coef)
     if coef < np.float32(1.0):
         for k in names:
-            scale_kernel(grads[k].reshape(-1), coef)
+            run_elementwise(scale_kernel, scale_blocks, grads[k].size, grads[k].reshape(-1), coef)
     return norm, coef
 
 
