@@ -125,7 +125,7 @@ def sigmoid_lane(x):
 # on the block size nor on the thread count ([num.format.c1]).
 
 BLOCK = 32768  # elements per parallel task (128 KiB of float32); measured, docs/performance.md
-PARALLEL_MIN = 1 << 18  # fewer elements run in one thread without a parallel region
+PARALLEL_MIN = 2 * BLOCK  # fewer elements run in one thread, without a parallel region
 
 
 @kernel(inline="always")
