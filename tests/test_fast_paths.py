@@ -14,14 +14,15 @@ import pytest
 from numba import prange
 
 from refreplay._jit import kernel, parallel_kernel
-from refreplay.linalg.common import NEG_ZERO
+from refreplay.linalg.common import NEG_ZERO, sum_start
 from refreplay.numerics import elementwise
-from refreplay.numerics.core import HALF, ONE, add, mul, recip, sub
+from refreplay.numerics.core import HALF, ONE, ZERO, add, mul, recip, sqrt, sub
 from refreplay.numerics.transcendental import exp as tr_exp
 from refreplay.numerics.transcendental import sigmoid as tr_sigmoid
 from refreplay.numerics.transcendental import log as tr_log
 from refreplay.numerics.transcendental import tanh
-from refreplay.ops import activations, attention, loss, softmax
+from refreplay.ops import activations, attention, loss, norms, softmax
+from refreplay.ops.rowblock import RB
 from refreplay.ops.softmax import row_max
 
 F32 = np.float32
@@ -346,3 +347,241 @@ def test_log_softmax_and_cross_entropy_fast_equal_naive():
         losses = np.empty(x.shape[0], F32)
         cross_entropy_naive(x, tgt, losses)
         assert_same_bits(loss.cross_entropy_forward(x, tgt)[0], losses)
+
+
+# ---- row blocks: RB rows' sums side by side in SIMD lanes ------------------------------
+# The kernels below are the row ops as they were before rowblock.py: one row
+# per prange index, each sum one loop over the row.  The block kernels keep
+# every row's sum in that order ([red.sum.c1]) and only run RB rows at once.
+
+
+@parallel_kernel
+def softmax_backward_naive(dy, y, dx):
+    """[softmax.bwd.c1] one row per index."""
+    for i in prange(y.shape[0]):
+        d = NEG_ZERO
+        for j in range(y.shape[1]):
+            d = add(d, mul(dy[i, j], y[i, j]))
+        for j in range(y.shape[1]):
+            dx[i, j] = mul(y[i, j], sub(dy[i, j], d))
+
+
+@parallel_kernel
+def cross_entropy_full_naive(logits, targets, ignore_index, losses):
+    """[loss.token.c1] one row per index, ignored tokens +0."""
+    for n in prange(logits.shape[0]):
+        if targets[n] == ignore_index:
+            losses[n] = ZERO
+        else:
+            m, ls = logsumexp_parts_naive(logits[n], logits.shape[1])
+            losses[n] = sub(ls, sub(logits[n, targets[n]], m))
+
+
+@parallel_kernel
+def cross_entropy_backward_naive(logits, targets, ignore_index, c, dlogits):
+    """[loss.bwd.c1] one row per index: softmax, minus one at the target, times c."""
+    N, V = logits.shape
+    for n in prange(N):
+        d_n = dlogits[n]
+        y = targets[n]
+        if y == ignore_index:
+            for j in range(V):
+                d_n[j] = ZERO
+        else:
+            softmax_row_naive(logits[n], V, d_n)
+            d_n[y] = sub(d_n[y], ONE)
+            for j in range(V):
+                d_n[j] = mul(d_n[j], c)
+
+
+@parallel_kernel
+def layernorm_forward_naive(out, mean, rstd, x, w, b, eps):
+    """[norm.layer.fwd.c1] one row per index."""
+    N, C = x.shape
+    inv_C = recip(F32(C))
+    for n in prange(N):
+        x_n = x[n]
+        s = sum_start(C)
+        for c in range(C):
+            s = add(s, x_n[c])
+        mean_n = mul(s, inv_C)
+        v = sum_start(C)
+        for c in range(C):
+            d = sub(x_n[c], mean_n)
+            v = add(v, mul(d, d))
+        var_n = mul(v, inv_C)
+        rstd_n = recip(sqrt(add(var_n, eps)))
+        for c in range(C):
+            norm_c = mul(sub(x_n[c], mean_n), rstd_n)
+            out[n, c] = add(mul(norm_c, w[c]), b[c])
+        mean[n] = mean_n
+        rstd[n] = rstd_n
+
+
+@parallel_kernel
+def layernorm_backward_dx_naive(dx, dout, x, w, mean, rstd):
+    """[norm.layer.bwd.c1] steps 1-4, one row per index."""
+    N, C = x.shape
+    inv_C = recip(F32(C))
+    for n in prange(N):
+        s_dnorm = sum_start(C)
+        s_dnorm_norm = sum_start(C)
+        for c in range(C):
+            norm_c = mul(sub(x[n, c], mean[n]), rstd[n])
+            dnorm_c = mul(dout[n, c], w[c])
+            s_dnorm = add(s_dnorm, dnorm_c)
+            s_dnorm_norm = add(s_dnorm_norm, mul(dnorm_c, norm_c))
+        dnorm_mean = mul(s_dnorm, inv_C)
+        dnorm_norm_mean = mul(s_dnorm_norm, inv_C)
+        for c in range(C):
+            norm_c = mul(sub(x[n, c], mean[n]), rstd[n])
+            dnorm_c = mul(dout[n, c], w[c])
+            t = sub(sub(dnorm_c, dnorm_mean), mul(norm_c, dnorm_norm_mean))
+            dx[n, c] = mul(t, rstd[n])
+
+
+@parallel_kernel
+def rmsnorm_forward_naive(out, rrms, x, w, eps):
+    """[norm.rms.fwd.c1] one row per index."""
+    N, C = x.shape
+    inv_C = recip(F32(C))
+    for n in prange(N):
+        ss = sum_start(C)
+        for c in range(C):
+            ss = add(ss, mul(x[n, c], x[n, c]))
+        rrms_n = recip(sqrt(add(mul(ss, inv_C), eps)))
+        for c in range(C):
+            out[n, c] = mul(mul(x[n, c], rrms_n), w[c])
+        rrms[n] = rrms_n
+
+
+@parallel_kernel
+def rmsnorm_backward_dx_naive(dx, dout, x, w, rrms):
+    """[norm.rms.bwd.c1] steps 1-4, one row per index."""
+    N, C = x.shape
+    inv_C = recip(F32(C))
+    for n in prange(N):
+        s = sum_start(C)
+        for c in range(C):
+            s = add(s, mul(mul(dout[n, c], w[c]), mul(x[n, c], rrms[n])))
+        dnorm_norm_mean = mul(s, inv_C)
+        for c in range(C):
+            norm_c = mul(x[n, c], rrms[n])
+            dnorm_c = mul(dout[n, c], w[c])
+            dx[n, c] = mul(sub(dnorm_c, mul(norm_c, dnorm_norm_mean)), rrms[n])
+
+
+def row_specials():
+    """special_values() plus subnormals (kept: both forms see the same operand)
+    and values whose squares and sums overflow or underflow."""
+    pats = [0x00000001, 0x80000001, 0x007FFFFF, 0x807FFFFF, 0x00400000, 0x7F000000,
+            0xFF000000, 0x5F800000, 0xDF800000, 0x1F800000, 0x9F800000, 0x20000000]
+    return np.concatenate([special_values(), np.array(pats, np.uint32).view(F32)])
+
+
+def row_tensors(rng):
+    """[N, V] tensors: N = 1, 3, 33, 70 (one, part of one and several blocks,
+    the last partial), V = 1, 3, 17, 256, 257; random at three scales, the
+    same with ~3 % of entries replaced by specials (some rows stay finite),
+    and all specials."""
+    assert RB not in (1, 3, 33, 70) and 70 % RB
+    sp = row_specials()
+    for N in (1, 3, 33, 70):
+        for V in (1, 3, 17, 256, 257):
+            for scale in (0.01, 3.0, 1e18):
+                yield (rng.standard_normal((N, V)) * scale).astype(F32)
+            x = rng.standard_normal((N, V)).astype(F32)
+            hit = rng.random((N, V)) < 0.03
+            x[hit] = rng.choice(sp, size=int(hit.sum()))
+            yield x
+            yield np.ascontiguousarray(rng.choice(sp, size=(N, V)).astype(F32))
+
+
+def test_row_blocks_softmax_family_equal_naive():
+    """[softmax.fwd.c1] [softmax.bwd.c1] [softmax.log.c1] [softmax.log.bwd.c1]
+    [red.sum.c1] RB rows in lanes == one row at a time, every output bit."""
+    rng = np.random.default_rng(14)
+    for x in row_tensors(rng):
+        dy = rng.standard_normal(x.shape).astype(F32)
+        dy.flat[::7] = rng.choice(row_specials(), size=dy.flat[::7].size)
+        want = np.empty_like(x)
+        softmax_naive(x, want)
+        y = softmax.softmax_forward(x)
+        assert_same_bits(y, want)
+        softmax_backward_naive(dy, y, want)
+        assert_same_bits(softmax.softmax_backward(dy, y), want)
+        log_softmax_naive(x, want)
+        ly = softmax.log_softmax_forward(x)
+        assert_same_bits(ly, want)
+        log_softmax_backward_naive(dy, ly, want)
+        assert_same_bits(softmax.log_softmax_backward(dy, ly), want)
+
+
+def test_row_blocks_cross_entropy_equal_naive():
+    """[loss.token.c1] [loss.bwd.c1] blocks == rows, with ignored tokens
+    (first, last and random rows) and several count denominators."""
+    rng = np.random.default_rng(15)
+    for x in row_tensors(rng):
+        N, V = x.shape
+        tgt = rng.integers(0, V, size=N).astype(np.int32)
+        tgt[rng.random(N) < 0.2] = loss.IGNORE_INDEX
+        tgt[-1] = loss.IGNORE_INDEX
+        losses = np.empty(N, F32)
+        cross_entropy_full_naive(x, tgt, loss.IGNORE_INDEX, losses)
+        assert_same_bits(loss.cross_entropy_forward(x, tgt)[0], losses)
+        counted = int(np.count_nonzero(tgt != loss.IGNORE_INDEX))
+        for dloss, count in ((ONE, None), (F32(-3.0), counted + 5)):
+            c = mul(F32(dloss), recip(F32(count or counted))) if (count or counted) else ZERO
+            want = np.empty_like(x)
+            cross_entropy_backward_naive(x, tgt, loss.IGNORE_INDEX, F32(c), want)
+            assert_same_bits(loss.cross_entropy_backward(x, tgt, dloss, count), want)
+
+
+def test_row_blocks_norms_equal_naive():
+    """[norm.layer.fwd.c1] [norm.layer.bwd.c1] [norm.rms.fwd.c1] [norm.rms.bwd.c1]
+    [norm.meanop.c1] blocks == rows: out, the statistics and dx bit for bit
+    (dw, db are column sums, unchanged, compared too)."""
+    rng = np.random.default_rng(16)
+    eps = F32(1e-5)
+    for x in row_tensors(rng):
+        N, C = x.shape
+        w = rng.standard_normal(C).astype(F32)
+        b = rng.standard_normal(C).astype(F32)
+        w[0] = F32(-0.0)
+        dout = rng.standard_normal((N, C)).astype(F32)
+        dout.flat[::5] = rng.choice(row_specials(), size=dout.flat[::5].size)
+        for e in (eps, F32(0.0)):  # eps = 0: var + eps may round to 0, rstd = +inf
+            want = [np.empty_like(x), np.empty(N, F32), np.empty(N, F32)]
+            layernorm_forward_naive(*want, x, w, b, e)
+            got = norms.layernorm_forward(x, w, b, e)
+            for g, wv in zip(got, want):
+                assert_same_bits(g, wv)
+            dx_want = np.empty_like(x)
+            layernorm_backward_dx_naive(dx_want, dout, x, w, want[1], want[2])
+            dx, dw, db = norms.layernorm_backward(dout, x, w, want[1], want[2])
+            assert_same_bits(dx, dx_want)
+            rwant = [np.empty_like(x), np.empty(N, F32)]
+            rmsnorm_forward_naive(*rwant, x, w, e)
+            for g, wv in zip(norms.rmsnorm_forward(x, w, e), rwant):
+                assert_same_bits(g, wv)
+            rmsnorm_backward_dx_naive(dx_want, dout, x, w, rwant[1])
+            assert_same_bits(norms.rmsnorm_backward(dout, x, w, rwant[1])[0], dx_want)
+
+
+def test_row_blocks_do_not_depend_on_threads():
+    """[red.order.r1] a block never splits a row: 1 thread == all threads."""
+    import numba
+    rng = np.random.default_rng(17)
+    x = rng.standard_normal((70, 257)).astype(F32)
+    w = rng.standard_normal(257).astype(F32)
+    tgt = rng.integers(0, 257, size=70).astype(np.int32)
+    runs = []
+    for threads in (1, numba.config.NUMBA_NUM_THREADS):
+        numba.set_num_threads(threads)
+        try:
+            runs.append([softmax.softmax_forward(x), norms.layernorm_forward(x, w, w)[0],
+                         norms.rmsnorm_forward(x, w)[0], loss.cross_entropy_backward(x, tgt)])
+        finally:
+            numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+    for a, b in zip(*runs):
+        assert_same_bits(a, b)

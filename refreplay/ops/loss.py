@@ -12,7 +12,8 @@ from numba import prange
 from .._jit import kernel, parallel_kernel
 from ..errors import InputError
 from ..numerics.core import F32, ONE, ZERO, add, mul, recip, sub
-from .softmax import logsumexp_parts, softmax_row
+from .rowblock import RB, n_blocks
+from .softmax import logsumexp_block, softmax_block
 
 IGNORE_INDEX = -1
 MAX_COUNT = 2**24  # f32(count) is exact up to here [loss.mean.c1]
@@ -23,15 +24,17 @@ def cross_entropy_kernel(logits, targets, ignore_index, losses):
     """[loss.token.c1] logits [N, V], targets [N] -> losses [N] (overwritten):
         losses[n] = log(s) - (logits[n, y] - m)   (m, s as in softmax, y = targets[n])
         losses[n] = +0 where targets[n] == ignore_index
-    """
-    N, V = logits.shape
-    for n in prange(N):
-        y = targets[n]
-        if y == ignore_index:
-            losses[n] = ZERO
-        else:
-            m, ls = logsumexp_parts(logits[n], V, np.empty(V, np.float32))
-            losses[n] = sub(ls, sub(logits[n, y], m))
+    Threads take blocks of RB rows whose sums run side by side (rowblock.py);
+    an ignored row's m and log(s) are computed with the block and not used."""
+    N = logits.shape[0]
+    for b in prange(n_blocks(N)):
+        i0 = b * RB
+        rows = min(RB, N - i0)
+        m, ls = logsumexp_block(logits, i0, rows)
+        for r in range(rows):
+            n = i0 + r
+            y = targets[n]
+            losses[n] = ZERO if y == ignore_index else sub(ls[r], sub(logits[n, y], m[r]))
 
 
 @kernel
@@ -53,22 +56,25 @@ def masked_mean(losses, targets, ignore_index):
 @parallel_kernel
 def cross_entropy_backward_kernel(logits, targets, ignore_index, c, dlogits):
     """[loss.bwd.c1] dlogits [N, V] (overwritten), c = dloss * recip(f32(count)):
-        counted row n:  g = softmax_row(logits[n]); g[y] = g[y] - 1;
+        counted row n:  g = softmax(logits[n]); g[y] = g[y] - 1;
                         dlogits[n, j] = g[j] * c
         ignored row n:  dlogits[n, :] = +0
-    """
+    Threads take blocks of RB rows; softmax_block writes every row's softmax."""
     N, V = logits.shape
-    for n in prange(N):
-        d_n = dlogits[n]
-        y = targets[n]
-        if y == ignore_index:
-            for j in range(V):
-                d_n[j] = ZERO
-        else:
-            softmax_row(logits[n], V, d_n)
-            d_n[y] = sub(d_n[y], ONE)
-            for j in range(V):
-                d_n[j] = mul(d_n[j], c)
+    for b in prange(n_blocks(N)):
+        i0 = b * RB
+        rows = min(RB, N - i0)
+        softmax_block(logits, i0, rows, dlogits)
+        for r in range(rows):
+            d_n = dlogits[i0 + r]
+            y = targets[i0 + r]
+            if y == ignore_index:
+                for j in range(V):
+                    d_n[j] = ZERO
+            else:
+                d_n[y] = sub(d_n[y], ONE)
+                for j in range(V):
+                    d_n[j] = mul(d_n[j], c)
 
 
 # ---- public API ------------------------------------------------------------------

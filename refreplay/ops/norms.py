@@ -8,6 +8,9 @@ rrms [N] (RMSNorm).  Every sum is sequential in increasing index from the
 start value of [red.sum.c1]; 1/C is recip(C) computed once ([norm.meanop.c1]).
 The backward recomputes the normalised value norm[n, c] from x and the saved
 statistics with the forward's own operations, so it has the forward's bits.
+Threads take blocks of RB rows whose per-row sums advance side by side in
+SIMD lanes, each in its own row's order (``rowblock.py``); the dw/db sums
+over rows put columns in the lanes.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from .._jit import parallel_kernel
 from ..linalg.common import sum_start
 from ..numerics.core import F32, add, mul, recip, sqrt, sub
 from . import check_f32, check_scalar_f32, check_shape
+from .rowblock import RB, lane_sum, lane_sum_products, lane_vector, load_block, n_blocks
 
 # Columns per parallel task in the dw/db sums: any width gives the same bits,
 # each column's sum runs over rows n in increasing order inside one task.
@@ -31,55 +35,77 @@ _MAX_C = 1 << 24  # C converts to binary32 exactly up to 2**24
 @parallel_kernel
 def layernorm_forward_kernel(out, mean, rstd, x, w, b, eps):
     """[norm.layer.fwd.c1] out: [N, C], mean, rstd: [N] (all overwritten);
-    x: [N, C]; w, b: [C]; eps: binary32.  Parallel over rows."""
+    x: [N, C]; w, b: [C]; eps: binary32.  Threads take blocks of RB rows;
+    a block's sums s and q run side by side, one row per lane (rowblock.py)."""
     N, C = x.shape
     inv_C = recip(F32(C))  # [norm.meanop.c1] once for all rows
-    for n in prange(N):
-        x_n = x[n]
-        s = sum_start(C)
+    start = sum_start(C)
+    for blk in prange(n_blocks(N)):
+        i0 = blk * RB
+        rows = min(RB, N - i0)
+        X = load_block(x, i0, rows)  # X[c, r] = x[i0 + r, c]
+        mean_b = lane_sum(X, start)  # step 1: s
+        for r in range(RB):
+            mean_b[r] = mul(mean_b[r], inv_C)  # step 2
+        q = np.full(RB, start, np.float32)
         for c in range(C):
-            s = add(s, x_n[c])
-        mean_n = mul(s, inv_C)
-        v = sum_start(C)
-        for c in range(C):
-            d = sub(x_n[c], mean_n)
-            v = add(v, mul(d, d))
-        var_n = mul(v, inv_C)
-        rstd_n = recip(sqrt(add(var_n, eps)))
-        out_n = out[n]
-        for c in range(C):
-            norm_c = mul(sub(x_n[c], mean_n), rstd_n)
-            out_n[c] = add(mul(norm_c, w[c]), b[c])
-        mean[n] = mean_n
-        rstd[n] = rstd_n
+            x_c = X[c]
+            for r in range(RB):
+                d = sub(x_c[r], mean_b[r])  # step 3
+                q[r] = add(q[r], mul(d, d))  # step 4
+        for r in range(rows):
+            n = i0 + r
+            mean_n = mean_b[r]
+            rstd_n = recip(sqrt(add(mul(q[r], inv_C), eps)))  # steps 5, 6
+            x_n = x[n]
+            out_n = out[n]
+            for c in range(C):
+                norm_c = mul(sub(x_n[c], mean_n), rstd_n)  # steps 3, 7
+                out_n[c] = add(mul(norm_c, w[c]), b[c])  # step 8
+            mean[n] = mean_n
+            rstd[n] = rstd_n
 
 
 @parallel_kernel
 def layernorm_backward_dx_kernel(dx, dout, x, w, mean, rstd):
     """[norm.layer.bwd.c1] steps 1-4: dx [N, C] (overwritten) from dout, x
-    [N, C], w [C] and the saved mean, rstd [N].  Parallel over rows."""
+    [N, C], w [C] and the saved mean, rstd [N].  Threads take blocks of RB
+    rows; a block's sums a and g run side by side (rowblock.py)."""
     N, C = x.shape
     inv_C = recip(F32(C))
-    for n in prange(N):
-        x_n = x[n]
-        dout_n = dout[n]
-        mean_n = mean[n]
-        rstd_n = rstd[n]
-        s_dnorm = sum_start(C)
-        s_dnorm_norm = sum_start(C)
+    start = sum_start(C)
+    for blk in prange(n_blocks(N)):
+        i0 = blk * RB
+        rows = min(RB, N - i0)
+        X = load_block(x, i0, rows)
+        D = load_block(dout, i0, rows)
+        mean_b = lane_vector(mean, i0, rows)
+        rstd_b = lane_vector(rstd, i0, rows)
+        s_dnorm = np.full(RB, start, np.float32)
+        s_dnorm_norm = np.full(RB, start, np.float32)
         for c in range(C):
-            norm_c = mul(sub(x_n[c], mean_n), rstd_n)  # forward: norm
-            dnorm_c = mul(dout_n[c], w[c])  # out = norm*w + b
-            s_dnorm = add(s_dnorm, dnorm_c)
-            s_dnorm_norm = add(s_dnorm_norm, mul(dnorm_c, norm_c))
-        dnorm_mean = mul(s_dnorm, inv_C)
-        dnorm_norm_mean = mul(s_dnorm_norm, inv_C)
-        dx_n = dx[n]
-        for c in range(C):
-            norm_c = mul(sub(x_n[c], mean_n), rstd_n)
-            dnorm_c = mul(dout_n[c], w[c])
-            t = sub(sub(dnorm_c, dnorm_mean), mul(norm_c, dnorm_norm_mean))
-            dx_n[c] = mul(t, rstd_n)
+            x_c = X[c]
+            dout_c = D[c]
+            w_c = w[c]
+            for r in range(RB):
+                norm = mul(sub(x_c[r], mean_b[r]), rstd_b[r])  # forward: norm
+                dnorm = mul(dout_c[r], w_c)  # out = norm*w + b
+                s_dnorm[r] = add(s_dnorm[r], dnorm)
+                s_dnorm_norm[r] = add(s_dnorm_norm[r], mul(dnorm, norm))
+        for r in range(rows):
+            n = i0 + r
+            x_n = x[n]
+            dout_n = dout[n]
+            dx_n = dx[n]
+            mean_n = mean_b[r]
+            rstd_n = rstd_b[r]
+            dnorm_mean = mul(s_dnorm[r], inv_C)
+            dnorm_norm_mean = mul(s_dnorm_norm[r], inv_C)
+            for c in range(C):
+                norm_c = mul(sub(x_n[c], mean_n), rstd_n)
+                dnorm_c = mul(dout_n[c], w[c])
+                t = sub(sub(dnorm_c, dnorm_mean), mul(norm_c, dnorm_norm_mean))
+                dx_n[c] = mul(t, rstd_n)
 
 
 @parallel_kernel
@@ -114,42 +140,59 @@ def layernorm_backward_dwdb_kernel(dw, db, dout, x, mean, rstd):
 @parallel_kernel
 def rmsnorm_forward_kernel(out, rrms, x, w, eps):
     """[norm.rms.fwd.c1] out: [N, C], rrms: [N] (overwritten); x: [N, C];
-    w: [C]; eps: binary32.  Parallel over rows."""
+    w: [C]; eps: binary32.  Threads take blocks of RB rows; a block's sums q
+    run side by side (rowblock.py)."""
     N, C = x.shape
     inv_C = recip(F32(C))
-    for n in prange(N):
-        x_n = x[n]
-        ss = sum_start(C)
-        for c in range(C):
-            ss = add(ss, mul(x_n[c], x_n[c]))
-        ms = mul(ss, inv_C)
-        rrms_n = recip(sqrt(add(ms, eps)))
-        out_n = out[n]
-        for c in range(C):
-            out_n[c] = mul(mul(x_n[c], rrms_n), w[c])
-        rrms[n] = rrms_n
+    start = sum_start(C)
+    for blk in prange(n_blocks(N)):
+        i0 = blk * RB
+        rows = min(RB, N - i0)
+        X = load_block(x, i0, rows)
+        q = lane_sum_products(X, X, start)  # step 1
+        for r in range(rows):
+            n = i0 + r
+            rrms_n = recip(sqrt(add(mul(q[r], inv_C), eps)))  # steps 2, 3
+            x_n = x[n]
+            out_n = out[n]
+            for c in range(C):
+                out_n[c] = mul(mul(x_n[c], rrms_n), w[c])  # steps 4, 5
+            rrms[n] = rrms_n
 
 
 @parallel_kernel
 def rmsnorm_backward_dx_kernel(dx, dout, x, w, rrms):
-    """[norm.rms.bwd.c1] steps 1-3: dx [N, C] (overwritten).  Parallel over rows."""
+    """[norm.rms.bwd.c1] steps 1-4: dx [N, C] (overwritten).  Threads take
+    blocks of RB rows; a block's sums g run side by side (rowblock.py)."""
     N, C = x.shape
     inv_C = recip(F32(C))
-    for n in prange(N):
-        x_n = x[n]
-        dout_n = dout[n]
-        rrms_n = rrms[n]
-        s = sum_start(C)
+    start = sum_start(C)
+    for blk in prange(n_blocks(N)):
+        i0 = blk * RB
+        rows = min(RB, N - i0)
+        X = load_block(x, i0, rows)
+        D = load_block(dout, i0, rows)
+        rrms_b = lane_vector(rrms, i0, rows)
+        g = np.full(RB, start, np.float32)
         for c in range(C):
-            norm_c = mul(x_n[c], rrms_n)  # forward: norm
-            dnorm_c = mul(dout_n[c], w[c])  # out = norm*w
-            s = add(s, mul(dnorm_c, norm_c))
-        dnorm_norm_mean = mul(s, inv_C)
-        dx_n = dx[n]
-        for c in range(C):
-            norm_c = mul(x_n[c], rrms_n)
-            dnorm_c = mul(dout_n[c], w[c])
-            dx_n[c] = mul(sub(dnorm_c, mul(norm_c, dnorm_norm_mean)), rrms_n)
+            x_c = X[c]
+            dout_c = D[c]
+            w_c = w[c]
+            for r in range(RB):
+                norm = mul(x_c[r], rrms_b[r])  # forward: norm
+                dnorm = mul(dout_c[r], w_c)  # out = norm*w
+                g[r] = add(g[r], mul(dnorm, norm))
+        for r in range(rows):
+            n = i0 + r
+            x_n = x[n]
+            dout_n = dout[n]
+            dx_n = dx[n]
+            rrms_n = rrms_b[r]
+            dnorm_norm_mean = mul(g[r], inv_C)
+            for c in range(C):
+                norm_c = mul(x_n[c], rrms_n)
+                dnorm_c = mul(dout_n[c], w[c])
+                dx_n[c] = mul(sub(dnorm_c, mul(norm_c, dnorm_norm_mean)), rrms_n)
 
 
 @parallel_kernel

@@ -1,9 +1,12 @@
 """Softmax and log-softmax over the last axis (``spec/13-ops-attention.txt``).
 
-The row kernels (``softmax_row`` ...) are shared with attention (a causal row
-is a prefix of the score row) and cross-entropy, so all three give the same
-bits for the same row.  Shapes: x [N, V] (any leading axes are flattened into
-N); every row is independent, so results never depend on N.
+The row kernels (``softmax_row``, ``softmax_row_backward``) serve attention,
+whose causal rows are prefixes of the score row.  The whole-tensor kernels
+and cross-entropy take blocks of RB rows and run the rows' sums side by side
+in SIMD lanes (``rowblock.py``); every lane does the row kernel's operations
+in the row kernel's order, so all give the same bits for the same row
+(``tests/test_fast_paths.py``).  Shapes: x [N, V] (any leading axes are
+flattened into N); every row is independent, so results never depend on N.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from ..linalg.common import NEG_INF, NEG_ZERO
 from ..numerics.core import add, fmax, mul, recip, sub
 from ..numerics.elementwise import exp_lane  # [num.exp.c1]
 from ..numerics.transcendental import log
+from .rowblock import RB, lane_max, lane_sum, lane_sum_products, load_block, n_blocks, store_block
 
 
 # ---- row kernels (first n entries of a row) --------------------------------------
@@ -54,30 +58,6 @@ def softmax_row(x, n, y):
 
 
 @kernel
-def logsumexp_parts(x, n, e):
-    """[softmax.log.c1] (m, log(s)) of the first n entries: m and s exactly as
-    in softmax_row.  e [>= n] is scratch (overwritten with the exponentials,
-    computed in SIMD lanes before the ordered sum; must not alias x)."""
-    m = row_max(x, n)
-    xr = x[:n]
-    er = e[:n]
-    for j in range(n):
-        er[j] = exp_lane(sub(xr[j], m))
-    s = NEG_ZERO
-    for j in range(n):
-        s = add(s, er[j])
-    return m, log(s)
-
-
-@kernel
-def log_softmax_row(x, n, y):
-    """[softmax.log.c1] y[j] = (x[j] - m) - log(s) (y overwritten)."""
-    m, ls = logsumexp_parts(x, n, np.empty(n, np.float32))
-    for j in range(n):
-        y[j] = sub(sub(x[j], m), ls)
-
-
-@kernel
 def softmax_row_backward(dy, y, n, dx):
     """[softmax.bwd.c1] dx[:n] (overwritten) from dy, y = softmax output:
         d = ((-0 + dy[0]*y[0]) + dy[1]*y[1]) + ... + dy[n-1]*y[n-1]
@@ -90,49 +70,108 @@ def softmax_row_backward(dy, y, n, dx):
         dx[j] = mul(y[j], sub(dy[j], d))
 
 
+# ---- row blocks: RB rows' sums side by side (rowblock.py) -------------------------
+
+
 @kernel
-def log_softmax_row_backward(dy, y, n, dx):
-    """[softmax.log.bwd.c1] dx[:n] (overwritten) from dy, y = log-softmax output:
-        g = ((-0 + dy[0]) + dy[1]) + ... + dy[n-1]
-        dx[j] = dy[j] - exp(y[j]) * g
-    """
-    g = NEG_ZERO
-    for j in range(n):
-        g = add(g, dy[j])
-    yr, dyr, dxr = y[:n], dy[:n], dx[:n]
-    for j in range(n):
-        dxr[j] = sub(dyr[j], mul(exp_lane(yr[j]), g))
+def exp_block(x, i0, rows):
+    """[softmax.fwd.c1] For rows i0 .. i0+rows-1 of x [N, V]: (E, m, s) with
+    E [V, RB] the tile of e[j] = exp(x[j] - m) (row r in lane r), m [RB] the
+    row maxima and s [RB] the sums ((-0 + e[0]) + e[1]) + ... + e[V-1]: each
+    lane the steps of softmax_row on its row."""
+    E = load_block(x, i0, rows)
+    m = lane_max(E)
+    for j in range(E.shape[0]):
+        e = E[j]
+        for r in range(RB):
+            e[r] = exp_lane(sub(e[r], m[r]))
+    return E, m, lane_sum(E, NEG_ZERO)
 
 
-# ---- whole-tensor kernels ---------------------------------------------------------
+@kernel
+def softmax_block(x, i0, rows, y):
+    """[softmax.fwd.c1] y[i0 + r] = softmax(x[i0 + r]) for r < rows (overwritten):
+    y[j] = e[j] * recip(s), recip once per row."""
+    E, _, s = exp_block(x, i0, rows)
+    rs = np.empty(RB, np.float32)
+    for r in range(RB):
+        rs[r] = recip(s[r])
+    for j in range(E.shape[0]):
+        e = E[j]
+        for r in range(RB):
+            e[r] = mul(e[r], rs[r])
+    store_block(E, y, i0, rows)
+
+
+@kernel
+def logsumexp_block(x, i0, rows):
+    """[softmax.log.c1] (m, l) [RB] for rows i0 .. i0+rows-1 of x: m and s as
+    in exp_block, l = log(s) once per row (lanes r >= rows: unused)."""
+    _, m, s = exp_block(x, i0, rows)
+    ls = np.empty(RB, np.float32)
+    for r in range(RB):
+        ls[r] = log(s[r])
+    return m, ls
+
+
+# ---- whole-tensor kernels: threads take blocks of RB rows -------------------------
 
 
 @parallel_kernel
 def softmax_kernel(x, y):
-    """x [N, V] -> y [N, V] (overwritten); one row per prange index."""
-    for i in prange(x.shape[0]):
-        softmax_row(x[i], x.shape[1], y[i])
+    """[softmax.fwd.c1] x [N, V] -> y [N, V] (overwritten)."""
+    N = x.shape[0]
+    for b in prange(n_blocks(N)):
+        i0 = b * RB
+        softmax_block(x, i0, min(RB, N - i0), y)
 
 
 @parallel_kernel
 def log_softmax_kernel(x, y):
-    """x [N, V] -> y [N, V] (overwritten)."""
-    for i in prange(x.shape[0]):
-        log_softmax_row(x[i], x.shape[1], y[i])
+    """[softmax.log.c1] x [N, V] -> y [N, V] (overwritten): y[j] = (x[j] - m) - l."""
+    N, V = x.shape
+    for b in prange(n_blocks(N)):
+        i0 = b * RB
+        rows = min(RB, N - i0)
+        m, ls = logsumexp_block(x, i0, rows)
+        for r in range(rows):
+            x_r, y_r, m_r, l_r = x[i0 + r], y[i0 + r], m[r], ls[r]
+            for j in range(V):
+                y_r[j] = sub(sub(x_r[j], m_r), l_r)
 
 
 @parallel_kernel
 def softmax_backward_kernel(dy, y, dx):
-    """dy, y [N, V] -> dx [N, V] (overwritten)."""
-    for i in prange(y.shape[0]):
-        softmax_row_backward(dy[i], y[i], y.shape[1], dx[i])
+    """[softmax.bwd.c1] dy, y [N, V] -> dx [N, V] (overwritten):
+        d = ((-0 + dy[0]*y[0]) + dy[1]*y[1]) + ... + dy[V-1]*y[V-1]
+        dx[j] = y[j] * (dy[j] - d)
+    """
+    N, V = y.shape
+    for b in prange(n_blocks(N)):
+        i0 = b * RB
+        rows = min(RB, N - i0)
+        d = lane_sum_products(load_block(dy, i0, rows), load_block(y, i0, rows), NEG_ZERO)
+        for r in range(rows):
+            dy_r, y_r, dx_r, d_r = dy[i0 + r], y[i0 + r], dx[i0 + r], d[r]
+            for j in range(V):
+                dx_r[j] = mul(y_r[j], sub(dy_r[j], d_r))
 
 
 @parallel_kernel
 def log_softmax_backward_kernel(dy, y, dx):
-    """dy, y [N, V] -> dx [N, V] (overwritten)."""
-    for i in prange(y.shape[0]):
-        log_softmax_row_backward(dy[i], y[i], y.shape[1], dx[i])
+    """[softmax.log.bwd.c1] dy, y [N, V] -> dx [N, V] (overwritten):
+        g = ((-0 + dy[0]) + dy[1]) + ... + dy[V-1]
+        dx[j] = dy[j] - exp(y[j]) * g          (exp in lanes, exp_lane)
+    """
+    N, V = y.shape
+    for b in prange(n_blocks(N)):
+        i0 = b * RB
+        rows = min(RB, N - i0)
+        g = lane_sum(load_block(dy, i0, rows), NEG_ZERO)
+        for r in range(rows):
+            dy_r, y_r, dx_r, g_r = dy[i0 + r], y[i0 + r], dx[i0 + r], g[r]
+            for j in range(V):
+                dx_r[j] = sub(dy_r[j], mul(exp_lane(y_r[j]), g_r))
 
 
 # ---- public API ---------------------------------------------------------------------

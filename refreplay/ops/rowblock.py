@@ -1,0 +1,110 @@
+"""Row blocks: the sequential sums of several rows advance together in SIMD lanes.
+
+A row op (norm, softmax, cross-entropy) sums each row of an [N, C] tensor
+in the order of [red.sum.c1]: s = -0, then s = add(s, z[c]) for c
+increasing.  One row's sum is one chain of dependent, rounded and flushed
+adds, so a kernel that finishes one row before starting the next waits on
+that chain at every element.  The rows are independent, so a kernel here
+takes a block of RB rows, copies it transposed into a scratch tile
+T[c, r] = X[i0 + r, c] (c = column, r = the row's lane), and runs all RB
+chains at once:
+
+    for c in increasing order:
+        for r in range(RB):           # the SIMD lanes: one row each
+            acc[r] = add(acc[r], T[c, r])
+
+Row r's chain is exactly the sequential sum of its row; the lanes only put
+different rows' chains side by side.  Threads (``prange``) take whole blocks,
+so a sum never crosses threads, and the bits depend neither on RB nor on the
+thread count (the technique of ``linalg/reduce.py``'s row sums).
+
+A block at the end of the tensor may hold fewer than RB rows; its remaining
+lanes hold +0 and compute values that are never stored, so every lane loop
+runs the constant trip count RB and compiles to straight vector code.
+Kernels take arrays and integers and do arithmetic only; shapes are given
+in spec letters (C columns of a block; RB lanes).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .._jit import kernel
+from ..linalg.common import NEG_INF
+from ..numerics.core import add, fmax, mul
+
+RB = 32  # rows per block: the SIMD lanes of every lane loop (a [256, 32] tile is 32 KiB)
+
+
+@kernel
+def n_blocks(N):
+    """The number of RB-row blocks that cover N rows."""
+    return (N + RB - 1) // RB
+
+
+@kernel
+def load_block(X, i0, rows):
+    """A new tile T [C, RB] with T[c, r] = X[i0 + r, c] for r < rows and +0 in
+    the lanes r >= rows.  X: [N, C], C-contiguous."""
+    C = X.shape[1]
+    T = np.zeros((C, RB), np.float32)
+    for r in range(rows):
+        x_r = X[i0 + r]
+        for c in range(C):
+            T[c, r] = x_r[c]
+    return T
+
+
+@kernel
+def store_block(T, X, i0, rows):
+    """X[i0 + r, c] = T[c, r] for r < rows (X overwritten there; T: [C, RB])."""
+    C = T.shape[0]
+    for r in range(rows):
+        x_r = X[i0 + r]
+        for c in range(C):
+            x_r[c] = T[c, r]
+
+
+@kernel
+def lane_vector(v, i0, rows):
+    """A new [RB] array of v[i0 + r] for r < rows, +0 in the other lanes."""
+    out = np.zeros(RB, np.float32)
+    for r in range(rows):
+        out[r] = v[i0 + r]
+    return out
+
+
+@kernel
+def lane_sum(T, start):
+    """[red.sum.c1] acc[r] = sum over c increasing of T[c, r], from start
+    (the caller's sum_start or -0).  T: [C, RB]; a new [RB] array."""
+    acc = np.full(RB, start, np.float32)
+    for c in range(T.shape[0]):
+        t = T[c]
+        for r in range(RB):
+            acc[r] = add(acc[r], t[r])
+    return acc
+
+
+@kernel
+def lane_sum_products(A, B, start):
+    """[red.sum.c1] acc[r] = sum over c increasing of mul(A[c, r], B[c, r]).
+    A, B: [C, RB]; a new [RB] array."""
+    acc = np.full(RB, start, np.float32)
+    for c in range(A.shape[0]):
+        a = A[c]
+        b = B[c]
+        for r in range(RB):
+            acc[r] = add(acc[r], mul(a[r], b[r]))
+    return acc
+
+
+@kernel
+def lane_max(T):
+    """[red.rowmax.c1] m[r] = fmax(...fmax(-inf, T[0, r])..., T[C-1, r]).
+    T: [C, RB]; a new [RB] array."""
+    m = np.full(RB, NEG_INF, np.float32)
+    for c in range(T.shape[0]):
+        t = T[c]
+        for r in range(RB):
+            m[r] = fmax(m[r], t[r])
+    return m
