@@ -54,8 +54,9 @@ def _binary(name, loop, blocks, a, b):
 # that calls them has no control flow and compiles to SIMD.  On each element
 # the selected value comes from the very operations, in the very order, of
 # ``transcendental.exp`` / ``tanh``; an unselected branch only ever sees a
-# clamped, finite argument.  tests/test_fast_paths.py checks them bit for bit
-# against the scalar forms (random, special and swept inputs).
+# clamped, finite argument.  tests/test_fast_paths.py and
+# tests/test_blocked_elementwise.py check them bit for bit against the scalar
+# forms (random, special and swept inputs, raw bit patterns).
 
 SIGN = np.uint32(0x80000000)
 
@@ -116,13 +117,16 @@ def sigmoid_lane(x):
 
 # ---- kernels: x, a, b, out are 1-D float32 of length N; out is overwritten ----
 # Each op has two kernels: ``_<op>_loop``, a plain loop over all N elements
-# (LLVM vectorises it where the element function has no control flow), and
-# ``_<op>_blocks``, which runs that loop on the BLOCK-element views of its
-# inputs in parallel.  ``run_elementwise`` takes the loop for fewer than PARALLEL_MIN
-# elements, where a parallel region costs more than it saves (and on a loaded
-# machine can wait a whole scheduler quantum for a displaced worker).  Every
-# element gets the same scalar function either way, so the bits depend neither
-# on the block size nor on the thread count ([num.format.c1]).
+# (LLVM vectorises it where the element function has no control flow: exp,
+# tanh and sigmoid call their lane forms, which have the scalar forms' bits),
+# and ``_<op>_blocks``, which runs that loop on the BLOCK-element views of its
+# inputs in parallel.  ``run_elementwise`` takes the loop for fewer than
+# PARALLEL_MIN elements, where a parallel region costs more than it saves (and
+# on a loaded machine can wait a whole scheduler quantum for a displaced
+# worker).  Every element gets the same scalar function either way, so the
+# bits depend neither on the block size nor on the thread count
+# ([num.format.c1]); tests/test_blocked_elementwise.py checks every path
+# against a one-element-at-a-time loop of the scalar forms.
 
 BLOCK = 32768  # elements per parallel task (128 KiB of float32); measured, docs/performance.md
 PARALLEL_MIN = 2 * BLOCK  # fewer elements run in one thread, without a parallel region
@@ -254,7 +258,7 @@ def _rint_blocks(x, out):
 @kernel
 def _exp_loop(x, out):
     for i in range(out.size):
-        out[i] = tr.exp(x[i])
+        out[i] = exp_lane(x[i])
 
 
 @parallel_kernel
@@ -280,7 +284,7 @@ def _log_blocks(x, out):
 @kernel
 def _tanh_loop(x, out):
     for i in range(out.size):
-        out[i] = tr.tanh(x[i])
+        out[i] = tanh_lane(x[i])
 
 
 @parallel_kernel
@@ -293,7 +297,7 @@ def _tanh_blocks(x, out):
 @kernel
 def _sigmoid_loop(x, out):
     for i in range(out.size):
-        out[i] = tr.sigmoid(x[i])
+        out[i] = sigmoid_lane(x[i])
 
 
 @parallel_kernel
