@@ -21,7 +21,7 @@ from .._jit import parallel_kernel
 from ..linalg.common import sum_start
 from ..numerics.core import F32, add, mul, recip, sqrt, sub
 from . import check_f32, check_scalar_f32, check_shape
-from .rowblock import RB, lane_sum, lane_sum_products, lane_vector, load_block, n_blocks
+from .rowblock import RB, lane_sum, lane_vector, load_block, n_blocks, new_block
 
 # Columns per parallel task in the dw/db sums: any width gives the same bits,
 # each column's sum runs over rows n in increasing order inside one task.
@@ -148,8 +148,12 @@ def rmsnorm_forward_kernel(out, rrms, x, w, eps):
     for blk in prange(n_blocks(N)):
         i0 = blk * RB
         rows = min(RB, N - i0)
-        X = load_block(x, i0, rows)
-        q = lane_sum_products(X, X, start)  # step 1
+        SQ = new_block(C)  # SQ[c, r] = x[i0 + r, c]^2
+        for r in range(rows):
+            x_n = x[i0 + r]
+            for c in range(C):
+                SQ[c, r] = mul(x_n[c], x_n[c])
+        q = lane_sum(SQ, start)  # step 1
         for r in range(rows):
             n = i0 + r
             rrms_n = recip(sqrt(add(mul(q[r], inv_C), eps)))  # steps 2, 3
@@ -170,24 +174,23 @@ def rmsnorm_backward_dx_kernel(dx, dout, x, w, rrms):
     for blk in prange(n_blocks(N)):
         i0 = blk * RB
         rows = min(RB, N - i0)
-        X = load_block(x, i0, rows)
-        D = load_block(dout, i0, rows)
-        rrms_b = lane_vector(rrms, i0, rows)
-        g = np.full(RB, start, np.float32)
-        for c in range(C):
-            x_c = X[c]
-            dout_c = D[c]
-            w_c = w[c]
-            for r in range(RB):
-                norm = mul(x_c[r], rrms_b[r])  # forward: norm
-                dnorm = mul(dout_c[r], w_c)  # out = norm*w
-                g[r] = add(g[r], mul(dnorm, norm))
+        DNN = new_block(C)  # DNN[c, r] = dnorm * norm of row i0 + r
+        for r in range(rows):
+            n = i0 + r
+            x_n = x[n]
+            dout_n = dout[n]
+            rrms_n = rrms[n]
+            for c in range(C):
+                norm_c = mul(x_n[c], rrms_n)  # forward: norm
+                dnorm_c = mul(dout_n[c], w[c])  # out = norm*w
+                DNN[c, r] = mul(dnorm_c, norm_c)
+        g = lane_sum(DNN, start)
         for r in range(rows):
             n = i0 + r
             x_n = x[n]
             dout_n = dout[n]
             dx_n = dx[n]
-            rrms_n = rrms_b[r]
+            rrms_n = rrms[n]
             dnorm_norm_mean = mul(g[r], inv_C)
             for c in range(C):
                 norm_c = mul(x_n[c], rrms_n)

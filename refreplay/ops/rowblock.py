@@ -6,8 +6,9 @@ increasing.  One row's sum is one chain of dependent, rounded and flushed
 adds, so a kernel that finishes one row before starting the next waits on
 that chain at every element.  The rows are independent, so a kernel here
 takes a block of RB rows, copies it transposed into a scratch tile
-T[c, r] = X[i0 + r, c] (c = column, r = the row's lane), and runs all RB
-chains at once:
+T[c, r] = X[i0 + r, c] (c = column, r = the row's lane) -- or writes the
+terms of its sums there, computed along each row -- and runs all RB chains
+at once:
 
     for c in increasing order:
         for r in range(RB):           # the SIMD lanes: one row each
@@ -30,7 +31,7 @@ import numpy as np
 
 from .._jit import kernel
 from ..linalg.common import NEG_INF
-from ..numerics.core import add, fmax, mul
+from ..numerics.core import add, fmax
 
 RB = 32  # rows per block: the SIMD lanes of every lane loop (a [256, 32] tile is 32 KiB)
 
@@ -39,6 +40,12 @@ RB = 32  # rows per block: the SIMD lanes of every lane loop (a [256, 32] tile i
 def n_blocks(N):
     """The number of RB-row blocks that cover N rows."""
     return (N + RB - 1) // RB
+
+
+@kernel
+def new_block(C):
+    """A new tile [C, RB] of +0, for a kernel that writes its own lanes."""
+    return np.zeros((C, RB), np.float32)
 
 
 @kernel
@@ -82,19 +89,6 @@ def lane_sum(T, start):
         t = T[c]
         for r in range(RB):
             acc[r] = add(acc[r], t[r])
-    return acc
-
-
-@kernel
-def lane_sum_products(A, B, start):
-    """[red.sum.c1] acc[r] = sum over c increasing of mul(A[c, r], B[c, r]).
-    A, B: [C, RB]; a new [RB] array."""
-    acc = np.full(RB, start, np.float32)
-    for c in range(A.shape[0]):
-        a = A[c]
-        b = B[c]
-        for r in range(RB):
-            acc[r] = add(acc[r], mul(a[r], b[r]))
     return acc
 
 

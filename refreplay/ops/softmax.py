@@ -18,7 +18,7 @@ from ..linalg.common import NEG_INF, NEG_ZERO
 from ..numerics.core import add, fmax, mul, recip, sub
 from ..numerics.elementwise import exp_lane  # [num.exp.c1]
 from ..numerics.transcendental import log
-from .rowblock import RB, lane_max, lane_sum, lane_sum_products, load_block, n_blocks, store_block
+from .rowblock import RB, lane_max, lane_sum, load_block, n_blocks, new_block, store_block
 
 
 # ---- row kernels (first n entries of a row) --------------------------------------
@@ -150,7 +150,12 @@ def softmax_backward_kernel(dy, y, dx):
     for b in prange(n_blocks(N)):
         i0 = b * RB
         rows = min(RB, N - i0)
-        d = lane_sum_products(load_block(dy, i0, rows), load_block(y, i0, rows), NEG_ZERO)
+        P = new_block(V)
+        for r in range(rows):
+            dy_r, y_r = dy[i0 + r], y[i0 + r]
+            for j in range(V):
+                P[j, r] = mul(dy_r[j], y_r[j])  # the terms, row r in lane r
+        d = lane_sum(P, NEG_ZERO)
         for r in range(rows):
             dy_r, y_r, dx_r, d_r = dy[i0 + r], y[i0 + r], dx[i0 + r], d[r]
             for j in range(V):
