@@ -89,3 +89,30 @@ def get(device: str | Backend | None = None) -> Backend:
     if device not in _CACHE:
         _CACHE[device] = _cpu() if device == "cpu" else _cuda()
     return _CACHE[device]
+
+
+def describe(device=None) -> str:
+    """One line naming where the ops run, for command output and audit
+    certificates: "cpu", "cuda (simulator)" or "cuda: <GPU name>, compute
+    capability <major>.<minor>"."""
+    b = get(device)
+    if b.name == "cpu":
+        return "cpu"
+    from cuda_backend._jit import SIMULATOR
+
+    if SIMULATOR:
+        return "cuda (numba-cuda simulator)"
+    from numba import cuda
+
+    dev = cuda.get_current_device()
+    name = dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name)
+    major, minor = dev.compute_capability
+    return f"cuda: {name}, compute capability {major}.{minor}"
+
+
+def add_argument(parser) -> None:
+    """The ``--device`` option of the commands that compute steps."""
+    parser.add_argument("--device", choices=DEVICES, default="cpu",
+                        help="where the step's ops run: cpu (the reference, default) or cuda (the "
+                             "cuda_backend twin on a GPU, or in numba-cuda's simulator under "
+                             "NUMBA_ENABLE_CUDASIM=1); the bits are the same")

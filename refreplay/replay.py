@@ -86,7 +86,7 @@ def _localise(published, replayed_tensors) -> list[str]:
             .replace("only in the first state", "only in the published state") for ln in d.lines()]
 
 
-def _start_state(run, k: int):
+def _start_state(run, k: int, device=None):
     """State k from its checkpoint; a checkpoint whose root is not the
     published one is a divergence at step k, localised by rebuilding step k."""
     rec = run.records[k]
@@ -99,16 +99,16 @@ def _start_state(run, k: int):
     published = _raw_checkpoint_digest(run, k)
     earlier = [c for c in run.checkpoints if c < k]
     if k == 0:
-        rebuilt = run.trainer().initial_state()
+        rebuilt = run.trainer(device).initial_state()
     else:
         res_state = None
         start = earlier[-1]
-        st, div = _start_state(run, start)
+        st, div = _start_state(run, start, device)
         if div is not None:
             return None, div
         res_state = st
         for s in range(start + 1, k + 1):
-            res_state, _ = run.replay_step(res_state)
+            res_state, _ = run.replay_step(res_state, device=device)
         rebuilt = res_state
     if rebuilt.root() != rec.state_root:
         return None, Divergence(k, "checkpoint", "the checkpoint differs from its published root, and "
@@ -120,7 +120,7 @@ def _start_state(run, k: int):
                             [f"published root {rec.state_root}"] + details)
 
 
-def _trace_details(run, step: int, state_before) -> list[str]:
+def _trace_details(run, step: int, state_before, device=None) -> list[str]:
     """Compare the op-level trace of the diverging step with the publisher's."""
     from .trace import first_difference, load_trace, step_trace
 
@@ -128,7 +128,7 @@ def _trace_details(run, step: int, state_before) -> list[str]:
     if published is None:
         return [f"(no op-level trace published for step {step}; the publisher can add one with "
                 f"`refreplay trace RUN --step {step}`)"]
-    diff = first_difference(published, step_trace(run.trainer(), state_before))
+    diff = first_difference(published, step_trace(run.trainer(device), state_before))
     if diff is None:
         return ["op-level trace: every forward output, the loss and every gradient of every micro-batch "
                 "match the published trace; the divergence lies after the gradients (TreeFold, clipping, "
@@ -136,8 +136,9 @@ def _trace_details(run, step: int, state_before) -> list[str]:
     return [f"op-level trace: {diff}"]
 
 
-def replay(run, target: int, progress=None) -> ReplayResult:
-    """Replay steps up to ``target`` from the nearest earlier checkpoint.
+def replay(run, target: int, progress=None, device=None) -> ReplayResult:
+    """Replay steps up to ``target`` from the nearest earlier checkpoint, with
+    the ops on ``device`` ("cpu", the default, or "cuda": the same bits).
 
     ``run`` is best opened with ``open_run(path, strict=False)``: integrity
     problems of its files (``run.findings``) then become divergences here,
@@ -151,7 +152,7 @@ def replay(run, target: int, progress=None) -> ReplayResult:
         f = dated[0]
         return ReplayResult(target, k, [], Divergence(
             f.step, f.kind, f.message, [g.message for g in dated[1:]]))
-    res = _replay_from(run, k, target, progress)
+    res = _replay_from(run, k, target, progress, device)
     undated = [f.message for f in run.findings if f.step is None]
     if undated and res.divergence is None:
         res.divergence = Divergence(target, "data", "the run's data files are not the published ones, "
@@ -161,15 +162,15 @@ def replay(run, target: int, progress=None) -> ReplayResult:
     return res
 
 
-def _replay_from(run, k: int, target: int, progress) -> ReplayResult:
-    st, div = _start_state(run, k)
+def _replay_from(run, k: int, target: int, progress, device=None) -> ReplayResult:
+    st, div = _start_state(run, k, device)
     if div is not None:
         return ReplayResult(target, k, [], div)
     checked: list[StepCheck] = []
     for s in range(k + 1, target + 1):
         t0 = time.perf_counter()
         before = st
-        st, rec = run.replay_step(st)
+        st, rec = run.replay_step(st, device=device)
         pub = run.records[s]
         dt = time.perf_counter() - t0
         if progress:
@@ -190,7 +191,7 @@ def _replay_from(run, k: int, target: int, progress) -> ReplayResult:
                     rec.loss_hex() != pub.loss_hex():
                 details.append(f"loss differs too: published {pub.loss_hex()}, replayed {rec.loss_hex()} "
                                "(the forward pass already differs)")
-            details += _trace_details(run, s, before)
+            details += _trace_details(run, s, before, device)
             return ReplayResult(target, k, checked, Divergence(
                 s, "state", "the state after this step differs from the published state", details))
         if rec.loss_hex() != pub.loss_hex():

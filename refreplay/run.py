@@ -396,19 +396,21 @@ class Run:
         return self.stream().batch(n)
 
     # -- replay
-    def trainer(self):
+    def trainer(self, device=None):
+        """A Trainer of this recipe whose ops run on ``device`` ("cpu", the
+        default, or "cuda"; ``refreplay.backend``)."""
         from .step import Trainer
 
-        return Trainer(self.recipe.model, self.recipe.train, self.stream(), self.recipe_sha256)
+        return Trainer(self.recipe.model, self.recipe.train, self.stream(), self.recipe_sha256, device)
 
-    def replay_step(self, st, launcher=None):
+    def replay_step(self, st, launcher=None, device=None):
         """One step from state ``st`` (state k -> k+1), on one in-process rank
-        unless a launcher is given; returns (state k+1, record k+1) to compare
-        with ``records[k+1]``."""
+        unless a launcher is given, on ``device``; returns (state k+1, record
+        k+1) to compare with ``records[k+1]``."""
         from .launch.inproc import InProcess
 
         _need(0 <= st.step < self.recipe.steps, f"state at step {st.step} has no next step in this run")
-        return self.trainer().step(st, self.records[st.step].chain_link, launcher or InProcess(1))
+        return self.trainer(device).step(st, self.records[st.step].chain_link, launcher or InProcess(1))
 
 
 @dataclass(frozen=True)

@@ -42,8 +42,10 @@ def _progress(stream, n, total, loss, tokens_per_s, final=False):
 
 def train(model: ModelConfig, train_cfg: TrainConfig, *, steps: int, checkpoint_every: int, out,
           launcher, launcher_name: str = "inproc", preset: str | None = None, corpus_files=None,
-          byte_cap: int = data.DEFAULT_BYTE_CAP, progress=sys.stderr) -> Summary:
-    """Train ``steps`` steps and write the run to ``out`` (root rank)."""
+          byte_cap: int = data.DEFAULT_BYTE_CAP, progress=sys.stderr, device=None) -> Summary:
+    """Train ``steps`` steps and write the run to ``out`` (root rank), with the
+    ops on ``device`` ("cpu", the default, or "cuda"; not part of the recipe,
+    since it changes no bit)."""
     model = model.validate()
     train_cfg = train_cfg.validate()
     if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= 1 << 24:
@@ -76,7 +78,7 @@ def train(model: ModelConfig, train_cfg: TrainConfig, *, steps: int, checkpoint_
                         checkpoint_every=checkpoint_every)
     stream = data.Stream(samples, train_cfg.seed, data.Batching(train_cfg.micro_batches,
                                                                train_cfg.micro_batch_size))
-    trainer = Trainer(model, train_cfg, stream, recipe.sha256())
+    trainer = Trainer(model, train_cfg, stream, recipe.sha256(), device)
     saves = set(checkpoint_steps(steps, checkpoint_every))
     if launcher.is_root:
         writer = RunWriter(path, recipe)

@@ -14,6 +14,9 @@ def add_arguments(p):
     p.add_argument("--out", required=True, metavar="DIR", help="directory for the certificates")
     p.add_argument("--expect-head", metavar="HEX", help="the chain head published out of band")
     p.add_argument("--quiet", action="store_true", help="no progress line")
+    from ..backend import add_argument
+
+    add_argument(p)
 
 
 def run(args) -> int:
@@ -24,6 +27,7 @@ def run(args) -> int:
 
     from .. import __version__, audit, doctor, spec
     from ..errors import InputError
+    from ..backend import describe
     from ..replay import replay
     from ..run import open_run
     from .replay import check_head, progress_printer
@@ -40,9 +44,10 @@ def run(args) -> int:
     print(f"run {args.run}: {r.recipe.steps} steps, chain head {head}")
     print(f"sampled steps {steps} (beacon {args.beacon}, secret {secret})")
     fp = doctor.fingerprint()
+    fp["device"] = describe(args.device)
     bad = 0
     for s in steps:
-        res = replay(r, s, progress_printer(args.quiet))
+        res = replay(r, s, progress_printer(args.quiet), args.device)
         pub = r.records[s]
         published = {"state_root": pub.state_root, "data_hash": pub.data_hash, "chain_link": pub.chain_link}
         if res.verified:

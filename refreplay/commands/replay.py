@@ -7,6 +7,9 @@ def add_arguments(p):
     p.add_argument("--expect-head", metavar="HEX",
                    help="the chain head published out of band; the run's head.json must equal it")
     p.add_argument("--quiet", action="store_true", help="no progress line")
+    from ..backend import add_argument
+
+    add_argument(p)
 
 
 def check_head(run, expected):
@@ -31,13 +34,17 @@ def progress_printer(quiet):
 
 
 def run(args) -> int:
+    from ..backend import describe
     from ..replay import replay
     from ..run import open_run
 
     r = open_run(args.run, strict=False)
     check_head(r, args.expect_head)
-    res = replay(r, args.step, progress_printer(args.quiet))
+    device = describe(args.device)  # refuses an unusable device before any work
+    res = replay(r, args.step, progress_printer(args.quiet), args.device)
     print(f"run {args.run}: chain head {r.head['chain_link']}")
+    if args.device != "cpu":
+        print(f"ops on {device}")
     print(f"replayed steps {res.start + 1}..{args.step} from the checkpoint at step {res.start}")
     for c in res.checked:
         print(f"  step {c.step}: state {c.state_root[:16]}  link {c.chain_link[:16]}  ok  ({c.seconds:.2f} s)")

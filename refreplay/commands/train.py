@@ -22,6 +22,9 @@ def add_arguments(p):
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="compute threads per process (bits never depend on it)")
     p.add_argument("--quiet", action="store_true", help="no progress line")
+    from ..backend import add_argument
+
+    add_argument(p)
 
 
 def _argv(args) -> list[str]:
@@ -30,7 +33,8 @@ def _argv(args) -> list[str]:
            "--out", str(args.out)]
     out += ["--preset", args.preset] if args.preset else ["--config", str(args.config)]
     for flag, value in (("--checkpoint-every", args.checkpoint_every), ("--seed", args.seed),
-                        ("--byte-cap", args.byte_cap), ("--threads", args.threads)):
+                        ("--byte-cap", args.byte_cap), ("--threads", args.threads),
+                        ("--device", args.device)):
         if value is not None:
             out += [flag, str(value)]
     if args.data:
@@ -103,13 +107,16 @@ def run(args) -> int:
     from .. import data, launch
     from ..train import train
 
+    from ..backend import describe
+
+    device = describe(args.device)  # refuses an unusable device before any work
     launcher = launch.get(args.launcher, args.ranks)
     try:
         summary = train(model, train_cfg, steps=args.steps,
                         checkpoint_every=args.checkpoint_every or args.steps, out=args.out,
                         launcher=launcher, launcher_name=args.launcher, preset=name,
                         corpus_files=args.data, byte_cap=args.byte_cap or data.DEFAULT_BYTE_CAP,
-                        progress=None if args.quiet else sys.stderr)
+                        progress=None if args.quiet else sys.stderr, device=args.device)
     except Exception as exc:
         if launcher.size > 1 and hasattr(launcher, "abort"):
             # One MPI rank failing must not leave the others waiting for its
@@ -126,7 +133,7 @@ def run(args) -> int:
     launcher.close()
     if launcher.is_root:
         print(f"run {args.out}: {summary.steps} steps on {args.ranks} rank(s) ({args.launcher}), "
-              f"{summary.seconds:.1f} s")
+              f"ops on {device}, {summary.seconds:.1f} s")
         print(f"recipe sha256 {summary.recipe_sha256}")
         print(f"chain head    {summary.head}")
     return 0
