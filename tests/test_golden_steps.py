@@ -1,0 +1,121 @@
+"""Golden training steps ([conf.steps.c1]): vectors/steps.json regenerates
+byte for byte, every record reproduces from the file's own samples with 1, 3
+and M ranks, the recipe hash is the stated function of configuration and
+samples, and an altered or malformed file is refused with the right exit
+code and the first differing record named."""
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+import pytest
+
+from refreplay import cli
+from refreplay.conformance import steps
+from refreplay.conformance.store import VECTOR_DIR
+
+PATH = VECTOR_DIR / steps.STEPS_FILE
+
+
+@pytest.fixture(scope="module")
+def committed():
+    return json.loads(PATH.read_text())
+
+
+def test_regeneration_is_byte_identical():
+    assert steps.generate() == PATH.read_bytes()
+
+
+def test_every_record_reproduces_with_1_3_and_m_ranks():
+    checked, problems = steps.check(PATH, ranks=(1, 3, 6, 8))
+    assert problems == []
+    # 4 records per case; tiny (M = 8) with 4 rank counts, the M = 6 case with 3 (R = 8 > M is skipped)
+    assert checked == 4 * 4 + 4 * 3
+
+
+def test_cases_cover_what_the_clause_says(committed):
+    cases = {c["name"]: c for c in committed["cases"]}
+    tiny, var = cases["tiny"]["model"], cases["layer-swiglu-int8"]["model"]
+    assert (tiny["norm"], tiny["mlp"], tiny["tied"], tiny["linear"]) == ("rms", "gelu", True, "fp32")
+    assert (var["norm"], var["mlp"], var["tied"], var["linear"], var["bias"]) == \
+        ("layer", "swiglu", False, "int8", True)
+    assert cases["layer-swiglu-int8"]["train"]["micro_batches"] == 6
+    for c in committed["cases"]:
+        g = c["train"]["micro_batches"] * c["train"]["micro_batch_size"]
+        steps_per_epoch = len(c["samples"]) // g
+        assert len(c["records"]) - 1 > steps_per_epoch  # the last step reads epoch 1
+        losses = [r["loss"] for r in c["records"][1:]]
+        assert len(set(losses)) == len(losses)  # training moves
+
+
+def test_recipe_hash_is_the_stated_function(committed):
+    c = committed["cases"][0]
+    raw = b"".join(bytes.fromhex(r) for r in c["samples"])
+    body = {"model": c["model"], "train": c["train"], "samples_sha256": hashlib.sha256(raw).hexdigest()}
+    want = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    assert c["recipe_sha256"] == want
+
+
+def test_cli_reports_success(capsys):
+    assert cli.main(["vectors", "steps", "--ranks", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "8 records of 2 cases" in out and "ops on cpu" in out
+
+
+def test_an_altered_record_is_named(tmp_path, committed, capsys):
+    bad = json.loads(json.dumps(committed))
+    rec = bad["cases"][1]["records"][2]
+    rec["loss"] = "0x3F800000"
+    path = tmp_path / "steps.json"
+    path.write_text(json.dumps(bad))
+    assert cli.main(["vectors", "steps", "--file", str(path), "--ranks", "1", "3"]) == 1
+    out = capsys.readouterr().out
+    assert "MISMATCH layer-swiglu-int8, 1 rank(s): step 2: loss is 0x" in out
+    assert "expected 0x3F800000" in out and "MISMATCH layer-swiglu-int8, 3 rank(s): step 2" in out
+    assert "FAILED" in out
+
+
+def test_altered_samples_change_the_recipe_hash(tmp_path, committed, capsys):
+    bad = json.loads(json.dumps(committed))
+    row = bytearray(bytes.fromhex(bad["cases"][0]["samples"][5]))
+    row[3] ^= 1
+    bad["cases"][0]["samples"][5] = row.hex()
+    path = tmp_path / "steps.json"
+    path.write_text(json.dumps(bad))
+    checked, problems = steps.check(path)
+    assert problems and problems[0].startswith("tiny: recipe_sha256 is")
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda d: d.update(format="other"), "not a refreplay-steps/1 file"),
+    (lambda d: d["cases"][0]["samples"].__setitem__(0, "00"), "seq_len + 1"),
+    (lambda d: d["cases"][0]["records"].reverse(), "steps 0, 1, 2"),
+    (lambda d: d["cases"][0]["model"].__setitem__("width", "wide"), "width"),
+    (lambda d: d["cases"][0].pop("recipe_sha256"), "malformed"),
+])
+def test_malformed_files_exit_2(tmp_path, committed, capsys, mutate, message):
+    bad = json.loads(json.dumps(committed))
+    mutate(bad)
+    path = tmp_path / "steps.json"
+    path.write_text(json.dumps(bad))
+    assert cli.main(["vectors", "steps", "--file", str(path)]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_missing_and_non_json_files_exit_2(tmp_path, capsys):
+    assert cli.main(["vectors", "steps", "--file", str(tmp_path / "none.json")]) == 2
+    (tmp_path / "x.json").write_bytes(b"\xff\x00")
+    assert cli.main(["vectors", "steps", "--file", str(tmp_path / "x.json")]) == 2
+    err = capsys.readouterr().err
+    assert "not found" in err and "not valid JSON" in err
+
+
+def test_samples_are_drawn_like_other_generated_inputs():
+    """[conf.verify.c1] PCG64 seeded with (seed, crc32 of the name)."""
+    import zlib
+
+    case = steps.CASES[0]
+    g = np.random.Generator(np.random.PCG64([steps.SEED, zlib.crc32(b"tiny")]))
+    want = g.integers(0, 256, size=(case.samples, case.model.seq_len + 1), dtype=np.uint8)
+    assert np.array_equal(steps._samples(case), want)
