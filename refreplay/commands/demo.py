@@ -102,11 +102,20 @@ def run(args) -> int:
     print("4. Conformance summary (golden vectors; NumPy is a negative control and must fail)")
     failed_ref, lines = _conformance_summary(["matmul", "sum", "exp"])
     print("\n".join(lines))
+    from ..conformance import steps as golden_steps
+    from ..conformance.store import VECTOR_DIR
+
+    checked, step_problems = golden_steps.check(VECTOR_DIR / golden_steps.STEPS_FILE, ranks=(1, 3))
+    print(f"  golden training steps (vectors/steps.json): {checked} records of whole steps, on 1 and 3 "
+          f"ranks, {'reproduce bit for bit' if not step_problems else 'DIFFER'}")
+    for line in step_problems:
+        print(f"      {line}")
+    failed_ref += len(step_problems)
 
     elapsed = time.perf_counter() - t_start
     print(f"\nProven in {elapsed:.0f} s: a {args.ranks}-rank data-parallel run's sampled steps reproduce bit for "
-          "bit on one device; the reference matches every golden vector of the ops shown; NumPy's own kernels "
-          "do not (so the vectors can tell).")
+          "bit on one device; the reference matches every golden vector of the ops shown and every golden "
+          "training step; NumPy's own kernels do not (so the vectors can tell).")
     if bad or failed_ref or cov.rejected:
         print("FAILED: something above did not verify")
         return 1
