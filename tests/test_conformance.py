@@ -58,6 +58,23 @@ def test_library_kernels_fail_with_the_right_diagnosis(tmp_path, kernel):
         assert "NumPy pairwise" in diagnosis(rep, "sum")
 
 
+def test_torch_transformer_ops_are_negative_controls(tmp_path):
+    """PyTorch's own softmax, norms, activations, attention and loss (what a
+    kernel author compares with) fail the vectors; its embedding gather and
+    its unfused rotary multiply-adds are exact and pass."""
+    pytest.importorskip("torch")
+    failing = ("gelu_forward", "silu_backward", "layernorm_forward", "rmsnorm_forward", "softmax_forward",
+               "attention_forward", "cross_entropy_backward", "linear_forward")
+    exact = ("embedding_forward", "rope_forward")
+    args = [x for op in failing + exact for x in ("--op", op)]
+    rc, rep = conform(tmp_path, "torch", *args)
+    assert rc == 1 and not rep["conformant"]
+    for op in failing:
+        assert rep["ops"][op]["fail"] > 0, op
+    for op in exact:
+        assert rep["ops"][op]["fail"] == rep["ops"][op]["error"] == 0 and rep["ops"][op]["pass"] > 0, op
+
+
 def test_numpy_nan_and_flush_diagnoses(tmp_path):
     rc, rep = conform(tmp_path, "numpy", "--op", "add")
     d = diagnosis(rep, "add")

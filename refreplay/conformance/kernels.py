@@ -117,6 +117,85 @@ def _torch_table():
         "matmul": lambda A, B: n(t(A) @ t(B)), "matmul_nt": lambda A, B: n(t(A) @ t(B).T),
         "matmul_tn": lambda A, B: n(t(A).T @ t(B)),
         "matmul_i8": lambda A, B: n((t(A).long() @ t(B).long()).int()),
+        **_torch_model_ops(torch),
+    }
+
+
+def _torch_model_ops(torch):
+    """PyTorch's own transformer ops under the registry's calling conventions:
+    what a kernel author would naturally compare with.  Negative controls:
+    they are not expected to conform (fused or reordered sums, vendor
+    exp/tanh, no flushes), except where the op is exact (embedding)."""
+    import torch.nn.functional as F
+
+    t = torch.from_numpy
+    eps = 1e-5
+
+    def n(*xs):
+        out = tuple(x.detach().numpy() for x in xs)
+        return out if len(out) > 1 else out[0]
+
+    def grad(fn, dout, *xs):
+        """Gradients of sum(fn(*xs) * dout) with respect to every x (autograd)."""
+        leaves = [t(x.copy()).requires_grad_(True) for x in xs]
+        (fn(*leaves) * t(dout)).sum().backward()
+        return n(*[leaf.grad for leaf in leaves])
+
+    def layernorm(x, w, b):
+        X = t(x)
+        mean = X.mean(1)
+        rstd = torch.rsqrt(X.var(1, unbiased=False) + eps)
+        return n(F.layer_norm(X, (X.shape[1],), t(w), t(b), eps), mean, rstd)
+
+    def rmsnorm(x, w):
+        X = t(x)
+        rrms = torch.rsqrt(X.pow(2).mean(1) + eps)
+        return n(X * rrms[:, None] * t(w), rrms)
+
+    def attention(q, k, v):
+        Q, K, V = t(q), t(k), t(v)
+        T, HS = Q.shape[-2], Q.shape[-1]
+        s = (Q @ K.transpose(-1, -2)) / float(np.sqrt(HS))
+        s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+        att = torch.softmax(s, -1)
+        return n(att @ V, att)
+
+    def rope(x, c, s):
+        X, C, S = t(x), t(c), t(s)
+        h = X.shape[-1] // 2
+        a, b = X[..., :h], X[..., h:]
+        return n(torch.cat([a * C - b * S, b * C + a * S], -1))
+
+    def cross_entropy(logits, targets):
+        y = t(targets).long()
+        losses = F.cross_entropy(t(logits), y, ignore_index=-1, reduction="none")
+        return n(losses, F.cross_entropy(t(logits), y, ignore_index=-1).reshape(1))
+
+    def cross_entropy_backward(logits, targets):
+        y = t(targets).long()
+        L = t(logits.copy()).requires_grad_(True)
+        F.cross_entropy(L, y, ignore_index=-1).backward()
+        return n(L.grad)
+
+    gelu = lambda x: F.gelu(x, approximate="tanh")  # noqa: E731
+    swiglu = lambda a, b: F.silu(a) * b  # noqa: E731
+    return {
+        "gelu_forward": lambda x: n(gelu(t(x))),
+        "gelu_backward": lambda dout, x: grad(gelu, dout, x),
+        "silu_forward": lambda x: n(F.silu(t(x))),
+        "silu_backward": lambda dout, x: grad(F.silu, dout, x),
+        "swiglu_forward": lambda a, b: n(swiglu(t(a), t(b))),
+        "swiglu_backward": lambda dout, a, b: grad(swiglu, dout, a, b),
+        "linear_forward": lambda x, W, b: n(F.linear(t(x), t(W), t(b))),
+        "layernorm_forward": layernorm,
+        "rmsnorm_forward": rmsnorm,
+        "softmax_forward": lambda x: n(torch.softmax(t(x), 1)),
+        "log_softmax_forward": lambda x: n(torch.log_softmax(t(x), 1)),
+        "attention_forward": attention,
+        "rope_forward": rope,
+        "embedding_forward": lambda wte, tokens: n(F.embedding(t(tokens).long(), t(wte))),
+        "cross_entropy_forward": cross_entropy,
+        "cross_entropy_backward": cross_entropy_backward,
     }
 
 

@@ -69,10 +69,11 @@ def _case_lines(r) -> list[str]:
 def text(s: Summary, verbose=False) -> str:
     out = [f"refreplay conform {s.kernel} — spec {s.spec_version}, vectors generator {s.generator_version}, "
            f"{len(s.results)} cases", ""]
-    out.append(f"{'op':14s} {'pass':>5s} {'fail':>5s} {'error':>5s} {'xfail':>5s} {'xpass':>5s} {'skip':>5s}")
+    w = max([14] + [len(op) for op in s.ops])
+    out.append(f"{'op':{w}s} {'pass':>5s} {'fail':>5s} {'error':>5s} {'xfail':>5s} {'xpass':>5s} {'skip':>5s}")
     for op in s.ops:
         c = s.counts(op)
-        out.append(f"{op:14s} {c['pass']:5d} {c['fail']:5d} {c['error']:5d} {c['xfail']:5d} {c['xpass']:5d} {c['skip']:5d}")
+        out.append(f"{op:{w}s} {c['pass']:5d} {c['fail']:5d} {c['error']:5d} {c['xfail']:5d} {c['xpass']:5d} {c['skip']:5d}")
     shown = [r for r in s.results if r.status in ("fail", "error", "xpass") or (verbose and r.status != "pass")]
     if shown:
         out += ["", "Cases not passing:" if not verbose else "Cases:"]
