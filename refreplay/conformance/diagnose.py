@@ -4,7 +4,10 @@ and which passed, each citing the clauses it rests on.
 A family isolates one property (see ``cases.FAMILIES``), so the pattern of
 failures names the broken rule.  For a sum that fails, the candidate orders
 of ``orders.py`` are evaluated on the failing case's inputs and the ones that
-reproduce the kernel's output exactly are named.
+reproduce the kernel's output exactly are named.  For a transformer op, which
+has random cases only, the op is re-evaluated on the smallest failing cases
+with the spec's algorithm changed in one or two places (``variants.py``) and
+the variants that reproduce the kernel, or else the closest one, are named.
 """
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import fp, orders
+from . import fp, orders, variants
 from .cases import load_inputs
 from .registry import OPS
 
@@ -149,6 +152,9 @@ def diagnose(op_name: str, results) -> list[Finding]:
                                     f"— {_count(fam, 'vendor_transcendental')}", list(op.clauses)))
     if "tf32" in failing:
         out.append(_tf32_finding(op, fam))
+    f = _variant_finding(op, results)
+    if f:
+        out.append(f)
     if not out and failing:
         first = next(r for f in sorted(failing) for r in fam[f][0])
         out.append(Finding(op_name, f"fails {', '.join(sorted(failing))} cases while every diagnostic probe passes "
@@ -165,3 +171,40 @@ def _tf32_finding(op, fam):
             how = f"rounds fp32 inputs to {name} inside the matmul"
             break
     return Finding(op.name, f"{how} — {_count(fam, 'tf32')}", ["num.format.c1"] + [c for c in op.clauses if c.startswith("mm.")])
+
+
+VARIANT_CASES = 3  # failing cases re-evaluated per op, smallest first
+
+
+def _variant_finding(op, results):
+    """[conf.diagnosis.r1] Which variant of the op's algorithm reproduces the
+    kernel (``variants.explain``) on its smallest failing cases."""
+    if op.name not in variants.MODELS:
+        return None
+    bad = [r for r in results if r.status in ("fail", "xfail") and r.actual
+           and all(n in r.actual for n in r.case.outputs)]
+    if not bad:
+        return None
+    bad.sort(key=lambda r: sum(x.size for x in r.case.inputs.values()))
+    cases = [(load_inputs(list(r.case.inputs.values())), [np.asarray(r.actual[n]) for n in r.case.outputs])
+             for r in bad[:VARIANT_CASES]]
+    ex = variants.explain(op.name, cases)
+    on = f"on the {ex.cases} smallest failing case{'s' if ex.cases > 1 else ''}"
+    if ex.matches:
+        names = [variants.name(v) for v in ex.matches]
+        what = names[0] if len(names) == 1 else "any of: " + "; ".join(names[:4]) + (
+            f"; and {len(names) - 4} more" if len(names) > 4 else "")
+        msg = f"reproduced exactly by the spec's algorithm with {what} ({on})"
+        devs = [d for v in ex.matches[:4] for d in v]
+    elif ex.closest:
+        ulp = "a NaN" if ex.max_ulp >= 1 << 32 else f"{ex.max_ulp} ulp"
+        msg = (f"no single deviation or pair reproduces it; closest variant: {variants.name(ex.closest)} "
+               f"({ex.differ} of {ex.total} elements still differ, max {ulp}; the spec's algorithm: "
+               f"{ex.spec_differ}) ({on})")
+        devs = list(ex.closest)
+    else:
+        msg = (f"no single deviation or pair of the spec's algorithm comes closer to it than the spec's own "
+               f"({ex.spec_differ} of {ex.total} elements differ) ({on})")
+        devs = []
+    clauses = list(dict.fromkeys(list(op.clauses) + [c for d in devs for c in d.clauses]))
+    return Finding(op.name, msg, clauses)
