@@ -181,8 +181,9 @@ def _variant_finding(op, results):
     kernel (``variants.explain``) on its smallest failing cases."""
     if op.name not in variants.MODELS:
         return None
-    bad = [r for r in results if r.status in ("fail", "xfail") and r.actual
-           and all(n in r.actual for n in r.case.outputs)]
+    bad = [r for r in results if r.status in ("fail", "xfail") and r.actual and all(
+        n in r.actual and np.asarray(r.actual[n]).shape == e.shape and np.asarray(r.actual[n]).dtype == e.dtype
+        for n, e in r.case.outputs.items())]  # a wrong shape or dtype is no arithmetic variant
     if not bad:
         return None
     bad.sort(key=lambda r: sum(x.size for x in r.case.inputs.values()))
