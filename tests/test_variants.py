@@ -72,7 +72,7 @@ def test_every_variant_differs_from_the_reference_on_some_case(cases, op, dev):
 def test_pair_only_deviations_matter_in_their_pairs(cases):
     """exp in SiLU (read only by the division form) and the log-softmax form
     in the loss (read only by the negated form) each change some output."""
-    for op, model in V.MODELS.items():
+    for op in V.MODELS:
         for dev in V.deviations(op, pair_only=True):
             pairs = [v for v in V.variants(op) if dev in v and len(v) == 2]
             assert any(V.distance(V.evaluate(op, i, v), V.evaluate(op, i, [d for d in v if d is not dev]))[0]
@@ -109,6 +109,8 @@ def test_a_kernel_that_is_a_pair_of_variants_is_diagnosed_as_it(cases, op, a, b)
 
 
 def test_the_reference_is_never_a_variant(cases):
+    """Outputs equal to the reference's are explained by no deviation (with
+    test_every_variant_differs_..., which shows each deviation changes bits)."""
     for op, cs in cases.items():
         ex = V.explain(op, [(i, list(c.outputs.values())) for c, i in cs])
         assert not ex.matches and ex.closest is None, op
