@@ -2,17 +2,27 @@
 
     python benchmarks/bench_matmul.py [--threads 1 2] [--repeats 7] [--json out.json]
 
-For each thread count a fresh worker process is started with
+For each thread count fresh worker processes are started with
 OPENBLAS_NUM_THREADS = NUMBA_NUM_THREADS = N (both libraries read them at
 load time).  OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE, which this project's
 machines may set to keep an old OpenBLAS from crashing, are removed together
 from the worker's environment only, so that OpenBLAS picks its own kernel; the
 table reports which one it ran.  Every case is warmed up (JIT and caches),
-then NumPy and refreplay are timed alternately, `repeats` times each, so that
-load from other processes hits both alike.  The table shows medians of wall
-time and the throughput ratio refreplay / NumPy (1.0 = as fast as OpenBLAS),
-and the same ratio from process CPU time, which a busy shared machine
-disturbs less (for one thread it is the time the core actually worked).
+then timed `repeats` times.
+
+With one thread, NumPy and refreplay are timed alternately in one worker, so
+that load from other processes hits both alike.  With more threads they are
+timed in separate workers, alternating worker by worker (refreplay, NumPy,
+refreplay, NumPy; medians over both rounds): in one process, Numba's OpenMP
+workers and OpenBLAS's threads each spin for a while after their own
+parallel region and take the cores the other library's next call waits for
+(measured on 2 cores: A·B at 512x256x768 took 14.9 ms alternating in one
+process and 1.30 ms alone).  ``--same-process`` restores one worker.
+
+The table shows medians of wall time and the throughput ratio refreplay /
+NumPy (1.0 = as fast as OpenBLAS), and the same ratio from process CPU
+time, which a busy shared machine disturbs less (for one thread it is the
+time the core actually worked).
 """
 from __future__ import annotations
 
@@ -79,7 +89,9 @@ def openblas_kernel() -> str:
     return "unknown (threadpoolctl not installed and no OpenBLAS symbols found)"
 
 
-def worker(repeats: int, only: str) -> dict:
+def worker(repeats: int, only: str, side: str) -> dict:
+    """Time the cases; ``side``: "both" (alternately), "ours" or "blas" alone.
+    Returns every sample (wall and process CPU seconds) per case and side."""
     import numpy as np
     from refreplay import linalg as L
     from refreplay.numerics import load
@@ -94,41 +106,63 @@ def worker(repeats: int, only: str) -> dict:
         A = load(rng.standard_normal(a_shape).astype(np.float32))
         B = load(rng.standard_normal(b_shape).astype(np.float32))
         C = np.empty((I, J), np.float32)
-        ours = {"nn": L.mm_nn, "nt": L.mm_nt, "tn": L.mm_tn}[form]
-        blas = {"nn": lambda: np.matmul(A, B, out=C), "nt": lambda: np.matmul(A, B.T, out=C),
-                "tn": lambda: np.matmul(A.T, B, out=C)}[form]
+        mm = {"nn": L.mm_nn, "nt": L.mm_nt, "tn": L.mm_tn}[form]
+        fns = {"ours": lambda: mm(A, B, C, False),
+               "blas": {"nn": lambda: np.matmul(A, B, out=C), "nt": lambda: np.matmul(A, B.T, out=C),
+                        "tn": lambda: np.matmul(A.T, B, out=C)}[form]}
+        if side != "both":
+            fns = {side: fns[side]}
         for _ in range(2):  # warm-up: JIT, page faults, caches
-            ours(A, B, C, False)
-            blas()
-        t_ours, t_blas, c_ours, c_blas = [], [], [], []
+            for fn in fns.values():
+                fn()
+        samples = {k: ([], []) for k in fns}
         for _ in range(repeats):
-            for fn, wall, cpu in ((lambda: ours(A, B, C, False), t_ours, c_ours), (blas, t_blas, c_blas)):
+            for k, fn in fns.items():
                 c0, t0 = time.process_time(), time.perf_counter()
                 fn()
-                wall.append(time.perf_counter() - t0)
-                cpu.append(time.process_time() - c0)
-        m_ours, m_blas = statistics.median(t_ours), statistics.median(t_blas)
-        flop = 2.0 * I * J * K
-        rows.append(dict(name=name, form=form, I=I, K=K, J=J,
-                         refreplay_ms=m_ours * 1e3, numpy_ms=m_blas * 1e3,
-                         refreplay_gflops=flop / m_ours / 1e9, numpy_gflops=flop / m_blas / 1e9,
-                         ratio=m_blas / m_ours,
-                         ratio_cpu=statistics.median(c_blas) / statistics.median(c_ours)))
+                samples[k][0].append(time.perf_counter() - t0)
+                samples[k][1].append(time.process_time() - c0)
+        rows.append(dict(name=name, form=form, I=I, K=K, J=J, samples=samples))
     return dict(threads=int(os.environ["NUMBA_NUM_THREADS"]), openblas=openblas_kernel(),
                 numpy=np.__version__, rows=rows)
 
 
-def run_worker(threads: int, repeats: int, only: str) -> dict:
+def run_worker(threads: int, repeats: int, only: str, side: str = "both") -> dict:
     env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads), NUMBA_NUM_THREADS=str(threads),
                OMP_NUM_THREADS=str(threads))
     env.pop("OPENBLAS_CORETYPE", None)  # removed together: let OpenBLAS choose its kernel
     env.pop("OPENBLAS_L2_SIZE", None)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    out = subprocess.run([sys.executable, __file__, "--worker", "--repeats", str(repeats), "--only", only],
-                         env=env, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, __file__, "--worker", "--repeats", str(repeats), "--only", only,
+                          "--side", side], env=env, capture_output=True, text=True)
     if out.returncode != 0:
         sys.exit(f"benchmark worker ({threads} threads) failed:\n{out.stderr}")
     return json.loads(out.stdout)
+
+
+def measure(threads: int, repeats: int, only: str, same_process: bool) -> dict:
+    """One table's rows: medians per case, from one worker or from separate ones."""
+    if threads == 1 or same_process:
+        parts = [run_worker(threads, repeats, only)]
+    else:
+        parts = [run_worker(threads, repeats, only, side) for _ in range(2) for side in ("ours", "blas")]
+    base = parts[0]
+    rows = []
+    for i, r in enumerate(base["rows"]):
+        pooled = {"ours": ([], []), "blas": ([], [])}
+        for part in parts:
+            for k, (wall, cpu) in part["rows"][i]["samples"].items():
+                pooled[k][0].extend(wall)
+                pooled[k][1].extend(cpu)
+        m_ours, m_blas = statistics.median(pooled["ours"][0]), statistics.median(pooled["blas"][0])
+        flop = 2.0 * r["I"] * r["J"] * r["K"]
+        rows.append(dict(name=r["name"], form=r["form"], I=r["I"], K=r["K"], J=r["J"],
+                         refreplay_ms=m_ours * 1e3, numpy_ms=m_blas * 1e3,
+                         refreplay_gflops=flop / m_ours / 1e9, numpy_gflops=flop / m_blas / 1e9,
+                         ratio=m_blas / m_ours,
+                         ratio_cpu=statistics.median(pooled["blas"][1]) / statistics.median(pooled["ours"][1])))
+    mode = "one process, alternating" if len(parts) == 1 else "separate processes, 2 rounds"
+    return dict(threads=threads, openblas=base["openblas"], numpy=base["numpy"], mode=mode, rows=rows)
 
 
 def main(argv=None) -> int:
@@ -137,16 +171,19 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--json", default="benchmarks/results/matmul.json", help="where to write the results")
     p.add_argument("--only", default="", help="run only the cases whose name contains this text")
+    p.add_argument("--same-process", action="store_true",
+                   help="with several threads, time both libraries alternately in one process")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--side", default="both", choices=("both", "ours", "blas"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
-        print(json.dumps(worker(args.repeats, args.only)))
+        print(json.dumps(worker(args.repeats, args.only, args.side)))
         return 0
-    runs = [run_worker(t, args.repeats, args.only) for t in args.threads]
+    runs = [measure(t, args.repeats, args.only, args.same_process) for t in args.threads]
     print(f"machine: {cpu_model()}, {os.cpu_count()} CPUs; "
           f"1-minute load average at the end: {os.getloadavg()[0]:.1f}")
     for run in runs:
-        print(f"\nthreads = {run['threads']}   NumPy {run['numpy']}, OpenBLAS {run['openblas']}")
+        print(f"\nthreads = {run['threads']} ({run['mode']})   NumPy {run['numpy']}, OpenBLAS {run['openblas']}")
         print(f"{'case':26s} {'form':4s} {'I x K x J':>16s} {'refreplay ms':>13s} {'numpy ms':>9s} "
               f"{'GF/s ours':>9s} {'GF/s numpy':>10s} {'ratio':>6s} {'ratio(cpu)':>10s}")
         for r in run["rows"]:
