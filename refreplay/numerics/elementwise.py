@@ -151,6 +151,11 @@ def run_elementwise(loop, blocks, n, *args):
     (loop if n < PARALLEL_MIN else blocks)(*args)
 
 
+# One loop and one block kernel per op, written out: a kernel built by a
+# factory around the scalar function is a closure, and Numba never caches a
+# closure (measured with Numba 0.68: a cache miss on every process start),
+# so every run would pay its compile time again.
+
 @kernel
 def _add_loop(a, b, out):
     for i in range(out.size):
