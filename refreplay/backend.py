@@ -116,3 +116,23 @@ def add_argument(parser) -> None:
                         help="where the step's ops run: cpu (the reference, default) or cuda (the "
                              "cuda_backend twin on a GPU, or in numba-cuda's simulator under "
                              "NUMBA_ENABLE_CUDASIM=1); the bits are the same")
+
+
+def availability() -> dict:
+    """Which devices ``--device`` can use here, without starting any work:
+    {"cpu": "ready", "cuda": "<state and what to do>"} (``refreplay doctor``)."""
+    import importlib.util
+
+    out = {"cpu": "ready (the reference)"}
+    if importlib.util.find_spec("numba_cuda") is None:
+        out["cuda"] = "numba-cuda not installed (pip install -e '.[cuda]')"
+        return out
+    from importlib.metadata import version
+
+    v = version("numba-cuda")
+    try:
+        out["cuda"] = f"numba-cuda {v}, " + describe("cuda")
+    except InputError:
+        out["cuda"] = (f"numba-cuda {v}, no usable GPU or driver: --device cuda is refused here "
+                       "(NUMBA_ENABLE_CUDASIM=1 runs the simulator)")
+    return out

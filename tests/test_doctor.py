@@ -49,6 +49,8 @@ def test_doctor_is_fit_here():
     assert report["fit"] is True
     assert all(c["ok"] for c in report["checks"])
     assert report["fingerprint"]["spec_sha256"] == spec.spec_sha256()
+    # which --device values can run here: the CPU always; cuda says why or why not
+    assert report["devices"]["cpu"].startswith("ready") and report["devices"]["cuda"]
 
 
 @pytest.mark.parametrize("bits,failing", [

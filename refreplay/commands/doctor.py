@@ -1,4 +1,5 @@
-HELP = "check that this process can produce conformant bits (no FTZ/DAZ, no SVML, supported versions, cache) and print the platform fingerprint"
+HELP = ("check that this process can produce conformant bits (no FTZ/DAZ, no SVML, supported versions, cache) "
+        "and print the platform fingerprint and the devices --device can use")
 
 
 def add_arguments(p):
@@ -9,20 +10,24 @@ def add_arguments(p):
 def run(args) -> int:
     import json
 
-    from .. import doctor
+    from .. import backend, doctor
 
     findings = doctor.run_checks()
     fp = doctor.fingerprint()
+    devices = backend.availability()
     fit = all(f.ok for f in findings)
     if args.json:
         print(json.dumps({"fit": fit,
                           "checks": [{"check": f.check, "ok": f.ok, "detail": f.detail} for f in findings],
-                          "fingerprint": fp}, indent=2))
+                          "fingerprint": fp, "devices": devices}, indent=2))
     else:
         print("platform")
         for key, value in fp.items():
             shown = " ".join(value) if isinstance(value, list) else value
             print(f"  {key:<15} {shown}")
+        print("devices (--device)")
+        for name, state in devices.items():
+            print(f"  {name:<15} {state}")
         print("checks")
         for f in findings:
             print(f"  [{'ok' if f.ok else 'FAIL'}] {f.check}: {f.detail}")
