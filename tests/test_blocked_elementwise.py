@@ -3,7 +3,7 @@
 ``numerics.elementwise`` runs each op as a plain loop (small arrays) or as
 that loop on blocks of ``BLOCK`` elements in parallel (``*_blocks``); so do
 TreeFold's scale ([fold.scale.c1]) and the optimizer's AdamW update and
-clipping scale ([optim.adamw.c1], [optim.clip.c1]).  Each ``*_naive`` below is
+clipping scale ([optim.adamw.c1], [optim.clip.c1]).  Each naive loop below is
 the simple form: one scalar primitive per element, index 0 to N-1, one
 thread.  Both paths of every op (and the public function, whichever path it
 takes) must give the naive loop's bits for random bit patterns, random
@@ -99,123 +99,32 @@ def operands(n, rng, kind):
 # ---- the simple loops -----------------------------------------------------------
 
 
-@numba.njit
-def add_naive(a, b):
-    out = np.empty_like(a)
-    for i in range(a.size):
-        out[i] = core.add(a[i], b[i])
-    return out
+def _binary_naive(f):
+    """One element at a time: out[i] = f(a[i], b[i])."""
+    @numba.njit
+    def naive(a, b):
+        out = np.empty_like(a)
+        for i in range(a.size):
+            out[i] = f(a[i], b[i])
+        return out
+    return naive
 
 
-@numba.njit
-def sub_naive(a, b):
-    out = np.empty_like(a)
-    for i in range(a.size):
-        out[i] = core.sub(a[i], b[i])
-    return out
+def _unary_naive(f):
+    """One element at a time: out[i] = f(x[i])."""
+    @numba.njit
+    def naive(x):
+        out = np.empty_like(x)
+        for i in range(x.size):
+            out[i] = f(x[i])
+        return out
+    return naive
 
 
-@numba.njit
-def mul_naive(a, b):
-    out = np.empty_like(a)
-    for i in range(a.size):
-        out[i] = core.mul(a[i], b[i])
-    return out
-
-
-@numba.njit
-def fmax_naive(a, b):
-    out = np.empty_like(a)
-    for i in range(a.size):
-        out[i] = core.fmax(a[i], b[i])
-    return out
-
-
-@numba.njit
-def fmin_naive(a, b):
-    out = np.empty_like(a)
-    for i in range(a.size):
-        out[i] = core.fmin(a[i], b[i])
-    return out
-
-
-@numba.njit
-def recip_naive(x):
-    out = np.empty_like(x)
-    for i in range(x.size):
-        out[i] = core.recip(x[i])
-    return out
-
-
-@numba.njit
-def sqrt_naive(x):
-    out = np.empty_like(x)
-    for i in range(x.size):
-        out[i] = core.sqrt(x[i])
-    return out
-
-
-@numba.njit
-def rint_naive(x):
-    out = np.empty_like(x)
-    for i in range(x.size):
-        out[i] = core.rint(x[i])
-    return out
-
-
-@numba.njit
-def exp_naive(x):
-    out = np.empty_like(x)
-    for i in range(x.size):
-        out[i] = tr.exp(x[i])
-    return out
-
-
-@numba.njit
-def log_naive(x):
-    out = np.empty_like(x)
-    for i in range(x.size):
-        out[i] = tr.log(x[i])
-    return out
-
-
-@numba.njit
-def tanh_naive(x):
-    out = np.empty_like(x)
-    for i in range(x.size):
-        out[i] = tr.tanh(x[i])
-    return out
-
-
-@numba.njit
-def sigmoid_naive(x):
-    out = np.empty_like(x)
-    for i in range(x.size):
-        out[i] = tr.sigmoid(x[i])
-    return out
-
-
-@numba.njit
-def sin_naive(x):
-    out = np.empty_like(x)
-    for i in range(x.size):
-        out[i] = tr.sin(x[i])
-    return out
-
-
-@numba.njit
-def cos_naive(x):
-    out = np.empty_like(x)
-    for i in range(x.size):
-        out[i] = tr.cos(x[i])
-    return out
-
-
-BINARY = {"add": add_naive, "sub": sub_naive, "mul": mul_naive, "fmax": fmax_naive,
-          "fmin": fmin_naive}
-UNARY = {"recip": recip_naive, "sqrt": sqrt_naive, "rint": rint_naive, "exp": exp_naive,
-         "log": log_naive, "tanh": tanh_naive, "sigmoid": sigmoid_naive, "sin": sin_naive,
-         "cos": cos_naive}
+# the scalar functions of [num.*] and chapter 2, applied one element at a time
+BINARY = {name: _binary_naive(getattr(core, name)) for name in ("add", "sub", "mul", "fmax", "fmin")}
+UNARY = {**{name: _unary_naive(getattr(core, name)) for name in ("recip", "sqrt", "rint")},
+         **{name: _unary_naive(getattr(tr, name)) for name in ("exp", "log", "tanh", "sigmoid", "sin", "cos")}}
 
 
 def paths(name):
