@@ -5,11 +5,17 @@
   normative path, but a stray call must not silently change meaning, so SVML
   is switched off for the whole process.
 * Numba's on-disk cache can return stale machine code when a callee in another
-  file changes.  The cache directory is therefore keyed to a SHA-256 of every
-  source file of the package: any edit selects a fresh directory.
+  file changes.  The cache directory is therefore keyed to a SHA-256 of the
+  package's *kernel closure*: every module that compiles code (it imports
+  ``numba`` or the package's ``_jit``) and every package module those import,
+  transitively.  Compiled code can only reach globals of modules in that
+  closure, so any edit that could change machine code selects a fresh
+  directory, while an edit to plumbing (commands, the conformance runner,
+  replay, audit) keeps the compiled kernels.
 """
 from __future__ import annotations
 
+import ast
 import hashlib
 import os
 from pathlib import Path
@@ -27,6 +33,95 @@ def source_hash() -> str:
     return h.hexdigest()
 
 
+def _module_path(name: str) -> Path | None:
+    """The source file of package module ``refreplay.<...>`` ``name``, if any."""
+    parts = name.split(".")
+    if parts[0] != PACKAGE_DIR.name:
+        return None
+    base = PACKAGE_DIR.joinpath(*parts[1:])
+    for cand in (base.with_suffix(".py"), base / "__init__.py"):
+        if cand.is_file():
+            return cand
+    return None
+
+
+# Numba's entry points that compile code (``import numba`` alone, for its
+# config or thread count, compiles nothing).
+_COMPILERS = {"njit", "jit", "vectorize", "guvectorize", "cfunc", "stencil", "generated_jit"}
+
+
+def _package_imports(path: Path) -> tuple[set[Path], bool]:
+    """(package modules ``path`` imports, whether it compiles code itself).
+
+    A module compiles code when it imports the package's ``_jit`` or one of
+    Numba's compiling entry points, or names ``numba.njit``-style attributes.
+    """
+    rel = path.relative_to(PACKAGE_DIR).with_suffix("")
+    pkg = [PACKAGE_DIR.name, *rel.parts]
+    if pkg[-1] == "__init__":
+        pkg.pop()
+    else:
+        pkg.pop()  # a module's relative imports start from its package
+    found: set[Path] = set()
+    compiles = False
+    for node in ast.walk(ast.parse(path.read_bytes(), filename=str(path))):
+        names: list[str] = []
+        if (isinstance(node, ast.Attribute) and node.attr in _COMPILERS
+                and isinstance(node.value, ast.Name) and node.value.id == "numba"):
+            compiles = True
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg[: len(pkg) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            names = [mod] + [f"{mod}.{a.name}" for a in node.names]
+        for name in names:
+            if name.endswith("._jit") or name.split(".")[0] == "numba" and name.rsplit(".", 1)[-1] in _COMPILERS:
+                compiles = True
+            target = _module_path(name)
+            if target is not None:
+                found.add(target)
+                # importing a.b.c runs a/__init__ and a/b/__init__ too
+                parts = name.split(".")
+                for i in range(2, len(parts)):
+                    init = _module_path(".".join(parts[:i]))
+                    if init is not None:
+                        found.add(init)
+    return found, compiles
+
+
+def kernel_closure() -> list[Path]:
+    """Modules that compile code, and every package module they import (sorted)."""
+    graph: dict[Path, set[Path]] = {}
+    todo: list[Path] = []
+    for path in sorted(PACKAGE_DIR.rglob("*.py")):
+        imports, compiles = _package_imports(path)
+        graph[path] = imports
+        if compiles:
+            todo.append(path)
+    closure: set[Path] = set()
+    while todo:
+        path = todo.pop()
+        if path in closure:
+            continue
+        closure.add(path)
+        todo.extend(graph.get(path, ()))
+    return sorted(closure)
+
+
+def kernel_hash() -> str:
+    """SHA-256 over the kernel closure's sources (paths and bytes, sorted)."""
+    h = hashlib.sha256()
+    for path in kernel_closure():
+        rel = path.relative_to(PACKAGE_DIR).as_posix()
+        h.update(rel.encode() + b"\0")
+        h.update(path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
 def cache_root() -> Path:
     base = os.environ.get("REFREPLAY_CACHE_ROOT")
     if base:
@@ -36,7 +131,8 @@ def cache_root() -> Path:
 
 
 SOURCE_HASH = source_hash()
-CACHE_DIR = cache_root() / f"numba-{SOURCE_HASH[:16]}"
+KERNEL_HASH = kernel_hash()
+CACHE_DIR = cache_root() / f"numba-{KERNEL_HASH[:16]}"
 
 
 def configure() -> None:
