@@ -16,8 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
-REPO_DIR = Path(__file__).resolve().parent.parent
-SPEC_DIR = REPO_DIR / "spec"
+from .resources import CHECKOUT_DIR, data_dir
+
+REPO_DIR = CHECKOUT_DIR
+SPEC_DIR = data_dir("spec")
 
 LABEL_RE = re.compile(r"\[([a-z][a-z0-9_]*(?:\.[a-z0-9_]+)*\.[cr][0-9]+)\]")
 HEADER_RE = re.compile(r"^\[([a-z][a-z0-9_]*(?:\.[a-z0-9_]+)*\.[cr][0-9]+)\]\s+(.*\S)\s*$")

@@ -38,6 +38,12 @@ def run(args) -> int:
             print(c.text())
         return 0
     if args.spec_command == "check":
+        from ..resources import installed
+
+        if installed():
+            raise InputError("spec check traces labels through the source, tests and vectors of a "
+                             "repository checkout; this is an installed copy without tests/ "
+                             "(run it in a checkout; `refreplay spec examples` works here)")
         report = spec.check()
         for line in report.lines():
             print(line)

@@ -22,9 +22,10 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError
+from ..resources import data_dir
 from .cases import DTYPES, Case, dtype_name
 
-VECTOR_DIR = Path(__file__).resolve().parent.parent.parent / "vectors"
+VECTOR_DIR = data_dir("vectors")
 MANIFEST = "manifest.json"
 FORMAT = "refreplay-vectors/1"
 
