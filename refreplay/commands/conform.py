@@ -11,6 +11,9 @@ def add_arguments(p):
     p.add_argument("--junit", metavar="FILE", help="also write JUnit XML")
     p.add_argument("--xfail", metavar="FILE", help="expected failures: lines 'PATTERN  REASON' (reason required)")
     p.add_argument("--vectors", metavar="DIR", help="vector directory (default: the repository's vectors/)")
+    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                   help="exec: kernels: seconds per case before the program's whole process group is "
+                        "killed (default: 120)")
     p.add_argument("-v", "--verbose", action="store_true", help="list skipped and expected-failing cases too")
 
 
@@ -32,7 +35,7 @@ def run(args) -> int:
         if unknown:
             raise InputError(f"no vectors for op {', '.join(unknown)} (ops: {', '.join(known)})")
     xfail = runner.read_xfail(args.xfail) if args.xfail else []
-    kernel = kernels.resolve(args.kernel)
+    kernel = kernels.resolve(args.kernel, exec_timeout=args.timeout)
     manifest, cases = store.load_cases(directory, set(args.op) if args.op else None)
     results = runner.run(kernel, cases, xfail)
     if not args.op:

@@ -15,14 +15,24 @@ and runs ``COMMAND DIR`` (COMMAND split like a shell command line, the
 directory appended as the last argument).  The program writes each output
 as ``out_<name>.bin`` in the same raw format and exits 0.  Exit status 3
 means "op not implemented" (the case is skipped); any other non-zero status,
-a missing output or one of the wrong size fails the case.  dtypes: f32
-(binary32), i8, i32, u16, u32, i64.  Inputs are exactly the stored vectors,
-subnormals and NaN payloads included.
+a death by signal, a missing output or one of the wrong size fails the case.
+dtypes: f32 (binary32), i8, i32, u16, u32, i64.  Inputs are exactly the
+stored vectors, subnormals and NaN payloads included.
+
+The program is treated as untrusted: it runs in a process group of its own,
+and the whole group is killed when it exceeds the timeout (default
+``TIMEOUT_S``) and after it exits, so a wrapper script's children never
+outlive their case.  Its stdout and stderr go to files, of which only the
+tail is read, and every file it writes is capped at ``FILE_LIMIT`` bytes
+(RLIMIT_FSIZE): a program that floods its output cannot exhaust memory.
 """
 from __future__ import annotations
 
 import json
+import os
+import resource
 import shlex
+import signal
 import subprocess
 import tempfile
 from pathlib import Path
@@ -36,7 +46,9 @@ from .registry import OPS
 
 PROTOCOL = "refreplay-exec/1"
 EXIT_UNSUPPORTED = 3
-TIMEOUT_S = 120
+TIMEOUT_S = 120.0           # default of `conform --timeout`, per case
+FILE_LIMIT = 1 << 30        # bytes any one file the program writes may have
+STDERR_TAIL = 2000          # characters of stderr shown with a failure
 
 
 def write_case(directory: Path, op_name: str, case_id: str, inputs: list[np.ndarray], out_specs: dict) -> dict:
@@ -57,8 +69,45 @@ def write_case(directory: Path, op_name: str, case_id: str, inputs: list[np.ndar
     return desc
 
 
+def _limit_files():  # runs in the child between fork and exec
+    resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_LIMIT, FILE_LIMIT))
+
+
+def _kill_group(pgid: int):
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # the group is already gone
+
+
+def _tail(path: Path) -> str:
+    with open(path, "rb") as fh:
+        fh.seek(max(0, fh.seek(0, os.SEEK_END) - STDERR_TAIL))
+        text = fh.read().decode(errors="replace").strip()
+    return "\n".join("      | " + line for line in text.splitlines()) if text else "      (nothing on stderr)"
+
+
+def exit_text(status: int) -> str:
+    """What a non-zero wait status means, signals named."""
+    if status < 0:
+        try:
+            return f"killed by {signal.Signals(-status).name}"
+        except ValueError:
+            return f"killed by signal {-status}"
+    text = f"exit status {status}"
+    if status > 128:
+        try:  # a shell reports a child's death by signal N as 128 + N
+            text += f" (a shell's way of saying a child was killed by {signal.Signals(status - 128).name})"
+        except ValueError:
+            pass
+    return text
+
+
 class ExecKernel(Kernel):
-    def __init__(self, command: str):
+    def __init__(self, command: str, timeout: float = TIMEOUT_S):
+        if not timeout > 0:
+            raise InputError(f"exec: the timeout must be a positive number of seconds, not {timeout}")
+        self.timeout = timeout
         self.name = f"exec:{command}"
         try:
             self.argv = shlex.split(command)
@@ -68,31 +117,50 @@ class ExecKernel(Kernel):
             raise InputError("exec: empty command")
 
     def call(self, op_name, inputs, out_specs):
+        return self.call_case(op_name, inputs, out_specs, "case")
+
+    def call_case(self, op_name, inputs, out_specs, case_id):
         with tempfile.TemporaryDirectory(prefix="refreplay-case-") as tmp:
-            d = Path(tmp)
-            desc = write_case(d, op_name, "case", inputs, out_specs)
-            try:
-                proc = subprocess.run(self.argv + [str(d)], capture_output=True, timeout=TIMEOUT_S)
-            except FileNotFoundError:
-                raise InputError(f"exec: program not found: {self.argv[0]}") from None
-            except PermissionError:
-                raise InputError(f"exec: program not executable: {self.argv[0]}") from None
-            except subprocess.TimeoutExpired:
-                raise KernelError(f"timed out after {TIMEOUT_S} s") from None
-            if proc.returncode == EXIT_UNSUPPORTED:
+            d = Path(tmp) / "case"
+            d.mkdir()
+            desc = write_case(d, op_name, case_id, inputs, out_specs)
+            status = self._execute(d, Path(tmp))
+            if status == EXIT_UNSUPPORTED:
                 raise Unsupported(f"{self.name} does not implement {op_name} (exit {EXIT_UNSUPPORTED})")
-            if proc.returncode != 0:
-                tail = proc.stderr.decode(errors="replace").strip()[-300:]
-                raise KernelError(f"exit status {proc.returncode}: {tail}")
+            if status != 0:
+                raise KernelError(f"{exit_text(status)}; stderr:\n{_tail(Path(tmp) / 'stderr')}")
             outs = []
             for o in desc["outputs"]:
                 path = d / o["file"]
                 if not path.is_file():
                     raise KernelError(f"the program wrote no {o['file']}")
                 dt = DTYPES[o["dtype"]].newbyteorder("<")
-                data = path.read_bytes()
                 n = int(np.prod(o["shape"], dtype=np.int64))
-                if len(data) != n * dt.itemsize:
-                    raise KernelError(f"{o['file']} has {len(data)} bytes, expected {n * dt.itemsize}")
+                size = path.stat().st_size
+                if size != n * dt.itemsize:  # checked before reading: the file may be huge
+                    raise KernelError(f"{o['file']} has {size} bytes, expected {n * dt.itemsize}")
+                data = path.read_bytes()
                 outs.append(np.frombuffer(data, dtype=dt).astype(dt.newbyteorder("=")).reshape(o["shape"]))
             return tuple(outs)
+
+    def _execute(self, case_dir: Path, log_dir: Path) -> int:
+        """Run the program on one case directory; its wait status.  The
+        process group is killed whole on timeout and after the program ends."""
+        with open(log_dir / "stdout", "wb") as out, open(log_dir / "stderr", "wb") as err:
+            try:
+                proc = subprocess.Popen(self.argv + [str(case_dir)], stdin=subprocess.DEVNULL, stdout=out,
+                                        stderr=err, start_new_session=True, preexec_fn=_limit_files)
+            except FileNotFoundError:
+                raise InputError(f"exec: program not found: {self.argv[0]}") from None
+            except PermissionError:
+                raise InputError(f"exec: program not executable: {self.argv[0]}") from None
+            try:
+                status = proc.wait(timeout=self.timeout)
+            except subprocess.TimeoutExpired:
+                _kill_group(proc.pid)
+                proc.wait()
+                raise KernelError(f"timed out after {self.timeout:g} s (--timeout); killed its process group; "
+                                  f"stderr:\n{_tail(log_dir / 'stderr')}") from None
+            finally:
+                _kill_group(proc.pid)  # children it left behind; the group id is the child's pid
+        return status

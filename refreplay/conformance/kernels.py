@@ -42,12 +42,17 @@ class Kernel:
     def call(self, op_name: str, inputs: list[np.ndarray], out_specs: dict):
         raise NotImplementedError
 
-    def run(self, op_name: str, inputs: list[np.ndarray], out_specs: dict) -> dict[str, np.ndarray]:
+    def call_case(self, op_name: str, inputs: list[np.ndarray], out_specs: dict, case_id: str):
+        """``call`` for a kernel that is told the case id (an external program logs it)."""
+        return self.call(op_name, inputs, out_specs)
+
+    def run(self, op_name: str, inputs: list[np.ndarray], out_specs: dict,
+            case_id: str = "case") -> dict[str, np.ndarray]:
         """Outputs of one case.  ``out_specs``: output name -> (dtype, shape)
         the case expects (an external program is told them)."""
         try:
             with np.errstate(all="ignore"):
-                result = self.call(op_name, [a.copy() for a in inputs], out_specs)
+                result = self.call_case(op_name, [a.copy() for a in inputs], out_specs, case_id)
         except (NotImplementedError, Unsupported) as exc:
             raise Unsupported(str(exc) or f"{self.name} does not implement {op_name}") from None
         except (KernelError, InputError):
@@ -222,8 +227,10 @@ class PythonCallable(Kernel):
         return self.target(op_name, *inputs)
 
 
-def resolve(spec: str) -> Kernel:
-    """A kernel from its command-line name; InputError if it cannot be found."""
+def resolve(spec: str, exec_timeout: float | None = None) -> Kernel:
+    """A kernel from its command-line name; InputError if it cannot be found.
+    ``exec_timeout``: seconds per case for an ``exec:`` kernel (default
+    ``execproto.TIMEOUT_S``)."""
     if spec == "reference":
         return Reference()
     if spec == "numpy":
@@ -246,7 +253,7 @@ def resolve(spec: str) -> Kernel:
         command = spec[len("exec:"):].strip()
         if not command:
             raise InputError("exec: needs a command, e.g. exec:./my_kernel")
-        return ExecKernel(command)
+        return ExecKernel(command) if exec_timeout is None else ExecKernel(command, exec_timeout)
     module_name, _, fn_name = spec.partition(":")
     try:
         module = importlib.import_module(module_name)

@@ -79,6 +79,14 @@ def text(s: Summary, verbose=False) -> str:
         out += ["", "Cases not passing:" if not verbose else "Cases:"]
         for r in shown:
             out += _case_lines(r)
+    skipped = {}
+    for r in s.results:
+        if r.status == "skip" and not verbose:  # verbose lists them case by case
+            skipped.setdefault(r.message, []).append(r.case.id)
+    if skipped:
+        out += ["", "Skipped (counted against conformance):"]
+        for why, ids in skipped.items():
+            out.append(f"  {len(ids)} cases: {why}" if len(ids) > 1 else f"  {ids[0]}: {why}")
     xp = [r for r in s.results if r.status == "xpass"]
     if xp:
         out += ["", f"Unexpected passes ({len(xp)}): " + ", ".join(r.case.id for r in xp) +

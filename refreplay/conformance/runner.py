@@ -99,7 +99,7 @@ def compare(expected: np.ndarray, actual: np.ndarray, name: str) -> Mismatch | N
 def run_case(kernel: Kernel, case: Case) -> Result:
     out_specs = {n: (dtype_name(a), a.shape) for n, a in case.outputs.items()}
     try:
-        actual = kernel.run(case.op, list(case.inputs.values()), out_specs)
+        actual = kernel.run(case.op, list(case.inputs.values()), out_specs, case.id)
     except Unsupported as exc:
         return Result(case, "skip", str(exc))
     except KernelError as exc:
