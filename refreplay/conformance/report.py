@@ -58,10 +58,12 @@ def _case_lines(r) -> list[str]:
         if m.shape_mismatch:
             lines.append(f"      output {m.output}: expected {m.expected}, got {m.actual}")
             continue
-        ulp = "n/a (NaN)" if m.ulp is None else str(m.ulp)
+        how = ("ulp distance n/a (NaN)" if m.ulp is None else
+               "sign of zero differs (-0 against +0)" if m.ulp == 0 and m.expected.startswith("0x") else
+               f"ulp distance {m.ulp}")
         hist = ", ".join(f"{k}: {v}" for k, v in m.histogram.items())
         lines.append(f"      output {m.output}: {m.count} of {m.total} elements differ; first at "
-                     f"{list(m.first_index)}: expected {m.expected}, actual {m.actual}, ulp distance {ulp}")
+                     f"{list(m.first_index)}: expected {m.expected}, actual {m.actual}, {how}")
         lines.append(f"      ulp histogram: {hist}")
     return lines
 

@@ -17,6 +17,7 @@ from .kernels import Kernel, KernelError, Unsupported
 
 # Ulp-distance histogram buckets (upper bounds, inclusive).
 BUCKETS = (0, 1, 2, 4, 16, 256, 65536, 1 << 32)
+SIGN_OF_ZERO = "sign of zero"  # the bucket of distance 0: -0 against +0
 
 
 @dataclass
@@ -55,15 +56,17 @@ def _hex(a: np.ndarray) -> str:
 
 def histogram(d: np.ndarray) -> dict[str, int]:
     """Counts of mismatching elements by ulp distance; 'nan' where a NaN is
-    involved (ulp distance undefined); '0' where the values are equal but the
-    bits are not (a zero's sign)."""
+    involved (ulp distance undefined); 'sign of zero' where the values are
+    equal but the bits are not (-0 against +0)."""
     out = {}
     nan = d < 0
     if nan.any():
         out["nan"] = int(nan.sum())
     d = d[~nan]
-    lo = 0
-    for hi in BUCKETS:
+    if (d == 0).any():
+        out[SIGN_OF_ZERO] = int((d == 0).sum())
+    lo = 1
+    for hi in BUCKETS[1:]:
         n = int(((d >= lo) & (d <= hi)).sum())
         if n:
             out[str(hi) if lo == hi else f"{lo}-{hi}"] = n

@@ -1,0 +1,127 @@
+"""Each probe family isolates its property ([conf.diagnosis.r1]): a kernel
+with exactly one deviation from the table of docs/conformance.md gets
+exactly the diagnosis for it and no other, for every deviation and every
+sum-shaped op (matmul, dot, sum).
+
+The kernels are float32 NumPy emulations of the spec's sequential sum
+(vectorised across independent outputs only), each with one switch flipped.
+"""
+import numpy as np
+import pytest
+
+from refreplay.conformance import fp, kernels, report, runner, store
+
+F32 = np.float32
+FLT_MIN = F32(2.0 ** -126)
+
+# deviation -> (what the finding must say, ops whose vectors probe it)
+DEVIATIONS = {
+    "fma": ("contracts multiply-add", ("matmul", "dot")),
+    "order": ("sums in a different order", ("matmul", "dot", "sum")),
+    "ftz_before_rounding": ("flushes before rounding", ("matmul", "dot")),
+    "flush": ("does not flush subnormal results", ("matmul", "dot", "sum")),
+    "input_zeroing": ("does not zero subnormal inputs", ("matmul", "dot", "sum")),
+    "nan": ("non-canonical NaN", ("matmul", "dot", "sum")),
+    "signed_zero": ("sign of zero", ("matmul", "dot", "sum")),
+    "tf32": ("rounds fp32 inputs to TF32", ("matmul", "dot")),
+}
+
+
+def _flush(x, dev):
+    return x if dev == "flush" else fp.flush(x)
+
+
+def _load(x, dev):
+    x = np.asarray(x, F32)
+    if dev != "input_zeroing":
+        x = np.where(fp.is_subnormal(x), x * F32(0), x).astype(F32)
+    if dev != "nan":
+        x = np.where(np.isnan(x), fp.f32(fp.CANONICAL_NAN), x).astype(F32)
+    if dev == "tf32":
+        x = fp.round_mantissa(x, 10)
+    return x
+
+
+def _mul(a, b, dev):
+    with np.errstate(all="ignore"):
+        if dev == "ftz_before_rounding":  # tininess judged on the exact product (ARM FZ)
+            exact = a.astype(np.float64) * b.astype(np.float64)
+            p = (a * b).astype(F32)
+            return np.where(np.abs(exact) < float(FLT_MIN), p * F32(0), p).astype(F32)
+        return _flush((a * b).astype(F32), dev)
+
+
+def _dot_rows(A, B, dev):
+    """C[i, j] = sum over k of A[i, k] * B[k, j], the spec's loop with one
+    deviation; B None: the row sums of A."""
+    I, K = A.shape
+    s = np.full((I, 1 if B is None else B.shape[1]), F32(0.0) if dev == "signed_zero" else F32(-0.0), F32)
+    ks = range(K - 1, -1, -1) if dev == "order" else range(K)
+    with np.errstate(all="ignore"):
+        for k in ks:
+            a = A[:, k:k + 1]
+            if B is None:
+                s = _flush((s + a).astype(F32), dev)
+            elif dev == "fma":
+                s = fp.fma(np.broadcast_to(a, s.shape), np.broadcast_to(B[k:k + 1, :], s.shape), s)
+            else:
+                s = _flush((s + _mul(a, B[k:k + 1, :], dev)).astype(F32), dev)
+    if K == 0:
+        s[...] = F32(0.0)  # the empty sum is +0
+    if dev != "nan":
+        s = np.where(np.isnan(s), fp.f32(fp.CANONICAL_NAN), s).astype(F32)
+    return s
+
+
+def emulated(dev):
+    def matmul(A, B):
+        return _dot_rows(_load(A, dev), _load(B, dev), dev)
+
+    def dot(x, y):
+        return _dot_rows(_load(x, dev)[None, :], _load(y, dev)[:, None], dev).reshape(1)
+
+    def row_sum(X):
+        return _dot_rows(_load(X, dev), None, dev).reshape(-1)
+
+    return kernels.Table(f"emulated[{dev}]", {"matmul": matmul, "dot": dot, "sum": row_sum})
+
+
+def findings(dev, op):
+    _, cases = store.load_cases(store.VECTOR_DIR, {op})
+    results = runner.run(emulated(dev), cases)
+    summary = report.summarize(f"emulated[{dev}]", store.read_manifest(), results)
+    return summary, [f.message for f in summary.findings]
+
+
+@pytest.mark.parametrize("op", ["matmul", "dot", "sum"])
+def test_the_emulation_without_deviation_conforms(op):
+    summary, found = findings(None, op)
+    assert summary.conformant and not found
+
+
+@pytest.mark.parametrize("dev,op", [(d, op) for d, (_, ops) in DEVIATIONS.items() for op in ops])
+def test_one_deviation_gets_exactly_its_diagnosis(dev, op):
+    summary, found = findings(dev, op)
+    want = DEVIATIONS[dev][0]
+    assert not summary.conformant
+    assert len(found) == 1 and want in found[0], found
+
+
+def test_a_plus_zero_start_is_named_sign_of_zero_in_the_report():
+    """The +0-start matmul of issue 14: one finding, and its -0/+0 mismatch
+    is called a sign-of-zero difference, not "ulp distance 0"."""
+    summary, found = findings("signed_zero", "matmul")
+    assert len(found) == 1 and "start the sum from -0, not +0" in found[0]
+    text = report.text(summary)
+    assert "sign of zero differs (-0 against +0)" in text and "ulp distance 0" not in text
+    assert "sign of zero: " in text  # the histogram bucket
+
+
+def test_x86_ftz_daz_is_not_blamed():
+    """x86 with FTZ and DAZ set zeroes subnormal operands and flushes results
+    after rounding: the spec's own rules, which the deviation-free emulation
+    follows; ARM FZ (tininess before rounding) is the deviation."""
+    _, found = findings(None, "matmul")
+    assert found == []
+    _, found = findings("ftz_before_rounding", "matmul")
+    assert "ARM's FZ" in found[0] and "x86 FTZ judges after rounding" in found[0]
