@@ -64,6 +64,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _silence_stdout():
+    """Point stdout at /dev/null so that flushing it at exit raises nothing."""
+    import os
+
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -71,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
-        return int(args._run(args))
+        status = int(args._run(args))
+        sys.stdout.flush()  # a closed pipe is reported here, not at interpreter exit
+        return status
     except InputError as exc:
         print(f"refreplay {args.command}: error: {exc}", file=sys.stderr)
         return 2
@@ -84,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as Unix tools do
+        _silence_stdout()
+        return 141
     except Exception:  # a bug in refreplay, not in the input
         import traceback
 

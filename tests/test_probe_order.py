@@ -67,3 +67,30 @@ def test_wide_accumulator_is_not_a_binary32_tree():
 
 def test_bad_n_is_bad_usage():
     assert cli.main(["probe-order", "reference", "--op", "sum", "--n", "0"]) == 2
+
+
+def test_a_plus_zero_start_is_not_labelled_from_minus_zero(capsys):
+    """A tree cannot show the start value: a +0-start kernel has the spec's
+    tree shape, and the output says what the tree does not show."""
+    plus_zero = kernels.Table("plus_zero", {"sum": lambda X: np.add.accumulate(
+        np.concatenate([np.zeros((X.shape[0], 1), np.float32), X], axis=1), axis=1, dtype=np.float32)[:, -1]})
+    _, sizes = P.probe(plus_zero, "sum", 6)
+    names = P.names_for(sizes, 6)
+    assert names[0] == "sequential k increasing" and not any("-0" in n or "+0" in n for n in names)
+    assert cli.main(["probe-order", "reference", "--op", "sum", "--n", "6"]) == 0
+    out = capsys.readouterr().out
+    assert "from -0" not in out and "not the start value, -0 or +0" in out
+
+
+def test_a_closed_pipe_ends_quietly():
+    """`refreplay probe-order numpy --op sum --n 20 | head -1`: no traceback."""
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parent.parent
+    proc = subprocess.run(f"PYTHONUNBUFFERED=1 {sys.executable} -m refreplay probe-order numpy --op sum --n 20 | head -1; "
+                          f"echo status ${{PIPESTATUS[0]}} >&2", shell=True, executable="/bin/bash",
+                          cwd=repo, capture_output=True, text=True, timeout=300)
+    assert proc.stdout.startswith("kernel numpy, op sum, N = 20") and proc.stdout.count("\n") == 1
+    assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr
+    assert "status 141" in proc.stderr or "status 0" in proc.stderr  # 141: stopped by the closed pipe

@@ -11,7 +11,9 @@ def add_arguments(p):
 def _show(label, tree, names, render):
     from ..conformance import orders
 
-    spec_name = orders.spec_order(False).name
+    from ..conformance.order_probe import tree_name
+
+    spec_name = tree_name(orders.spec_order(False).name)
     if spec_name in names:  # blocks longer than N etc. are the same tree: name it once
         names = [spec_name + " (the spec's order)"]
     text = render(tree)
@@ -38,8 +40,10 @@ def run(args) -> int:
     _show("kernel tree:", tree, P.names_for(sizes, args.n), P.render)
     _show("spec tree:  ", spec_tree, P.names_for(spec_sizes, args.n), P.render)
     print(f"             {clauses}")
+    print("(a tree shows which partial sums are added, nothing more: not the start value, -0 or +0, "
+          "nor fused multiply-adds, flushing or NaN rules; `refreplay conform` checks those)")
     if (sizes == spec_sizes).all():
-        print("verdict: the kernel accumulates in the spec's order")
+        print("verdict: the kernel accumulates in the spec's order (its tree shape)")
         return 0
     print("verdict: the kernel's accumulation order DIFFERS from the spec's")
     return 1

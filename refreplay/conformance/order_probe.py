@@ -169,8 +169,17 @@ def probe(kernel: Kernel, op: str, n: int):
     return build_tree(sizes, pairs, n), sizes
 
 
+def tree_name(order_name: str) -> str:
+    """A candidate order's name as a tree shape: a tree cannot show where an
+    accumulator starts (-0 or +0), so the start value is dropped."""
+    for start in (" from -0", " from +0"):
+        order_name = order_name.replace(start, "")
+    return order_name
+
+
 def names_for(sizes: np.ndarray, n: int) -> list[str]:
-    """Candidate orders whose tree for length n has these LCA sizes."""
+    """Tree shapes (``tree_name``) of the candidate orders whose tree for
+    length n has these LCA sizes."""
     if n == 1:
         return ["(a single term)"]
     pairs = _pairs(n)
@@ -181,6 +190,6 @@ def names_for(sizes: np.ndarray, n: int) -> list[str]:
             s = lca_sizes(cand(X), n)
         except NotATree:
             continue
-        if np.array_equal(s, sizes):
-            out.append(cand.name)
+        if np.array_equal(s, sizes) and tree_name(cand.name) not in out:
+            out.append(tree_name(cand.name))
     return out
