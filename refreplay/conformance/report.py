@@ -68,6 +68,15 @@ def _case_lines(r) -> list[str]:
     return lines
 
 
+def case_report(r, findings) -> str:
+    """One case as the text report shows it, followed by its op's diagnosis."""
+    lines = _case_lines(r)
+    mine = [f for f in findings if f.op == r.case.op]
+    if mine:
+        lines += ["Diagnosis:"] + [f"  {f.text()}" for f in mine]
+    return "\n".join(lines)
+
+
 def text(s: Summary, verbose=False) -> str:
     out = [f"refreplay conform {s.kernel} — spec {s.spec_version}, vectors generator {s.generator_version}, "
            f"{len(s.results)} cases", ""]

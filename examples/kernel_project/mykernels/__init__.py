@@ -1,0 +1,1 @@
+"""Sample float32 kernels, checked against refreplay's golden vectors."""
