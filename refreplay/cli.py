@@ -22,6 +22,7 @@ COMMANDS = {
     "coverage": "coverage",
     "trace": "trace",
     "conform": "conform",
+    "report": "report",
     "vectors": "vectors",
     "probe-order": "probe_order",
     "spec": "spec",
