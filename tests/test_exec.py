@@ -68,13 +68,13 @@ def test_timeout_kills_the_wrapper_and_its_child(tmp_path):
     wrapper = tmp_path / "wrapper.sh"
     wrapper.write_text(f"#!/bin/sh\necho wrapper starting >&2\n{child} \"$1\"\necho never >&2\n")
     wrapper.chmod(0o755)
-    kernel = execproto.ExecKernel(str(wrapper), timeout=1.5)
+    kernel = execproto.ExecKernel(str(wrapper), timeout=5)
     t0 = time.monotonic()
     with pytest.raises(KernelError) as exc:
         run_one(kernel)
     assert time.monotonic() - t0 < 30
     msg = str(exc.value)
-    assert "timed out after 1.5 s" in msg and "wrapper starting" in msg and "never" not in msg
+    assert "timed out after 5 s" in msg and "wrapper starting" in msg and "never" not in msg
     (pid,) = [int(p) for p in pids.read_text().split()]
     deadline = time.monotonic() + 10
     while not _dead(pid) and time.monotonic() < deadline:
