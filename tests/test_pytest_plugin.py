@@ -18,12 +18,20 @@ REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "kernel_project"
 
 
+def _forget_mykernels():
+    """Other tests write their own `mykernels` module: never reuse one across tests."""
+    for name in [n for n in sys.modules if n == "mykernels" or n.startswith("mykernels.")]:
+        del sys.modules[name]
+
+
 @pytest.fixture
 def project(tmp_path, monkeypatch):
     dest = tmp_path / "kernel_project"
     shutil.copytree(EXAMPLE, dest, ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache"))
+    _forget_mykernels()
     monkeypatch.syspath_prepend(str(dest))
-    return dest
+    yield dest
+    _forget_mykernels()
 
 
 def pytest_in(project, *args):
