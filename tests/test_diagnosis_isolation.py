@@ -125,3 +125,22 @@ def test_x86_ftz_daz_is_not_blamed():
     assert found == []
     _, found = findings("ftz_before_rounding", "matmul")
     assert "ARM's FZ" in found[0] and "x86 FTZ judges after rounding" in found[0]
+
+
+VENDOR = {"exp": np.exp, "log": np.log, "tanh": np.tanh, "sin": np.sin, "cos": np.cos,
+          "sigmoid": lambda x: F32(1) / (F32(1) + np.exp(-x))}
+
+
+@pytest.mark.parametrize("op", sorted(VENDOR))
+def test_a_vendor_transcendental_alone_gets_only_its_diagnosis(op):
+    """NumPy's function with the spec's load, flush and NaN rules around it:
+    the only deviation is the algorithm, and the only finding names it."""
+    def kernel(x):
+        with np.errstate(all="ignore"):
+            y = fp.flush(VENDOR[op](_load(x, None)).astype(F32))
+        return np.where(np.isnan(y), fp.f32(fp.CANONICAL_NAN), y).astype(F32)
+
+    _, cases = store.load_cases(store.VECTOR_DIR, {op})
+    summary = report.summarize("vendor", store.read_manifest(), runner.run(kernels.Table("vendor", {op: kernel}), cases))
+    found = [f.message for f in summary.findings]
+    assert not summary.conformant and len(found) == 1 and f"uses a vendor {op}" in found[0], found
