@@ -22,6 +22,7 @@ COMMANDS = {
     "coverage": "coverage",
     "trace": "trace",
     "conform": "conform",
+    "fuzz": "fuzz",
     "vectors": "vectors",
     "probe-order": "probe_order",
     "spec": "spec",
