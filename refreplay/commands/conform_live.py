@@ -40,7 +40,13 @@ def _wanted(args, bound) -> list[tuple[str, dict, str]]:
             live.live_op(op)
             if op not in table:
                 raise InputError(f"preset {args.shapes} gives no shapes for {op} (it does for: {', '.join(table)})")
-            out += [(op, live.validate(op, dims, bound), f"{args.shapes} {label}") for label, dims in table[op]]
+            for label, dims in table[op]:
+                try:
+                    out.append((op, live.validate(op, dims, bound), f"{args.shapes} {label}"))
+                except InputError as exc:  # a shape of a large model above the bound: said, not hidden
+                    print(f"(skipped: {exc}; raise --max-elements to run it)")
+        if not out:
+            raise InputError(f"every shape of preset {args.shapes} for {', '.join(ops)} is above the bound")
     return out
 
 

@@ -275,7 +275,7 @@ def validate(op: str, dims: dict, max_elements: int = MAX_ELEMENTS) -> dict:
     n = lv.elements(dims)
     if n > max_elements:
         raise InputError(f"{op} at {format_dims(dims)}: {n:,} elements in inputs and outputs, above the bound "
-                         f"of {max_elements:,} (2^{max_elements.bit_length() - 1} for a live case)")
+                         f"of {max_elements:,} (default 2^27 = {MAX_ELEMENTS:,}; --max-elements changes it)")
     return {x: dims[x] for x in lv.letters}
 
 
