@@ -89,10 +89,11 @@ def run(args) -> int:
     manifest = {"spec_version": spec.version(), "generator_version": live.GENERATOR_VERSION}
     summary = report.summarize(args.kernel, manifest, [r])
     summary.findings += _order_findings(args.op, r) if r.status == "fail" else []
-    print(f"{head}: a difference after {out.found_after} examples, shrunk to "
+    what = {"fail": "a difference", "error": "the kernel failed", "skip": "the kernel declined the op"}[r.status]
+    print(f"{head}: {what} after {out.found_after} examples, shrunk to "
           f"{live.format_dims(out.dims)} ({out.examples} examples in all, {out.seconds:.1f} s)")
     print("\n".join(_inputs_text(r.case)))
-    print(report.text(summary))
+    print(report.text(summary, verbose=True))
     if args.json:
         report.write_json(summary, args.json)
     if args.junit:

@@ -74,6 +74,13 @@ def fuzz(kernel: Kernel, op: str, examples: int, seed: int, max_elements: int) -
             state["last"] = (r, dims)
             raise _Failed(r.status)
 
+    import numba
+
+    threads = numba.get_num_threads()
+    # Fuzzed cases are small: starting a parallel loop would cost more than
+    # the loop (milliseconds on a busy machine).  The bits do not depend on
+    # the thread count ([red.sum.c1]; tests/test_reference_properties.py).
+    numba.set_num_threads(1)
     t0 = time.perf_counter()
     try:
         check()
@@ -85,6 +92,8 @@ def fuzz(kernel: Kernel, op: str, examples: int, seed: int, max_elements: int) -
         if state["error"] is not None:
             raise InputError(f"fuzz {op}: {state['error']}") from None
         raise InputError(f"fuzz {op}: hypothesis stopped: {type(exc).__name__}: {exc}") from None
+    finally:
+        numba.set_num_threads(threads)
     seconds = time.perf_counter() - t0
     r, dims = state["last"] if state["last"] else (None, None)
     return Outcome(state["n"], seconds, state["first"], r, dims)

@@ -1,0 +1,116 @@
+"""`refreplay fuzz`: hypothesis finds shape-dependent algorithm switches that
+the kernel's small cases hide, shrinks them to a minimal case, diagnoses and
+saves it, deterministically per seed ([conf.runner.c1])."""
+import json
+import sys
+
+import numpy as np
+import pytest
+
+import fuzz_kernels
+from refreplay import cli
+from refreplay.conformance import fuzz, kernels, store
+
+MAX_ELEMENTS = 4096
+
+
+def _kernel(name):
+    return kernels.resolve(f"fuzz_kernels:{name}")
+
+
+def _bits(a):
+    return np.ascontiguousarray(a).view(np.uint32)
+
+
+@pytest.fixture(scope="module")
+def split_k():
+    return fuzz.fuzz(_kernel("matmul"), "matmul", 200, 0, MAX_ELEMENTS)
+
+
+def test_split_k_matmul_is_found_and_shrunk(split_k):
+    out = split_k
+    assert out.result is not None and out.result.status == "fail"
+    assert out.found_after <= 50
+    d = out.dims
+    assert fuzz_kernels.SPLIT_K_ABOVE < d["K"] <= fuzz_kernels.SPLIT_K_ABOVE + 8
+    assert d["I"] == 1 and d["J"] == 1
+    # the shrunk case is a real difference: the reference passes it
+    assert kernels.resolve("reference").run("matmul", list(out.result.case.inputs.values()),
+                                            {})["C"].tobytes() == out.result.case.outputs["C"].tobytes()
+
+
+def test_online_softmax_is_found_and_shrunk():
+    out = fuzz.fuzz(_kernel("softmax_forward"), "softmax_forward", 200, 0, MAX_ELEMENTS)
+    assert out.result is not None and out.result.status == "fail"
+    assert out.found_after <= 50
+    assert fuzz_kernels.ONLINE_SOFTMAX_ABOVE < out.dims["V"] <= fuzz_kernels.ONLINE_SOFTMAX_ABOVE + 8
+    assert out.dims["N"] == 1
+
+
+def test_the_reference_passes_its_own_fuzz():
+    for op in ("matmul", "softmax_forward"):
+        out = fuzz.fuzz(kernels.resolve("reference"), op, 25, 1, MAX_ELEMENTS)
+        assert out.result is None and out.examples == 25
+
+
+def test_fuzz_cli_is_deterministic_diagnoses_and_saves_a_replayable_case(tmp_path, capsys, monkeypatch, split_k):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("HYPOTHESIS_STORAGE_DIRECTORY", raising=False)
+    rc = cli.main(["fuzz", "fuzz_kernels:matmul", "--op", "matmul", "--examples", "200", "--max-elements",
+                   str(MAX_ELEMENTS), "--json", str(tmp_path / "f.json")])
+    out = capsys.readouterr().out
+    assert rc == 1
+    # the same seed gives the same run as the fixture's (in-process) one
+    assert (f"a difference after {split_k.found_after} examples, shrunk to I=1,K={split_k.dims['K']},J=1 "
+            f"({split_k.examples} examples in all") in out
+    assert "NOT CONFORMANT" in out and "Diagnosis:" in out
+    assert "sums in another order" in out
+    rep = json.loads((tmp_path / "f.json").read_text())
+    assert not rep["conformant"] and rep["cases"][0]["id"] == "matmul-fuzz-00"
+    saved = tmp_path / "refreplay-fuzz" / "matmul-seed0"  # the default place
+    assert (saved / store.MANIFEST).is_file()
+    (case,) = store.load_cases(saved)[1]
+    for n in case.inputs:
+        assert np.array_equal(_bits(case.inputs[n]), _bits(split_k.result.case.inputs[n]))
+    assert not (tmp_path / ".hypothesis").exists()  # no hypothesis files in the working directory
+    assert cli.main(["conform", "fuzz_kernels:matmul", "--vectors", str(saved)]) == 1
+    assert cli.main(["conform", "reference", "--vectors", str(saved)]) == 0
+    capsys.readouterr()
+    rc = cli.main(["fuzz", "reference", "--op", "matmul", "--examples", "10", "--max-elements", "256"])
+    assert rc == 0 and "every one matches" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--op", "matmul", "--examples", "0"], "--examples"),
+    (["--op", "matmul", "--max-elements", "0"], "--max-elements"),
+    (["--op", "layernorm_forward", "--max-elements", "1"], "smallest"),
+    (["--op", "no_such_op"], "unknown op"),
+    (["--op", "matmul", "--seed", "-3"], "--seed"),
+])
+def test_fuzz_bad_arguments_exit_2(capsys, args, message):
+    assert cli.main(["fuzz", "reference", *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_fuzz_without_hypothesis_exits_2(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "hypothesis", None)  # import hypothesis raises ImportError
+    assert cli.main(["fuzz", "reference", "--op", "matmul"]) == 2
+    assert "pip install 'refreplay[fuzz]'" in capsys.readouterr().err
+
+
+def test_kernel_errors_and_declines_are_failures(tmp_path, monkeypatch, capsys):
+    mod = tmp_path / "odd_kernels.py"
+    mod.write_text("import numpy as np\n"
+                   "def matmul(A, B):\n"
+                   "    if A.shape[1] > 20: raise RuntimeError('too long')\n"
+                   "    from refreplay import linalg\n"
+                   "    from refreplay.conformance.cases import load_inputs\n"
+                   "    return linalg.matmul(*load_inputs([A, B]))\n"
+                   "def other(op, *xs):\n"
+                   "    raise NotImplementedError\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = fuzz.fuzz(kernels.resolve("odd_kernels:matmul"), "matmul", 100, 0, 1024)
+    assert out.result.status == "error" and out.dims["K"] == 21 and "too long" in out.result.message
+    assert cli.main(["fuzz", "odd_kernels:other", "--op", "sum", "--examples", "5",
+                     "--save", str(tmp_path / "s")]) == 1
+    assert "SKIP" in capsys.readouterr().out
