@@ -19,9 +19,11 @@ Strategies:
                             short significands, huge and tiny magnitudes, and
                             ordinary values with exponents in [lo_exp, hi_exp]
   f32_values(...)           the same as float32 scalars
-  f32_arrays(shape, ...)    arrays of them: element by element (shrinks to
-                            simple values), or dense random from a drawn seed
-                            with a few edge values poked in (realistic sums)
+  f32_arrays(shape, ...)    arrays of them: up to 64 elements element by
+                            element; larger, one drawn value with up to 16
+                            others poked in; at any size, dense random values
+                            from a drawn seed with up to 8 edge values poked
+                            in (realistic sums: what finds order changes)
   sizes(lo, hi)             one size, biased to 0, 1, 2, powers of two +-1 and
                             tile edges (multiples of 16, 32, 64, 128 +-1)
   shapes(op, max_elements)  the op's shape letters ({"I": .., "K": .., "J": ..}),
