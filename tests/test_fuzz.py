@@ -114,3 +114,87 @@ def test_kernel_errors_and_declines_are_failures(tmp_path, monkeypatch, capsys):
     assert cli.main(["fuzz", "odd_kernels:other", "--op", "sum", "--examples", "5",
                      "--save", str(tmp_path / "s")]) == 1
     assert "SKIP" in capsys.readouterr().out
+
+
+# ---- the public strategies -------------------------------------------------------------
+
+from hypothesis import Phase, given, settings  # noqa: E402
+
+from refreplay.conformance import live  # noqa: E402
+from refreplay.testing import strategies as rs  # noqa: E402
+
+_u = lambda a: np.ascontiguousarray(a).view(np.uint32)  # noqa: E731
+
+
+EDGES = {
+    "negative zero": lambda a: (_u(a) == 0x80000000).any(),
+    "subnormal": lambda a: (((_u(a) & 0x7F800000) == 0) & ((_u(a) & 0x7FFFFF) != 0)).any(),
+    "non-canonical NaN": lambda a: (np.isnan(a) & (_u(a) != 0x7FC00000)).any(),
+    "infinity": lambda a: np.isinf(a).any(),
+    "max finite": lambda a: (np.abs(a) == np.finfo(np.float32).max).any(),
+    "a rounding tie (2.5)": lambda a: (a == np.float32(2.5)).any(),
+}
+
+
+@pytest.mark.parametrize("shape", [(8,), (300,)])
+def test_value_strategies_reach_edge_values(shape):
+    seen = set()
+
+    @settings(max_examples=300, database=None, derandomize=True, phases=[Phase.generate])
+    @given(rs.f32_arrays(shape))
+    def draw(a):
+        seen.update(k for k, pred in EDGES.items() if pred(a))
+
+    draw()
+    assert seen == set(EDGES)
+
+
+def test_sizes_reach_the_edges():
+    want = {0, 1, 63, 64, 65, 127, 129, 1023, 1025}
+    seen = set()
+
+    @settings(max_examples=1000, database=None, derandomize=True, phases=[Phase.generate])
+    @given(rs.sizes(0, 1 << 16))
+    def draw(n):
+        assert 0 <= n <= 1 << 16
+        seen.add(n)
+
+    draw()
+    assert want <= seen, want - seen
+
+
+@pytest.mark.parametrize("op", ["matmul", "attention_backward", "rope_forward", "embedding_forward", "layernorm_forward"])
+def test_shapes_respect_the_budget_and_the_op(op):
+    @settings(max_examples=60, database=None, derandomize=True)
+    @given(rs.shapes(op, 5000))
+    def check(dims):
+        assert live.validate(op, dims, 5000) == dims  # letters, minimums, constraints and the bound
+
+    check()
+
+
+def test_strategies_in_a_kernel_authors_own_test():
+    """The documented use: a hypothesis test of one's own kernel fails on
+    the split-K kernel and passes on the reference."""
+    import numba
+
+    from refreplay import linalg
+    from refreplay.conformance.cases import load_inputs
+
+    def my_test(kernel, examples):
+        @settings(max_examples=examples, database=None, derandomize=True, deadline=None,
+                  phases=[Phase.generate, Phase.shrink])  # no explain phase: it re-runs the kernel a lot
+        @given(rs.op_inputs("matmul", max_elements=4096))
+        def test(case):
+            dims, inputs = case
+            assert rs.same_bits(rs.expected("matmul", inputs)["C"], kernel(inputs["A"], inputs["B"]))
+        test()
+
+    keep = numba.get_num_threads()
+    numba.set_num_threads(1)  # small cases: a parallel launch costs more than the work
+    try:
+        with pytest.raises(AssertionError):
+            my_test(fuzz_kernels.matmul, 200)
+        my_test(lambda A, B: linalg.matmul(*load_inputs([A, B])), 30)
+    finally:
+        numba.set_num_threads(keep)
