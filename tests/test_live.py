@@ -171,3 +171,23 @@ def test_shapes_preset_runs_the_model_shapes(tmp_path):
     assert len([i for i in ids if i.startswith("matmul_nt-live")]) == 5  # qkv, proj, mlp in/out, head
     rc, rep = _conform(tmp_path, "numpy", "--shapes", "tiny", "--op", "matmul_nt")
     assert rc == 1
+
+
+def test_live_cases_catch_shape_dependent_switches(tmp_path):
+    """The split-K matmul and the online softmax of tests/fuzz_kernels.py are
+    exact below their thresholds and caught at a live shape above them, and
+    at the model shapes of the tiny preset (matmul input gradients with K up
+    to 256, logits with V = 256)."""
+    import fuzz_kernels  # noqa: F401  (importable: tests/ is on the path)
+
+    k = "fuzz_kernels:matmul"
+    assert _conform(tmp_path, k, "--op", "matmul", "--shape", "I=3,K=64,J=5")[0] == 0
+    rc, rep = _conform(tmp_path, k, "--op", "matmul", "--shape", "I=3,K=65,J=5")
+    assert rc == 1 and rep["cases"][0]["status"] == "fail"
+    assert _conform(tmp_path, k, "--op", "matmul", "--shapes", "tiny")[0] == 1
+    s = "fuzz_kernels:softmax_forward"
+    assert _conform(tmp_path, s, "--op", "softmax_forward", "--shape", "N=4,V=128")[0] == 0
+    rc, rep = _conform(tmp_path, s, "--op", "softmax_forward", "--shapes", "tiny")
+    assert rc == 1
+    # the preset's softmax shapes: attention rows (V = T = 32) pass, logits (V = 256) fail
+    assert [c["status"] for c in rep["cases"]] == ["pass", "fail"]
