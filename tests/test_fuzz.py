@@ -67,6 +67,7 @@ def test_fuzz_cli_is_deterministic_diagnoses_and_saves_a_replayable_case(tmp_pat
     assert "sums in another order" in out
     rep = json.loads((tmp_path / "f.json").read_text())
     assert not rep["conformant"] and rep["cases"][0]["id"] == "matmul-fuzz-00"
+    assert rep["fuzz"]["found_after"] == split_k.found_after and rep["fuzz"]["dims"] == split_k.dims
     saved = tmp_path / "refreplay-fuzz" / "matmul-seed0"  # the default place
     assert (saved / store.MANIFEST).is_file()
     (case,) = store.load_cases(saved)[1]
@@ -76,8 +77,12 @@ def test_fuzz_cli_is_deterministic_diagnoses_and_saves_a_replayable_case(tmp_pat
     assert cli.main(["conform", "fuzz_kernels:matmul", "--vectors", str(saved)]) == 1
     assert cli.main(["conform", "reference", "--vectors", str(saved)]) == 0
     capsys.readouterr()
-    rc = cli.main(["fuzz", "reference", "--op", "matmul", "--examples", "10", "--max-elements", "256"])
+    rc = cli.main(["fuzz", "reference", "--op", "matmul", "--examples", "10", "--max-elements", "256",
+                   "--json", str(tmp_path / "p.json"), "--junit", str(tmp_path / "p.xml")])
     assert rc == 0 and "every one matches" in capsys.readouterr().out
+    rep = json.loads((tmp_path / "p.json").read_text())
+    assert rep["conformant"] and rep["fuzz"]["examples"] == 10 and rep["fuzz"]["found_after"] is None
+    assert b'failures="0"' in (tmp_path / "p.xml").read_bytes()
 
 
 @pytest.mark.parametrize("args,message", [

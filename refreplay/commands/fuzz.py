@@ -47,6 +47,30 @@ def _order_findings(op, r):
                                  f"{'; ...' if len(names) > 4 else ''})", clauses)]
 
 
+def _write_json(obj, path):
+    import json
+
+    with open(path, "w") as fh:
+        json.dump(obj, fh, indent=1)
+        fh.write("\n")
+
+
+def _write_pass(args, run_info):
+    """The reports of a run without a difference: every example passed."""
+    import xml.etree.ElementTree as ET
+
+    if args.json:
+        _write_json({"kernel": args.kernel, "conformant": True, "counts": {"pass": run_info["examples"]},
+                     "diagnosis": [], "cases": [], "fuzz": run_info}, args.json)
+    if args.junit:
+        root = ET.Element("testsuites", name=f"refreplay fuzz {args.kernel}")
+        suite = ET.SubElement(root, "testsuite", name=args.op, tests="1", failures="0", errors="0", skipped="0")
+        ET.SubElement(suite, "testcase", classname=f"refreplay.fuzz.{args.op}",
+                      name=f"{args.op}-fuzz ({run_info['examples']} examples, seed {run_info['seed']})")
+        with open(args.junit, "wb") as fh:
+            fh.write(ET.tostring(root, encoding="utf-8", xml_declaration=True))
+
+
 def _keep_hypothesis_out_of_cwd():
     """Hypothesis keeps a cache in ./.hypothesis unless told otherwise; the
     fuzzer uses no example database, so nothing of it belongs in the user's
@@ -81,9 +105,12 @@ def run(args) -> int:
     live.require_fit()
     out = fuzz.fuzz(kernel, args.op, args.examples, seed, args.max_elements)
     head = f"refreplay fuzz {args.kernel} --op {args.op} --seed {seed} --max-elements {args.max_elements}"
+    run_info = {"op": args.op, "seed": seed, "max_elements": args.max_elements, "examples": out.examples,
+                "found_after": out.found_after, "dims": out.dims, "seconds": round(out.seconds, 3)}
     if out.result is None:
         print(f"{head}: {out.examples} examples, every one matches the reference bit for bit "
               f"({out.seconds:.1f} s)")
+        _write_pass(args, run_info)
         return 0
     r = out.result
     manifest = {"spec_version": spec.version(), "generator_version": live.GENERATOR_VERSION}
@@ -95,7 +122,7 @@ def run(args) -> int:
     print("\n".join(_inputs_text(r.case)))
     print(report.text(summary, verbose=True))
     if args.json:
-        report.write_json(summary, args.json)
+        _write_json({**report.to_json(summary), "fuzz": run_info}, args.json)
     if args.junit:
         report.write_junit(summary, args.junit)
     from pathlib import Path
