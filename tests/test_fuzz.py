@@ -9,7 +9,8 @@ import pytest
 
 import fuzz_kernels
 from refreplay import cli
-from refreplay.conformance import fuzz, kernels, store
+from refreplay.conformance import kernels, store
+from refreplay.testing import fuzz
 
 MAX_ELEMENTS = 4096
 

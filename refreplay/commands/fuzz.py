@@ -86,7 +86,8 @@ def _keep_hypothesis_out_of_cwd():
 
 def run(args) -> int:
     from .. import spec
-    from ..conformance import fuzz, kernels, live, report
+    from ..conformance import kernels, live, report
+    from ..testing import fuzz
     from ..errors import InputError
     from .conform_live import check_seed
 

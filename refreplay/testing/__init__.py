@@ -1,2 +1,4 @@
-"""Tools for kernel authors' own tests: ``strategies`` (hypothesis strategies
-over binary32 values, shapes and op inputs; needs the ``fuzz`` extra)."""
+"""Tools for testing kernels against refreplay, on top of ``conformance``:
+``strategies`` (public hypothesis strategies over binary32 values, shapes
+and op inputs, for kernel authors' own tests) and ``fuzz`` (the engine of
+`refreplay fuzz`).  Both need hypothesis (the ``fuzz`` extra)."""

@@ -15,9 +15,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from ..conformance import live, runner
+from ..conformance.kernels import Kernel
 from ..errors import InputError
-from . import live, runner
-from .kernels import Kernel
 
 
 @dataclass
@@ -48,7 +48,7 @@ def fuzz(kernel: Kernel, op: str, examples: int, seed: int, max_elements: int) -
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as hseed
 
-    from ..testing import strategies
+    from . import strategies
 
     strategy = strategies.op_inputs(op, max_elements)  # checks the op and the bound (ValueError)
     state = {"n": 0, "first": None, "last": None, "error": None}
