@@ -98,6 +98,12 @@ def test_fuzz_bad_arguments_exit_2(capsys, args, message):
     assert message in capsys.readouterr().err
 
 
+def test_fuzz_refuses_a_save_directory_it_may_not_write_before_running(tmp_path, capsys):
+    (tmp_path / "keep.txt").write_text("mine")
+    assert cli.main(["fuzz", "fuzz_kernels:matmul", "--op", "matmul", "--save", str(tmp_path)]) == 2
+    assert "not empty" in capsys.readouterr().err and (tmp_path / "keep.txt").read_text() == "mine"
+
+
 def test_fuzz_without_hypothesis_exits_2(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "hypothesis", None)  # import hypothesis raises ImportError
     assert cli.main(["fuzz", "reference", "--op", "matmul"]) == 2

@@ -58,6 +58,8 @@ def run_live(args) -> int:
         raise InputError("--vectors replays stored cases; --shape/--shapes build live ones: give one or the other")
     seed = check_seed(args.seed)
     wanted = _wanted(args, max_elements(args.max_elements))
+    if args.save:
+        live.check_save_target(args.save)
     xfail = runner.read_xfail(args.xfail) if args.xfail else []
     kernel = kernels.resolve(args.kernel)
     live.require_fit()

@@ -85,6 +85,8 @@ def _keep_hypothesis_out_of_cwd():
 
 
 def run(args) -> int:
+    from pathlib import Path
+
     from .. import spec
     from ..conformance import kernels, live, report
     from ..testing import fuzz
@@ -102,6 +104,8 @@ def run(args) -> int:
     low = {x: lv.minimum.get(x, 0) for x in lv.letters}
     if lv.elements(low) > args.max_elements:
         raise InputError(f"--max-elements {args.max_elements}: the smallest {args.op} case has more")
+    directory = args.save or str(Path(DEFAULT_SAVE) / f"{args.op}-seed{seed}")
+    live.check_save_target(directory)  # before the run, not after it
     kernel = kernels.resolve(args.kernel)
     live.require_fit()
     out = fuzz.fuzz(kernel, args.op, args.examples, seed, args.max_elements)
@@ -117,6 +121,7 @@ def run(args) -> int:
     manifest = {"spec_version": spec.version(), "generator_version": live.GENERATOR_VERSION}
     summary = report.summarize(args.kernel, manifest, [r])
     summary.findings += _order_findings(args.op, r) if r.status == "fail" else []
+    live.save([r.case], directory, seed)  # first: a closed stdout must not lose the case
     what = {"fail": "a difference", "error": "the kernel failed", "skip": "the kernel declined the op"}[r.status]
     print(f"{head}: {what} after {out.found_after} examples, shrunk to "
           f"{live.format_dims(out.dims)} ({out.examples} examples in all, {out.seconds:.1f} s)")
@@ -126,9 +131,5 @@ def run(args) -> int:
         _write_json({**report.to_json(summary), "fuzz": run_info}, args.json)
     if args.junit:
         report.write_junit(summary, args.junit)
-    from pathlib import Path
-
-    directory = args.save or str(Path(DEFAULT_SAVE) / f"{args.op}-seed{seed}")
-    live.save([r.case], directory, seed)
     print(f"saved the shrunk case to {directory} (replay: refreplay conform {args.kernel} --vectors {directory})")
     return 1

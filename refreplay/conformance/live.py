@@ -353,34 +353,42 @@ def require_fit():
 # ---- saving ---------------------------------------------------------------------------------
 
 
+def check_save_target(directory) -> list:
+    """``directory`` can take a live save: absent, empty, or an earlier live
+    save (its files are returned, to be replaced).  Anything else, committed
+    vectors included, is refused: a save never overwrites other files."""
+    import json
+    from pathlib import Path
+
+    from . import store
+
+    d = Path(directory)
+    if d.exists() and not d.is_dir():
+        raise InputError(f"--save {d}: exists and is not a directory")
+    if not (d.is_dir() and any(d.iterdir())):
+        return []
+    try:
+        m = json.loads((d / store.MANIFEST).read_bytes())
+        if isinstance(m, dict) and str(m.get("generator_version", "")).startswith("live"):
+            return [d / store.MANIFEST] + [d / n for n in m["files"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    raise InputError(f"--save {d}: directory is not empty and holds no earlier live save; choose a new directory")
+
+
 def save(cases: list[Case], directory, seed: int) -> None:
     """Write live cases in the format of ``vectors/`` ([conf.vectors.c1]) so
-    that ``conform --vectors DIR`` replays them.  DIR must be absent, empty,
-    or hold an earlier live save (which is replaced): committed vectors or
-    anything else are never overwritten."""
-    import json
+    that ``conform --vectors DIR`` replays them (``check_save_target`` says
+    where that is allowed)."""
     from pathlib import Path
 
     from .. import spec
     from . import store
 
     d = Path(directory)
-    if d.exists() and not d.is_dir():
-        raise InputError(f"--save {d}: exists and is not a directory")
-    old = d / store.MANIFEST
-    if d.is_dir() and any(d.iterdir()):
-        try:
-            m = json.loads(old.read_bytes())
-            ok = isinstance(m, dict) and str(m.get("generator_version", "")).startswith("live")
-            stale = [d / n for n in m["files"]] if ok else []
-        except (OSError, ValueError, KeyError, TypeError):
-            ok = False
-        if not ok:
-            raise InputError(f"--save {d}: directory is not empty and holds no earlier live save; "
-                             f"choose a new directory")
-        for p in stale:
-            if p.parent == d and p.name.endswith(".safetensors") and p.is_file():
-                p.unlink()
+    for p in check_save_target(d):
+        if p.parent == d and p.name.endswith(".safetensors") and p.is_file():
+            p.unlink()
     store.write(store.encode(cases, spec.version(), GENERATOR_VERSION, seed), d)
 
 
