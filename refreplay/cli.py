@@ -23,6 +23,7 @@ COMMANDS = {
     "trace": "trace",
     "conform": "conform",
     "report": "report",
+    "fuzz": "fuzz",
     "vectors": "vectors",
     "probe-order": "probe_order",
     "spec": "spec",

@@ -15,6 +15,16 @@ def add_arguments(p):
                    help="exec: kernels: seconds per case before the program's whole process group is "
                         "killed (default: 120)")
     p.add_argument("-v", "--verbose", action="store_true", help="list skipped and expected-failing cases too")
+    live = p.add_argument_group("live cases (expected bits computed by the reference now, at any shape)")
+    live.add_argument("--shape", action="append", metavar="L=N,...",
+                      help="a live case of each --op at this shape, in the op's spec letters, e.g. "
+                           "I=4,K=11008,J=4096 (repeatable)")
+    live.add_argument("--shapes", metavar="PRESET",
+                      help="live cases at the linear/attention/softmax/norm shapes of a model preset")
+    live.add_argument("--seed", type=int, default=0, help="seed of the live inputs (default 0)")
+    live.add_argument("--save", metavar="DIR", help="also write the live cases as vectors that --vectors DIR replays")
+    live.add_argument("--max-elements", type=int, metavar="E", default=None,
+                      help="bound on the elements of one live case, inputs and outputs (default 2^27)")
 
 
 def run(args) -> int:
@@ -24,6 +34,12 @@ def run(args) -> int:
     from ..conformance import kernels, report, runner, store
     from ..errors import InputError
 
+    if args.shape or args.shapes:
+        from .conform_live import run_live
+
+        return run_live(args)
+    if args.save:
+        raise InputError("--save writes live cases: give --shape or --shapes")
     directory = Path(args.vectors) if args.vectors else store.VECTOR_DIR
     manifest = store.read_manifest(directory)
     if manifest["spec_version"] != spec.version():

@@ -1,0 +1,82 @@
+"""`refreplay conform KERNEL --op OP --shape ...` / `--shapes PRESET`: live
+cases, reported exactly like the committed vectors (``conform.py`` hands
+over here when a shape is given)."""
+from __future__ import annotations
+
+from ..errors import InputError
+
+HARD_MAX_ELEMENTS = 1 << 31
+
+
+def max_elements(value) -> int:
+    from ..conformance import live
+
+    if value is None:
+        return live.MAX_ELEMENTS
+    if not 1 <= value <= HARD_MAX_ELEMENTS:
+        raise InputError(f"--max-elements must be in [1, 2^31], got {value}")
+    return value
+
+
+def check_seed(seed: int) -> int:
+    if not 0 <= seed < 1 << 64:
+        raise InputError(f"--seed must be in [0, 2^64), got {seed}")
+    return seed
+
+
+def _wanted(args, bound) -> list[tuple[str, dict, str]]:
+    from ..conformance import live
+
+    out = []
+    if args.shape:
+        if not args.op:
+            raise InputError("--shape needs --op: shape letters are the op's (e.g. --op matmul --shape I=4,K=64,J=8)")
+        for op in dict.fromkeys(args.op):
+            out += [(op, live.parse_shape(op, text, bound), "") for text in args.shape]
+    if args.shapes:
+        table = live.preset_shapes(args.shapes)
+        ops = list(dict.fromkeys(args.op)) if args.op else list(table)
+        for op in ops:
+            live.live_op(op)
+            if op not in table:
+                raise InputError(f"preset {args.shapes} gives no shapes for {op} (it does for: {', '.join(table)})")
+            for label, dims in table[op]:
+                try:
+                    out.append((op, live.validate(op, dims, bound), f"{args.shapes} {label}"))
+                except InputError as exc:  # a shape of a large model above the bound: said, not hidden
+                    print(f"(skipped: {exc}; raise --max-elements to run it)")
+        if not out:
+            raise InputError(f"every shape of preset {args.shapes} for {', '.join(ops)} is above the bound")
+    return out
+
+
+def run_live(args) -> int:
+    from .. import spec
+    from ..conformance import kernels, live, report, runner
+
+    if args.vectors:
+        raise InputError("--vectors replays stored cases; --shape/--shapes build live ones: give one or the other")
+    seed = check_seed(args.seed)
+    wanted = _wanted(args, max_elements(args.max_elements))
+    if args.save:
+        live.check_save_target(args.save)
+    xfail = runner.read_xfail(args.xfail) if args.xfail else []
+    kernel = kernels.resolve(args.kernel, exec_timeout=args.timeout)
+    live.require_fit()
+    cases, results, index = [], [], {}
+    for op, dims, label in wanted:
+        case = live.build(op, dims, seed, index.setdefault(op, 0), label)
+        index[op] += 1
+        cases.append(case)
+        results += runner.run(kernel, [case], xfail)
+    manifest = {"spec_version": spec.version(), "generator_version": live.GENERATOR_VERSION}
+    summary = report.summarize(args.kernel, manifest, results)
+    print(report.text(summary, args.verbose))
+    if args.json:
+        report.write_json(summary, args.json)
+    if args.junit:
+        report.write_junit(summary, args.junit)
+    if args.save:
+        live.save(cases, args.save, seed)
+        print(f"saved {len(cases)} live cases to {args.save} (replay: refreplay conform KERNEL --vectors {args.save})")
+    return 0 if summary.conformant else 1
