@@ -1,0 +1,107 @@
+"""The parts of a training step around the user's model: TreeFold of the
+micro-batch gradients, the training state, its hash and the chain link
+(``spec/22-treefold.txt``, ``spec/23-step.txt``), all delegated to
+refreplay's own functions so a torch loop publishes what the reference
+trainer publishes.
+
+A step of a torch loop (docs/torch.md):
+
+    opt.zero_grad()                             # .grad = None: nothing to add to
+    fold = GradFold(names)                      # names: {state name: parameter}
+    for m in range(M):                          # micro-batches in stream order
+        loss = model(x_m, y_m); loss.backward()
+        fold.push(loss)                         # takes every .grad, clears it
+    loss = fold.mean()                          # TreeFold, x recip(M); .grad set
+    clip_grad_norm_(names, clip); opt.step(); schedule.step()
+    st = train_state(n, names, opt, position, quant_names)
+    link = chain_link(prev_link, st.root(), data_hash, recipe_hash)
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .. import state as statehash
+from ..step import LOSS, TrainState
+from ..treefold import FoldStack
+from ._bridge import Unsupported, backend_of, from_numpy, inside_reference, to_numpy
+from .optim import _named
+
+
+class GradFold:
+    """[fold.tree.c1] [fold.final.c1] [fold.scale.c1] [step.loss.c1] The
+    binary-carry fold of one step's micro-batch leaves {gradients, loss}.
+
+    ``push(loss)`` after each micro-batch's ``loss.backward()`` takes the
+    gradient of every named parameter (a parameter without one is refused:
+    its leaf would be missing) and sets ``.grad`` to None, so the next
+    micro-batch's backward starts from nothing: PyTorch never adds
+    micro-batch gradients itself.  ``mean()`` folds, scales by recip(f32(M)),
+    puts the mean gradients in ``.grad`` and returns the step's loss.
+    """
+
+    def __init__(self, named_parameters):
+        self.named = _named(named_parameters, "GradFold")
+        if LOSS in self.named:
+            raise Unsupported(f"GradFold: the name {LOSS!r} is the loss leaf ([step.loss.c1])")
+        self.names = sorted(self.named)
+        stale = [k for k in self.names if self.named[k].grad is not None]
+        if stale:
+            raise Unsupported(f"GradFold: {stale[:5]} already hold a gradient, which the first backward "
+                              "would add to with PyTorch's own add: call optimizer.zero_grad() "
+                              "(set_to_none=True, the default) before the step")
+        self.ops = backend_of(*self.named.values())
+        self.stack = FoldStack(node=self.ops.treefold.merge)
+        self.count = 0
+
+    def push(self, loss: torch.Tensor) -> None:
+        """One micro-batch, in global sample order."""
+        missing = [k for k in self.names if self.named[k].grad is None]
+        if missing:
+            raise Unsupported(f"GradFold.push: no gradient for {missing[:5]} (call loss.backward() first; "
+                              "every parameter of the state takes part in the fold)")
+        with inside_reference():
+            leaf = {k: to_numpy(f"grad of {k}", self.named[k].grad) for k in self.names}
+            leaf[LOSS] = to_numpy("loss", loss.detach().reshape(1)).copy()
+        for k in self.names:
+            self.named[k].grad = None
+        self.stack.push(leaf)
+        self.count += 1
+
+    def mean(self) -> np.float32:
+        """[fold.final.c1] [fold.scale.c1] The fold of the pushed leaves times
+        recip(f32(M)); sets every ``.grad`` to its mean and returns the loss."""
+        if not self.count:
+            raise Unsupported("GradFold.mean: no micro-batch was pushed")
+        with inside_reference():
+            mean = self.ops.treefold.scale(self.stack.result(), self.count)
+            loss = np.float32(mean.pop(LOSS)[0])
+            for k in self.names:
+                p = self.named[k]
+                p.grad = from_numpy(mean[k], p)
+        return loss
+
+
+def train_state(step: int, named_parameters, optimizer, data_position, quant_names=()) -> TrainState:
+    """[step.state.c1] The state after ``step`` steps as refreplay's
+    ``TrainState`` (copies): parameters, AdamW moments (+0 before the first
+    update), the re-pinned step sizes of the int8 weights named in
+    ``quant_names`` ([model.quant.c1]), the step and the data position."""
+    named = _named(named_parameters, "train_state")
+    params, m, v = {}, {}, {}
+    with inside_reference():
+        for k in sorted(named):
+            p = named[k]
+            params[k] = to_numpy(k, p).copy()
+            st = optimizer.state.get(p, {})
+            m[k] = to_numpy(f"exp_avg of {k}", st["exp_avg"]).copy() if st else np.zeros_like(params[k])
+            v[k] = to_numpy(f"exp_avg_sq of {k}", st["exp_avg_sq"]).copy() if st else np.zeros_like(params[k])
+        ops = backend_of(*named.values())
+        qsteps = {k: ops.quant.step_size_rows(params[k]) for k in sorted(quant_names)}
+    return TrainState(int(step), params, m, v, qsteps, tuple(int(x) for x in data_position))
+
+
+def chain_link(prev_link: str, state_root: str, data_hash: str, recipe_hash: str) -> str:
+    """[state.chain.c1] The chain link of a step: refreplay's own
+    ``state.chain_link`` (the one place a torch loop computes it)."""
+    return statehash.chain_link(prev_link, state_root, data_hash, recipe_hash)
