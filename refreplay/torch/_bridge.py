@@ -137,7 +137,7 @@ def _host(t: torch.Tensor) -> np.ndarray:
 
 def from_numpy(a: np.ndarray, like: torch.Tensor) -> torch.Tensor:
     """The result array as a tensor on ``like``'s device (its memory on the CPU)."""
-    out = torch.from_numpy(np.ascontiguousarray(a))
+    out = torch.from_numpy(a if a.flags.c_contiguous else np.ascontiguousarray(a))  # keeps 0-d as 0-d
     return out if like.device.type == "cpu" else out.to(like.device)
 
 
@@ -163,7 +163,6 @@ def load_(t: torch.Tensor) -> torch.Tensor:
     tensor (sign kept) and make every NaN canonical, so the tensor can enter
     the reference (a tensor from torch's own initialisers or from a file).
     Returns ``t``."""
-    a = to_numpy("tensor", t, check_loaded=False)
-    with torch.no_grad():
-        t.copy_(from_numpy(np_load(a), t))
+    with inside_reference(), torch.no_grad():
+        t.copy_(from_numpy(np_load(to_numpy("tensor", t, check_loaded=False)), t))
     return t
