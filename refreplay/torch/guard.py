@@ -34,7 +34,8 @@ _EXACT = frozenset({
     "ones_like", "permute", "reshape", "select", "select_backward", "slice", "slice_backward", "split",
     "split_with_sizes", "squeeze", "stack", "t", "transpose", "unbind", "unsafe_split",
     "unsafe_split_with_sizes", "unsqueeze", "view", "_unsafe_view", "zero_", "zeros", "zeros_like",
-    "_to_copy", "narrow", "set_", "_has_compatible_shallow_copy_type", "is_same_size",
+    "_to_copy", "narrow", "set_", "_has_compatible_shallow_copy_type", "is_same_size", "ones", "full",
+    "_record_function_enter", "_record_function_enter_new", "_record_function_exit",  # profiler marks
 })
 
 
