@@ -77,8 +77,7 @@ def _check_loaded(name: str, a: np.ndarray) -> None:
     must pass through ``load_`` first."""
     bits = a.reshape(-1).view(np.uint32)
     mag = bits & _ABS_MASK
-    exp = bits & _EXP_MASK
-    sub = (exp == 0) & (mag != 0)
+    sub = (mag - np.uint32(1)) < np.uint32(0x007FFFFF)  # 1 <= mag <= 0x007FFFFF (0 - 1 wraps around)
     if sub.any():
         i = int(np.flatnonzero(sub)[0])
         raise Unsupported(f"{name} holds a subnormal value (element {i}, bits 0x{int(bits[i]):08X}); "
@@ -103,7 +102,9 @@ def _plain(name: str, t) -> torch.Tensor:
 
 def to_numpy(name: str, t, check_loaded: bool = True) -> np.ndarray:
     """A float32 tensor as a C-contiguous float32 ndarray: its own memory on
-    the CPU when it is already C-contiguous, else an exact copy."""
+    the CPU when it is already C-contiguous, else an exact copy.  Backward
+    passes skip the loaded check for the tensors their forward saved (checked
+    then; autograd's version counter refuses them if changed since)."""
     t = _plain(name, t)
     if t.dtype != torch.float32:
         raise Unsupported(f"{name} must be float32, got {t.dtype}: the spec defines binary32 "

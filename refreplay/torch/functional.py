@@ -98,8 +98,8 @@ class Linear(torch.autograd.Function):
         ops = backend_of(x, weight, dy)
         with inside_reference():
             dyn = to_numpy("grad_output", dy.reshape(-1, dy.shape[-1]))
-            xn = to_numpy("input", x.reshape(-1, x.shape[-1]))
-            dx, dw, db = ops.linear.linear_backward(dyn, xn, to_numpy("weight", weight), ctx.has_bias)
+            xn = to_numpy("input", x.reshape(-1, x.shape[-1]), False)
+            dx, dw, db = ops.linear.linear_backward(dyn, xn, to_numpy("weight", weight, False), ctx.has_bias)
         return (from_numpy(dx, x).reshape(x.shape), from_numpy(dw, weight),
                 None if db is None else from_numpy(db, weight))
 
@@ -132,8 +132,8 @@ class QLinear(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         ops = backend_of(x, weight, dy)
         with inside_reference():
-            dx, dw, db = ops.quant.qlinear_backward(to_numpy("grad_output", dy), to_numpy("input", x),
-                                                    to_numpy("weight", weight), ctx.has_bias)
+            dx, dw, db = ops.quant.qlinear_backward(to_numpy("grad_output", dy), to_numpy("input", x, False),
+                                                    to_numpy("weight", weight, False), ctx.has_bias)
         return from_numpy(dx, x), from_numpy(dw, weight), None if db is None else from_numpy(db, weight)
 
 
@@ -167,7 +167,8 @@ class LayerNorm(torch.autograd.Function):
         with inside_reference():
             dx, dw, db = ops.norms.layernorm_backward(
                 to_numpy("grad_output", dout.reshape(-1, x.shape[-1])),
-                to_numpy("input", x.reshape(-1, x.shape[-1])), to_numpy("weight", weight), *ctx.stats)
+                to_numpy("input", x.reshape(-1, x.shape[-1]), False), to_numpy("weight", weight, False),
+                *ctx.stats)
         return from_numpy(dx, x).reshape(x.shape), from_numpy(dw, weight), from_numpy(db, weight), None
 
 
@@ -201,7 +202,8 @@ class RMSNorm(torch.autograd.Function):
         with inside_reference():
             dx, dw = ops.norms.rmsnorm_backward(
                 to_numpy("grad_output", dout.reshape(-1, x.shape[-1])),
-                to_numpy("input", x.reshape(-1, x.shape[-1])), to_numpy("weight", weight), ctx.rrms)
+                to_numpy("input", x.reshape(-1, x.shape[-1]), False), to_numpy("weight", weight, False),
+                ctx.rrms)
         return from_numpy(dx, x).reshape(x.shape), from_numpy(dw, weight), None
 
 
@@ -270,7 +272,8 @@ def _unary_backward(ctx, dout, op):
     (x,) = ctx.saved_tensors
     ops = backend_of(x, dout)
     with inside_reference():
-        dx = getattr(ops.activations, f"{op}_backward")(to_numpy("grad_output", dout), to_numpy("input", x))
+        dx = getattr(ops.activations, f"{op}_backward")(to_numpy("grad_output", dout),
+                                                       to_numpy("input", x, False))
     return from_numpy(dx, x)
 
 
@@ -330,8 +333,8 @@ class SwiGLU(torch.autograd.Function):
         gate, up = ctx.saved_tensors
         ops = backend_of(gate, up, dout)
         with inside_reference():
-            da, db = ops.activations.swiglu_backward(to_numpy("grad_output", dout), to_numpy("gate", gate),
-                                                     to_numpy("up", up))
+            da, db = ops.activations.swiglu_backward(to_numpy("grad_output", dout),
+                                                     to_numpy("gate", gate, False), to_numpy("up", up, False))
         return from_numpy(da, gate), from_numpy(db, up)
 
 
@@ -410,8 +413,9 @@ class CausalAttention(torch.autograd.Function):
         q, k, v = ctx.saved_tensors
         ops = backend_of(q, dout)
         with inside_reference():
-            dq, dk, dv = ops.attention.attention_backward(to_numpy("grad_output", dout), to_numpy("q", q),
-                                                          to_numpy("k", k), to_numpy("v", v), ctx.att)
+            dq, dk, dv = ops.attention.attention_backward(
+                to_numpy("grad_output", dout), to_numpy("q", q, False), to_numpy("k", k, False),
+                to_numpy("v", v, False), ctx.att)
         return from_numpy(dq, q), from_numpy(dk, k), from_numpy(dv, v)
 
 
@@ -516,7 +520,8 @@ class CrossEntropy(torch.autograd.Function):
         ops = backend_of(logits, dloss)
         with inside_reference():
             g = to_numpy("grad_output", dloss).reshape(())
-            dlogits = ops.loss.cross_entropy_backward(to_numpy("input", logits), ctx.y, dloss=np.float32(g))
+            dlogits = ops.loss.cross_entropy_backward(to_numpy("input", logits, False), ctx.y,
+                                                      dloss=np.float32(g))
         return from_numpy(dlogits, logits), None
 
 
