@@ -314,6 +314,21 @@ def test_unsupported_inputs_raise_and_never_fall_back(what, monkeypatch):
         REFUSED[what]()
 
 
+def test_a_cuda_tensor_without_a_usable_twin_is_refused(monkeypatch):
+    """Where the CUDA twin cannot run (no GPU, no numba-cuda), a CUDA tensor
+    is refused with the reason, never computed by PyTorch on the GPU."""
+    from refreplay import backend as backends
+
+    class FakeCuda:
+        device = torch.device("cuda")
+
+    def no_twin(device=None):
+        raise backends.InputError("--device cuda: no usable CUDA GPU")
+    monkeypatch.setattr(backends, "get", no_twin)
+    with pytest.raises(Unsupported, match="cuda.*no usable CUDA GPU"):
+        _bridge.backend_of(FakeCuda())
+
+
 def test_double_backward_is_refused():
     x = _x().requires_grad_()
     y = rF.gelu(x)

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from .. import backend as backends
+from ..errors import InputError
 from ..numerics.core import load as np_load
 
 COPIES = {"in": 0}  # inputs that had to be copied (non-contiguous, or on a GPU)
@@ -68,7 +69,10 @@ def backend_of(*tensors):
     if dev.type not in ("cpu", "cuda"):
         raise Unsupported(f"device {dev} is not covered: refreplay runs on cpu (the reference) or "
                           "cuda (its numba.cuda twin)")
-    return backends.get(dev.type)
+    try:
+        return backends.get(dev.type)
+    except InputError as exc:  # numba-cuda missing, no GPU: say so, compute nothing
+        raise Unsupported(f"{dev}: {exc}") from None
 
 
 def _check_loaded(name: str, a: np.ndarray) -> None:
