@@ -48,6 +48,37 @@ def test_torch_gpt_reproduces_the_golden_steps(case):
             assert have.get(key) == want.get(key), f"{case.name} step {want['step']}: {key}"
 
 
+def _reference_checkpoint(case, step):
+    """The reference trainer's state after ``step`` steps, through its flat
+    checkpoint form ([step.state.c1]), and the chain link of that step."""
+    from refreplay.data import Batching, Stream
+    from refreplay.launch.inproc import InProcess
+    from refreplay.step import Trainer, state_from_tensors
+
+    stream = Stream(case.samples, case.train.seed, Batching(case.train.micro_batches, case.train.micro_batch_size))
+    trainer = Trainer(case.model, case.train, stream, case.recipe_sha256)
+    st = trainer.initial_state()
+    rec = trainer.initial_record(st)
+    for _ in range(step):
+        st, rec = trainer.step(st, rec.chain_link, InProcess(1))
+    return state_from_tensors(case.model, {k: v.copy() for k, v in st.tensors().items()}), rec.chain_link
+
+
+def test_an_auditor_replays_a_step_from_a_reference_checkpoint():
+    """The torch model loads state 2 written by refreplay's own trainer (int8
+    case: moments, step counters, re-pinned steps) and replays step 3 to the
+    golden record; one flipped bit in the checkpoint is caught at step 3."""
+    case = CASES[1]
+    start, link = _reference_checkpoint(case, 2)
+    assert link == case.records[2]["chain_link"]
+    got = TRAIN.train(case.model, case.train, case.samples, 3, case.recipe_sha256, start=start, link=link)
+    assert [r["step"] for r in got] == [3]
+    assert all(got[0][k] == case.records[3][k] for k in KEYS)
+    start.params["h.01.mlp.up.w"].view(np.uint32)[0, 0] ^= 1
+    bad = TRAIN.train(case.model, case.train, case.samples, 3, case.recipe_sha256, start=start, link=link)
+    assert bad[0]["state_root"] != case.records[3]["state_root"]
+
+
 def test_one_pytorch_kernel_in_the_model_changes_the_bits(monkeypatch):
     """The golden check can fail: the same model with PyTorch's own tanh-GELU
     in the MLP (mathematically the same function) misses step 1."""

@@ -246,3 +246,18 @@ def test_grad_fold_refuses_stale_gradients_and_missing_ones():
     p.grad = torch.ones(2)  # q has none: its leaf would be missing
     with pytest.raises(Unsupported, match="no gradient"):
         fold.push(torch.tensor(1.0))
+
+
+def test_load_state_refuses_other_names_and_shapes():
+    from refreplay.step import TrainState
+
+    z = np.zeros((2, 2), np.float32)
+    st = TrainState(3, {"w": z}, {"w": z}, {"w": z}, {}, (0, 3))
+    p = nn.Parameter(torch.ones(2, 2))
+    opt = AdamW([p], lr=np.float32(1e-3))
+    with pytest.raises(Unsupported, match="names differ"):
+        rt.load_state(st, {"v": p}, opt)
+    with pytest.raises(Unsupported, match="float32"):
+        rt.load_state(st, {"w": nn.Parameter(torch.ones(2, 3))}, opt)
+    rt.load_state(st, {"w": p}, opt)
+    assert bits(p).tolist() == [[0, 0], [0, 0]] and opt.state[p]["step"] == 3

@@ -26,7 +26,7 @@ import torch
 
 from refreplay.data import Batching, Stream, inputs_targets
 from refreplay.model import init_params
-from refreplay.torch import GradFold, chain_link, train_state
+from refreplay.torch import GradFold, chain_link, load_state, train_state
 from refreplay.torch.optim import AdamW, LRSchedule, clip_grad_norm_
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -35,10 +35,10 @@ from gpt import GPT, named_state, quant_names  # noqa: E402
 GENESIS = "00" * 32
 
 
-def build(model_cfg, train_cfg):
-    """The model with the reference's initial values ([model.init.c1]) and
-    its optimizer: weight decay for tensors with two axes, +0 for the rest
-    ([step.hparams.c1])."""
+def build(model_cfg, train_cfg, start=None):
+    """The model with the reference's initial values ([model.init.c1]), or
+    the state ``start`` (a checkpoint), and its optimizer: weight decay for
+    tensors with two axes, +0 for the rest ([step.hparams.c1])."""
     model = GPT(model_cfg)
     named = named_state(model)
     init = init_params(model_cfg, train_cfg.seed)
@@ -50,21 +50,27 @@ def build(model_cfg, train_cfg):
     opt = AdamW([{"params": decay, "weight_decay": train_cfg.weight_decay},
                  {"params": no_decay, "weight_decay": np.float32(0.0)}],
                 lr=train_cfg.lr, betas=(train_cfg.beta1, train_cfg.beta2), eps=train_cfg.eps)
+    if start is not None:
+        load_state(start, named, opt)
     schedule = LRSchedule(opt, train_cfg.warmup_steps, train_cfg.schedule_steps, train_cfg.lr,
-                          train_cfg.min_lr, "cosine")
+                          train_cfg.min_lr, "cosine", next_update=1 if start is None else start.step + 1)
     return model, named, opt, schedule
 
 
-def train(model_cfg, train_cfg, samples: np.ndarray, steps: int, recipe_hash: str) -> list[dict]:
-    """Records of steps 0..steps, in the format of vectors/steps.json."""
-    model, named, opt, schedule = build(model_cfg, train_cfg)
+def train(model_cfg, train_cfg, samples: np.ndarray, steps: int, recipe_hash: str, start=None,
+          link: str = GENESIS) -> list[dict]:
+    """Records of steps 0..steps, in the format of vectors/steps.json; or,
+    from ``start`` (a state, with ``link`` the chain link of its step: what
+    an auditor replays from a checkpoint), of steps start.step+1..steps."""
+    model, named, opt, schedule = build(model_cfg, train_cfg, start)
     stream = Stream(samples, train_cfg.seed, Batching(train_cfg.micro_batches, train_cfg.micro_batch_size))
     qnames = quant_names(model)
-    st = train_state(0, named, opt, stream.position(1), qnames)
-    records = [{"step": 0, "state_root": st.root()}]
-    link = GENESIS
+    first = 0 if start is None else start.step
+    records = []
+    if start is None:
+        records.append({"step": 0, "state_root": train_state(0, named, opt, stream.position(1), qnames).root()})
     M, B = train_cfg.micro_batches, train_cfg.micro_batch_size
-    for n in range(1, steps + 1):
+    for n in range(first + 1, steps + 1):
         batch = stream.batch(n)
         data_hash = stream.data_hash(n).hex()
         opt.zero_grad()  # set_to_none: the first backward must not add to anything

@@ -8,7 +8,8 @@ bits are the spec's (docs/torch.md).
     refreplay.torch.nn          drop-in modules built on them
     refreplay.torch.optim       AdamW, clip_grad_norm_, the LR schedule
     refreplay.torch.fold        TreeFold of micro-batch gradients, the
-                                training state, its hash and chain link
+                                training state (out and back in), its hash
+                                and chain link
     refreplay.torch.convert     swap supported submodules in place
     refreplay.torch.guard       refuse any PyTorch arithmetic the spec does
                                 not define, at run time
@@ -33,8 +34,8 @@ except ImportError as exc:  # pragma: no cover - exercised in a venv without tor
 from . import functional, nn, optim  # noqa: E402
 from ._bridge import Unsupported, load_  # noqa: E402
 from .convert import ConversionError, ConvertReport, convert  # noqa: E402
-from .fold import GradFold, chain_link, train_state  # noqa: E402
+from .fold import GradFold, chain_link, load_state, train_state  # noqa: E402
 from .guard import guard  # noqa: E402
 
 __all__ = ["functional", "nn", "optim", "Unsupported", "load_", "convert", "ConvertReport",
-           "ConversionError", "GradFold", "train_state", "chain_link", "guard"]
+           "ConversionError", "GradFold", "train_state", "load_state", "chain_link", "guard"]

@@ -101,6 +101,28 @@ def train_state(step: int, named_parameters, optimizer, data_position, quant_nam
     return TrainState(int(step), params, m, v, qsteps, tuple(int(x) for x in data_position))
 
 
+def load_state(state: TrainState, named_parameters, optimizer) -> None:
+    """[step.state.c1] Put a state (a checkpoint, ``step.state_from_tensors``)
+    into the parameters and the AdamW state, bits copied: how an auditor
+    starts replaying at step ``state.step + 1``.  The names must be exactly
+    the state's; the optimizer's step counters become ``state.step``."""
+    named = _named(named_parameters, "load_state")
+    if sorted(named) != sorted(state.params):
+        missing = sorted(set(state.params) - set(named))
+        extra = sorted(set(named) - set(state.params))
+        raise Unsupported(f"load_state: names differ from the state's: missing {missing[:5]}, extra {extra[:5]}")
+    with inside_reference(), torch.no_grad():
+        for k in sorted(named):
+            p = named[k]
+            if tuple(p.shape) != state.params[k].shape or p.dtype != torch.float32:
+                raise Unsupported(f"load_state: {k} is {p.dtype} {tuple(p.shape)}, the state holds float32 "
+                                  f"{state.params[k].shape}")
+            p.copy_(from_numpy(state.params[k].copy(), p))
+            optimizer.state[p] = {"step": int(state.step),
+                                  "exp_avg": from_numpy(state.m[k].copy(), p),
+                                  "exp_avg_sq": from_numpy(state.v[k].copy(), p)}
+
+
 def chain_link(prev_link: str, state_root: str, data_hash: str, recipe_hash: str) -> str:
     """[state.chain.c1] The chain link of a step: refreplay's own
     ``state.chain_link`` (the one place a torch loop computes it)."""

@@ -139,10 +139,13 @@ class LRSchedule:
     sets every group's lr to that of update 1; ``step()`` after each
     ``optimizer.step()`` sets the lr of the next update."""
 
-    def __init__(self, optimizer: AdamW, warmup: int, total: int, lr_max, lr_min, kind: str = "cosine"):
+    def __init__(self, optimizer: AdamW, warmup: int, total: int, lr_max, lr_min, kind: str = "cosine",
+                 next_update: int = 1):
+        """``next_update``: the number of the update the optimizer makes next
+        (state.step + 1 when resuming from a checkpoint)."""
         self.optimizer = optimizer
         self.args = (int(warmup), int(total), f32_scalar("lr_max", lr_max), f32_scalar("lr_min", lr_min), kind)
-        self.next_update = 1
+        self.next_update = int(next_update)
         self._apply()
 
     def lr_at(self, n: int) -> np.float32:
