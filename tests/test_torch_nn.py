@@ -261,3 +261,22 @@ def test_load_state_refuses_other_names_and_shapes():
         rt.load_state(st, {"w": nn.Parameter(torch.ones(2, 3))}, opt)
     rt.load_state(st, {"w": p}, opt)
     assert bits(p).tolist() == [[0, 0], [0, 0]] and opt.state[p]["step"] == 3
+
+
+def test_chain_link_is_refreplays_own_with_the_loss_when_the_definition_binds_it(monkeypatch):
+    """[state.chain.c1] rt.chain_link forwards to refreplay.state.chain_link;
+    a definition that binds the loss gets its bits as 0x and 8 hex digits."""
+    import inspect
+
+    from refreplay import state as statehash
+
+    h = "ab" * 32
+    loss = np.float32(5.5)
+    binds = "loss" in inspect.signature(statehash.chain_link).parameters
+    want = statehash.chain_link(h, h, h, h, "0x40B00000") if binds else statehash.chain_link(h, h, h, h)
+    assert rt.chain_link(h, h, h, h, loss) == want
+    seen = []
+    monkeypatch.setattr(statehash, "chain_link", lambda prev, root, data, recipe, loss: seen.append(loss) or "x")
+    assert rt.chain_link(h, h, h, h, loss) == "x" and seen == ["0x40B00000"]
+    monkeypatch.setattr(statehash, "chain_link", lambda prev, root, data, recipe: "y")
+    assert rt.chain_link(h, h, h, h, loss) == "y"

@@ -26,6 +26,7 @@ import torch
 
 from refreplay.data import Batching, Stream, inputs_targets
 from refreplay.model import init_params
+from refreplay.presets import f32_hex
 from refreplay.torch import GradFold, chain_link, load_state, train_state
 from refreplay.torch.optim import AdamW, LRSchedule, clip_grad_norm_
 
@@ -86,8 +87,8 @@ def train(model_cfg, train_cfg, samples: np.ndarray, steps: int, recipe_hash: st
         schedule.step()
         st = train_state(n, named, opt, stream.position(n + 1), qnames)
         root = st.root()
-        link = chain_link(link, root, data_hash, recipe_hash)
-        loss_hex = f"0x{int(np.array([loss], np.float32).view(np.uint32)[0]):08X}"
+        link = chain_link(link, root, data_hash, recipe_hash, loss)
+        loss_hex = f32_hex(loss)
         records.append({"step": n, "state_root": root, "data_hash": data_hash, "loss": loss_hex,
                         "chain_link": link})
     return records

@@ -14,14 +14,17 @@ A step of a torch loop (docs/torch.md):
     loss = fold.mean()                          # TreeFold, x recip(M); .grad set
     clip_grad_norm_(names, clip); opt.step(); schedule.step()
     st = train_state(n, names, opt, position, quant_names)
-    link = chain_link(prev_link, st.root(), data_hash, recipe_hash)
+    link = chain_link(prev_link, st.root(), data_hash, recipe_hash, loss)
 """
 from __future__ import annotations
+
+import inspect
 
 import numpy as np
 import torch
 
 from .. import state as statehash
+from ..presets import f32_hex
 from ..step import LOSS, TrainState
 from ..treefold import FoldStack
 from ._bridge import Unsupported, backend_of, from_numpy, inside_reference, to_numpy
@@ -123,7 +126,12 @@ def load_state(state: TrainState, named_parameters, optimizer) -> None:
                                   "exp_avg_sq": from_numpy(state.v[k].copy(), p)}
 
 
-def chain_link(prev_link: str, state_root: str, data_hash: str, recipe_hash: str) -> str:
+def chain_link(prev_link: str, state_root: str, data_hash: str, recipe_hash: str, loss) -> str:
     """[state.chain.c1] The chain link of a step: refreplay's own
-    ``state.chain_link`` (the one place a torch loop computes it)."""
+    ``state.chain_link`` (the one place a torch loop computes it).  ``loss``
+    is the step's binary32 loss (``GradFold.mean()``), bound into the link
+    by the chain definitions that take it (their ``loss`` argument: its bits
+    as "0x" and 8 upper-case hex digits); one that does not take it ignores it."""
+    if "loss" in inspect.signature(statehash.chain_link).parameters:
+        return statehash.chain_link(prev_link, state_root, data_hash, recipe_hash, f32_hex(np.float32(loss)))
     return statehash.chain_link(prev_link, state_root, data_hash, recipe_hash)
