@@ -371,3 +371,27 @@ def test_the_subpackage_does_not_shadow_torch():
     import refreplay.torch.functional as mod
 
     assert mod.torch is torch and hasattr(mod.torch, "autograd")
+
+
+def test_inside_torch_compile_the_functions_run_eagerly_with_the_reference_bits():
+    """Dynamo traces NumPy code into PyTorch kernels; the functions are
+    excluded from tracing (graph breaks), so a compiled model still gets the
+    reference's forward and backward bits."""
+    rng = np.random.default_rng(12)
+    xn, wn = rand(rng, (4, 16)), rand(rng, (6, 16))
+    d = rand(rng, (4, 6))
+
+    def f(x, w):
+        a, b = rF.fork(x)
+        return rF.linear(rF.add(rF.gelu(a), rF.silu(b)), w)
+
+    outs = []
+    for fn in (f, torch.compile(f, backend="eager")):
+        x, w = torch.from_numpy(xn.copy()).requires_grad_(), torch.from_numpy(wn.copy()).requires_grad_()
+        y = fn(x, w)
+        y.backward(torch.from_numpy(d))
+        outs.append([bits(y), bits(x.grad), bits(w.grad)])
+    h = EW.add(A.gelu_forward(xn), A.silu_forward(xn))
+    assert np.array_equal(outs[0][0], bits(L.linear_forward(h, wn)))
+    for eager_bits, compiled_bits in zip(*outs):
+        assert np.array_equal(eager_bits, compiled_bits)

@@ -163,6 +163,14 @@ def f32_scalar(name: str, x) -> np.float32:
         raise Unsupported(str(exc)) from None
 
 
+def eager(fn):
+    """Run ``fn`` and everything it calls eagerly, even inside torch.compile:
+    Dynamo would otherwise trace the NumPy plumbing into PyTorch kernels
+    (measured: it rewrites the loaded check into a torch op), so that a
+    compiled graph computed what should be the reference's."""
+    return torch.compiler.disable(fn, recursive=True)
+
+
 def load_(t: torch.Tensor) -> torch.Tensor:
     """[num.load.c1] In place: zero every subnormal element of a float32
     tensor (sign kept) and make every NaN canonical, so the tensor can enter

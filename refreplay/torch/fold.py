@@ -27,7 +27,7 @@ from .. import state as statehash
 from ..presets import f32_hex
 from ..step import LOSS, TrainState
 from ..treefold import FoldStack
-from ._bridge import Unsupported, backend_of, from_numpy, inside_reference, to_numpy
+from ._bridge import Unsupported, backend_of, eager, from_numpy, inside_reference, to_numpy
 from .optim import _named
 
 
@@ -57,6 +57,7 @@ class GradFold:
         self.stack = FoldStack(node=self.ops.treefold.merge)
         self.count = 0
 
+    @eager
     def push(self, loss: torch.Tensor) -> None:
         """One micro-batch, in global sample order."""
         missing = [k for k in self.names if self.named[k].grad is None]
@@ -71,6 +72,7 @@ class GradFold:
         self.stack.push(leaf)
         self.count += 1
 
+    @eager
     def mean(self) -> np.float32:
         """[fold.final.c1] [fold.scale.c1] The fold of the pushed leaves times
         recip(f32(M)); sets every ``.grad`` to its mean and returns the loss."""

@@ -30,7 +30,9 @@ PyTorch's are the spec's: GELU is the tanh form, eps is f32(0x3727C5AC)
 binary32), the cross-entropy ignore index is -1 ([loss.token.c1]).
 
 Backward passes are ``once_differentiable``: double backward is not covered
-and raises.
+and raises.  Every public function runs eagerly inside ``torch.compile``
+(a graph break): Dynamo would otherwise trace the NumPy plumbing into
+PyTorch kernels.
 """
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ import numpy as np
 import torch
 from torch.autograd.function import once_differentiable
 
-from ._bridge import Unsupported, backend_of, f32_scalar, from_numpy, inside_reference, to_numpy, \
+from ._bridge import Unsupported, backend_of, eager, f32_scalar, from_numpy, inside_reference, to_numpy, \
     tokens_to_numpy
 
 EPS = np.float32(1e-5)  # f32(0x3727C5AC), the reference's default norm eps
@@ -104,6 +106,7 @@ class Linear(torch.autograd.Function):
                 None if db is None else from_numpy(db, weight))
 
 
+@eager
 def linear(input, weight, bias=None):
     """[linear.fwd.c1] torch.nn.functional.linear, spec-exact."""
     return Linear.apply(input, weight, bias)
@@ -137,6 +140,7 @@ class QLinear(torch.autograd.Function):
         return from_numpy(dx, x), from_numpy(dw, weight), None if db is None else from_numpy(db, weight)
 
 
+@eager
 def qlinear(input, weight, bias=None):
     """[quant.linear.fwd.c1] int8-QAT linear of [B, T, C] activations."""
     return QLinear.apply(input, weight, bias)
@@ -172,6 +176,7 @@ class LayerNorm(torch.autograd.Function):
         return from_numpy(dx, x).reshape(x.shape), from_numpy(dw, weight), from_numpy(db, weight), None
 
 
+@eager
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=EPS):
     """[norm.layer.fwd.c1] torch.nn.functional.layer_norm over the last axis;
     weight and bias are required (the spec's LayerNorm is affine)."""
@@ -207,6 +212,7 @@ class RMSNorm(torch.autograd.Function):
         return from_numpy(dx, x).reshape(x.shape), from_numpy(dw, weight), None
 
 
+@eager
 def rms_norm(input, normalized_shape, weight=None, eps=EPS):
     """[norm.rms.fwd.c1] torch.nn.functional.rms_norm over the last axis;
     weight is required.  eps=None (PyTorch's "machine epsilon") is taken as
@@ -247,6 +253,7 @@ class Embedding(torch.autograd.Function):
         return None, from_numpy(dw, weight)
 
 
+@eager
 def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False,
               sparse=False):
     """[emb.fwd.c1] torch.nn.functional.embedding; the optional behaviours
@@ -303,6 +310,7 @@ class SiLU(torch.autograd.Function):
         return _unary_backward(ctx, dout, "silu")
 
 
+@eager
 def gelu(input, approximate="tanh"):
     """[act.gelu.fwd.c1] GELU in the spec's tanh form.  approximate="none"
     (PyTorch's default, the erf form) is not specified and is refused."""
@@ -310,6 +318,7 @@ def gelu(input, approximate="tanh"):
     return GELU.apply(input)
 
 
+@eager
 def silu(input, inplace=False):
     """[act.silu.fwd.c1] x * sigmoid(x); in-place is not covered."""
     _refuse("silu", inplace=(inplace, False))
@@ -338,6 +347,7 @@ class SwiGLU(torch.autograd.Function):
         return from_numpy(da, gate), from_numpy(db, up)
 
 
+@eager
 def swiglu(gate, up):
     """[act.swiglu.fwd.c1] silu(gate) * up, elementwise, same shapes."""
     return SwiGLU.apply(gate, up)
@@ -346,6 +356,7 @@ def swiglu(gate, up):
 # ---- rotary embedding ---------------------------------------------------------------
 
 
+@eager
 def rope_tables(T: int, HS: int, theta=np.float32(10000.0), device="cpu"):
     """[rope.freq.c1] (cos, sin), each [T, HS/2] float32, on ``device``."""
     dev = torch.device(device)
@@ -379,6 +390,7 @@ class Rope(torch.autograd.Function):
         return from_numpy(dx, dout), None, None
 
 
+@eager
 def rope(x, cos, sin):
     """[rope.fwd.c1] Rotary embedding of q or k [B, NH, T, HS] with the
     tables of ``rope_tables`` (no gradient flows into the tables)."""
@@ -419,11 +431,13 @@ class CausalAttention(torch.autograd.Function):
         return from_numpy(dq, q), from_numpy(dk, k), from_numpy(dv, v)
 
 
+@eager
 def causal_attention(q, k, v):
     """[attn.scores.c1] Causal softmax(q·kᵀ·recip(sqrt(HS)))·v per head."""
     return CausalAttention.apply(q, k, v)
 
 
+@eager
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                                  scale=None, enable_gqa=False):
     """torch.nn.functional.scaled_dot_product_attention restricted to what
@@ -484,12 +498,14 @@ def _softmax_args(name, x, dim, dtype):
     _refuse(name, dtype=(dtype, None))
 
 
+@eager
 def softmax(input, dim=-1, dtype=None):
     """[softmax.fwd.c1] Softmax over the last axis."""
     _softmax_args("softmax", input, dim, dtype)
     return Softmax.apply(input)
 
 
+@eager
 def log_softmax(input, dim=-1, dtype=None):
     """[softmax.log.c1] Log-softmax over the last axis."""
     _softmax_args("log_softmax", input, dim, dtype)
@@ -525,6 +541,7 @@ class CrossEntropy(torch.autograd.Function):
         return from_numpy(dlogits, logits), None
 
 
+@eager
 def cross_entropy(input, target, weight=None, size_average=None, ignore_index=IGNORE_INDEX, reduce=None,
                   reduction="mean", label_smoothing=0.0):
     """[loss.mean.c1] torch.nn.functional.cross_entropy for logits [N, V]
@@ -562,6 +579,7 @@ class Add(torch.autograd.Function):
         return g, g
 
 
+@eager
 def add(a, b):
     """[model.residual.c1] The residual addition a + b, a on the left."""
     return Add.apply(a, b)
@@ -587,6 +605,7 @@ class Fork(torch.autograd.Function):
         return from_numpy(out, g0)
 
 
+@eager
 def fork(x):
     """[model.residual.c1] Two uses of x whose gradients the backward adds
     with the spec's add, first use on the left.  Use it wherever a tensor

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ..ops import optim as ref_optim
-from ._bridge import Unsupported, backend_of, f32_scalar, from_numpy, inside_reference, to_numpy
+from ._bridge import Unsupported, backend_of, eager, f32_scalar, from_numpy, inside_reference, to_numpy
 
 _DEFAULTS = ref_optim.AdamW()  # beta1 f32(0x3F666666), beta2 f32(0x3F733333), eps, weight decay
 
@@ -70,6 +70,7 @@ class AdamW(torch.optim.Optimizer):
                              f32_scalar("eps", group["eps"]), f32_scalar("weight_decay", group["weight_decay"]))
         return lr, hp
 
+    @eager
     @torch.no_grad()
     def step(self, closure=None):
         """One update of every parameter that has a gradient, in place."""
@@ -112,6 +113,7 @@ def _named(named_parameters, what: str) -> dict:
     return out
 
 
+@eager
 def clip_grad_norm_(named_parameters, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None):
     """[optim.clip.c1] Global-norm clipping of the gradients, in place.
     The squared norms of the tensors are summed in sorted name order.
