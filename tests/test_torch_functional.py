@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as TF
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from refreplay.numerics import elementwise as EW
 from refreplay.ops import activations as A
@@ -395,3 +397,35 @@ def test_inside_torch_compile_the_functions_run_eagerly_with_the_reference_bits(
     assert np.array_equal(outs[0][0], bits(L.linear_forward(h, wn)))
     for eager_bits, compiled_bits in zip(*outs):
         assert np.array_equal(eager_bits, compiled_bits)
+
+
+# ---- shapes and layouts, fuzzed ------------------------------------------------------------
+
+@settings(max_examples=30, deadline=None)
+@given(lead=st.lists(st.integers(1, 3), min_size=0, max_size=3), C=st.integers(1, 9), OC=st.integers(1, 5),
+       transpose=st.booleans(), seed=st.integers(0, 2**32 - 1))
+def test_any_leading_shape_and_layout_gives_the_row_ops_bits(lead, C, OC, transpose, seed):
+    """Linear, the norms and the softmaxes flatten any leading axes into
+    rows (row n of the flattened input is row n of the op); a transposed
+    (non-contiguous) input is copied exactly first."""
+    rng = np.random.default_rng(seed)
+    shape = (*lead, C)
+    xn = rand(rng, shape[::-1] if transpose else shape, 2)
+    x = torch.from_numpy(xn)
+    if transpose:
+        x = x.permute(*reversed(range(x.dim())))  # a view whose logical shape is `shape`
+        xn = np.ascontiguousarray(xn.transpose())
+    rows = xn.reshape(-1, C)
+    w, b, W, bo = rand(rng, (C,)), rand(rng, (C,)), rand(rng, (OC, C)), rand(rng, (OC,))
+    tw, tb, tW, tbo = (torch.from_numpy(a) for a in (w, b, W, bo))
+    checks = [
+        (rF.linear(x, tW, tbo), L.linear_forward(rows, W, bo)),
+        (rF.linear(x, tW), L.linear_forward(rows, W)),
+        (rF.layer_norm(x, (C,), tw, tb), N.layernorm_forward(rows, w, b, EPS)[0]),
+        (rF.rms_norm(x, (C,), tw), N.rmsnorm_forward(rows, w, EPS)[0]),
+        (rF.softmax(x), S.softmax_forward(rows)),
+        (rF.log_softmax(x), S.log_softmax_forward(rows)),
+    ]
+    for got, want in checks:
+        assert tuple(got.shape[:-1]) == tuple(shape[:-1])
+        assert np.array_equal(bits(got).reshape(-1), bits(want).reshape(-1))
