@@ -1,9 +1,10 @@
-"""What refreplay.torch costs: one training step of the `tiny` golden case,
-computed by the reference trainer (``refreplay.step.Trainer``) and by the
+"""What refreplay.torch costs: one training step of the `tiny` golden case
+(or of the `small` preset on random tokens, ``--preset small``), computed
+by the reference trainer (``refreplay.step.Trainer``) and by the
 PyTorch-built GPT of examples/torch_gpt (same ops, plus autograd and tensor
 plumbing), in one process, alternating, medians and their ratio.
 
-    python benchmarks/bench_torch_module.py [--repeats N]
+    python benchmarks/bench_torch_module.py [--repeats N] [--preset tiny|small] [--torch-threads N]
 
 Both sides run the same compiled kernels, so the ratio is the overhead of
 going through torch.autograd; the first step of each is a warm-up.
@@ -21,11 +22,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from refreplay.conformance import steps as golden  # noqa: E402
 from refreplay.data import Batching, Stream  # noqa: E402
 from refreplay.launch.inproc import InProcess  # noqa: E402
+from refreplay.presets import preset  # noqa: E402
 from refreplay.step import Trainer  # noqa: E402
 
 
@@ -41,10 +44,16 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--torch-threads", type=int, default=None,
                     help="torch.set_num_threads before timing (default: leave PyTorch's choice)")
+    ap.add_argument("--preset", choices=("tiny", "small"), default="tiny")
     args = ap.parse_args()
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     case = golden.load(REPO / "vectors" / "steps.json")[0]
+    if args.preset == "small":
+        model, tr = preset("small")
+        samples = np.random.default_rng(0).integers(0, 256, (tr.micro_batches * tr.micro_batch_size,
+                                                              model.seq_len + 1), dtype=np.uint8)
+        case = golden.Loaded("small", model, tr, samples, golden.recipe_sha256(model, tr, samples), [])
     train = _example()
 
     stream = Stream(case.samples, case.train.seed, Batching(case.train.micro_batches, case.train.micro_batch_size))
@@ -70,7 +79,8 @@ def main() -> int:
                 times[name].append(time.perf_counter() - t)
     med = {k: statistics.median(v) for k, v in times.items()}
     step_torch = med["torch"] - med["torch setup"]
-    print(f"load: {os.getloadavg()}, torch threads {torch.get_num_threads()}")
+    print(f"{args.preset}: load {os.getloadavg()}, torch threads {torch.get_num_threads()}, "
+          f"NUMBA_NUM_THREADS={os.environ.get('NUMBA_NUM_THREADS', 'default')}, {args.repeats} repeats")
     print(f"reference step  {med['reference'] * 1e3:8.1f} ms")
     print(f"torch step      {step_torch * 1e3:8.1f} ms  (build + state 0: {med['torch setup'] * 1e3:.1f} ms)")
     print(f"ratio torch/reference: {step_torch / med['reference']:.2f}")
