@@ -280,3 +280,17 @@ def test_chain_link_is_refreplays_own_with_the_loss_when_the_definition_binds_it
     assert rt.chain_link(h, h, h, h, loss) == "x" and seen == ["0x40B00000"]
     monkeypatch.setattr(statehash, "chain_link", lambda prev, root, data, recipe: "y")
     assert rt.chain_link(h, h, h, h, loss) == "y"
+
+
+def test_a_pytorch_scheduler_rate_that_is_not_binary32_is_refused_at_the_step():
+    p = nn.Parameter(torch.ones(3))
+    opt = AdamW([p], lr=0.5)  # a Python float that is exactly a binary32
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=7)
+    p.grad = torch.ones(3)
+    opt.step()
+    sched.step()  # lr = 0.5 * (1 + cos(pi / 7)) / 2 in float64
+    p.grad = torch.ones(3)
+    before = bits(p).copy()
+    with pytest.raises(Unsupported, match="lr="):
+        opt.step()
+    assert np.array_equal(bits(p), before)
