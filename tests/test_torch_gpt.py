@@ -189,3 +189,47 @@ def test_the_guard_names_autograds_own_gradient_sum():
 def test_the_guard_refuses_a_rounding_dtype_copy():
     with pytest.raises(rt.Unsupported, match="_to_copy"), rt.guard():
         torch.ones(3, dtype=torch.float64).to(torch.float32)
+
+
+def test_ranks_holding_contiguous_micro_batches_give_the_one_device_bits():
+    """[fold.ranks.c1] Each rank folds its micro-batches from its start and
+    hands over its aligned blocks; the root's fold equals one GradFold over
+    all M = 8 micro-batches, bit for bit, for 2, 3 and 5 ranks."""
+    from refreplay.treefold import rank_ranges
+
+    case = CASES[0]
+    model, named, opt, _ = TRAIN.build(case.model, case.train)
+    micro = []  # each micro-batch's (loss, gradients), computed once
+    for m in range(8):
+        x, y = inputs_targets(case.samples[2 * m:2 * m + 2])
+        loss = model(torch.from_numpy(x), torch.from_numpy(y))
+        loss.backward()
+        micro.append((loss.detach(), {k: p.grad for k, p in named.items()}))
+        opt.zero_grad()
+
+    def push(fold, ms):
+        for m in ms:
+            for k, p in named.items():
+                p.grad = micro[m][1][k].clone()
+            fold.push(micro[m][0])
+
+    one = rt.GradFold(named)
+    push(one, range(8))
+    want_loss = one.mean()
+    want = {k: p.grad.numpy().copy() for k, p in named.items()}
+    for ranks in (2, 3, 5):
+        opt.zero_grad()
+        blocks = []
+        for a, b in rank_ranges(8, ranks):
+            fold = rt.GradFold(named, start=a)
+            push(fold, range(a, b))
+            blocks += fold.blocks()
+        loss = rt.fold_ranks(named, blocks, 8)
+        assert np.float32(loss).view(np.uint32) == np.float32(want_loss).view(np.uint32)
+        for k, p in named.items():
+            assert np.array_equal(p.grad.numpy().view(np.uint32), want[k].view(np.uint32)), (ranks, k)
+    opt.zero_grad()
+    with pytest.raises(rt.Unsupported, match="cover"):
+        rt.fold_ranks(named, blocks[1:], 8)
+    with pytest.raises(rt.Unsupported, match="whole step"):
+        fold.mean()

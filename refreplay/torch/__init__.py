@@ -34,8 +34,8 @@ except ImportError as exc:  # pragma: no cover - exercised in a venv without tor
 from . import functional, nn, optim  # noqa: E402
 from ._bridge import Unsupported, load_  # noqa: E402
 from .convert import ConversionError, ConvertReport, convert  # noqa: E402
-from .fold import GradFold, chain_link, load_state, train_state  # noqa: E402
+from .fold import GradFold, chain_link, fold_ranks, load_state, train_state  # noqa: E402
 from .guard import guard  # noqa: E402
 
 __all__ = ["functional", "nn", "optim", "Unsupported", "load_", "convert", "ConvertReport",
-           "ConversionError", "GradFold", "train_state", "load_state", "chain_link", "guard"]
+           "ConversionError", "GradFold", "fold_ranks", "train_state", "load_state", "chain_link", "guard"]

@@ -26,7 +26,7 @@ import torch
 from .. import state as statehash
 from ..presets import f32_hex
 from ..step import LOSS, TrainState
-from ..treefold import FoldStack
+from ..treefold import FoldStack, fold_blocks
 from ._bridge import Unsupported, backend_of, eager, from_numpy, inside_reference, to_numpy
 from .optim import _named
 
@@ -41,9 +41,14 @@ class GradFold:
     micro-batch's backward starts from nothing: PyTorch never adds
     micro-batch gradients itself.  ``mean()`` folds, scales by recip(f32(M)),
     puts the mean gradients in ``.grad`` and returns the step's loss.
+
+    Data parallel ([fold.ranks.c1]): the rank holding micro-batches [a, b)
+    builds ``GradFold(named, start=a)``, pushes its leaves and sends
+    ``blocks()``; the root passes every rank's blocks, rank 0 first, to
+    ``fold_ranks``.  The bits do not depend on the number of ranks.
     """
 
-    def __init__(self, named_parameters):
+    def __init__(self, named_parameters, start: int = 0):
         self.named = _named(named_parameters, "GradFold")
         if LOSS in self.named:
             raise Unsupported(f"GradFold: the name {LOSS!r} is the loss leaf ([step.loss.c1])")
@@ -54,7 +59,7 @@ class GradFold:
                               "would add to with PyTorch's own add: call optimizer.zero_grad() "
                               "(set_to_none=True, the default) before the step")
         self.ops = backend_of(*self.named.values())
-        self.stack = FoldStack(node=self.ops.treefold.merge)
+        self.stack = FoldStack(start, self.ops.treefold.merge)
         self.count = 0
 
     @eager
@@ -72,19 +77,53 @@ class GradFold:
         self.stack.push(leaf)
         self.count += 1
 
+    def blocks(self) -> list:
+        """[fold.ranks.c1] This rank's share: the maximal aligned blocks of
+        its micro-batch range, earliest first (``treefold.Block``)."""
+        return self.stack.blocks()
+
     @eager
     def mean(self) -> np.float32:
         """[fold.final.c1] [fold.scale.c1] The fold of the pushed leaves times
         recip(f32(M)); sets every ``.grad`` to its mean and returns the loss."""
-        if not self.count:
-            raise Unsupported("GradFold.mean: no micro-batch was pushed")
-        with inside_reference():
-            mean = self.ops.treefold.scale(self.stack.result(), self.count)
-            loss = np.float32(mean.pop(LOSS)[0])
-            for k in self.names:
-                p = self.named[k]
-                p.grad = from_numpy(mean[k], p)
-        return loss
+        if not self.count or self.stack.start:
+            raise Unsupported("GradFold.mean: needs the leaves of a whole step, from micro-batch 0 "
+                              "(a rank's share goes to fold_ranks)")
+        return _set_mean(self.named, self.ops, self.stack.result(), self.count)
+
+
+@eager
+def fold_ranks(named_parameters, blocks_in_rank_order, micro_batches: int) -> np.float32:
+    """[fold.ranks.c1] [fold.final.c1] [fold.scale.c1] The root's share:
+    fold every rank's ``GradFold.blocks()`` (rank 0 first; together they
+    must cover micro-batches 0 .. M-1), scale by recip(f32(M)), put the mean
+    gradients in ``.grad`` and return the step's loss."""
+    named = _named(named_parameters, "fold_ranks")
+    ops = backend_of(*named.values())
+    blocks = list(blocks_in_rank_order)
+    covered = sum(b.size for b in blocks)
+    if covered != micro_batches:
+        raise Unsupported(f"fold_ranks: the blocks cover {covered} micro-batches, the step has {micro_batches}")
+    with inside_reference():
+        try:
+            folded = fold_blocks(blocks, ops.treefold.merge)
+        except ValueError as exc:  # a gap or an overlap between ranks
+            raise Unsupported(f"fold_ranks: {exc}") from None
+    return _set_mean(named, ops, folded, micro_batches)
+
+
+def _set_mean(named: dict, ops, folded: dict, m: int) -> np.float32:
+    """[fold.scale.c1] [step.loss.c1] Scale the folded leaves by recip(f32(M)),
+    set every ``.grad`` to its mean, return the mean loss."""
+    with inside_reference():
+        mean = ops.treefold.scale(folded, m)
+        loss = np.float32(mean.pop(LOSS)[0])
+        if sorted(mean) != sorted(named):
+            raise Unsupported("fold: the leaves do not hold exactly the named parameters")
+        for k in sorted(named):
+            p = named[k]
+            p.grad = from_numpy(mean[k], p)
+    return loss
 
 
 def train_state(step: int, named_parameters, optimizer, data_position, quant_names=()) -> TrainState:
