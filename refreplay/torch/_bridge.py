@@ -163,6 +163,25 @@ def f32_scalar(name: str, x) -> np.float32:
         raise Unsupported(str(exc)) from None
 
 
+def named_tensors(named_parameters, what: str) -> dict:
+    """{name: tensor} from a dict or (name, tensor) pairs: names, not
+    positions, order tensors in the spec ([optim.state.c1])."""
+    if isinstance(named_parameters, dict):
+        items = list(named_parameters.items())
+    else:
+        items = list(named_parameters)
+    if not all(isinstance(it, tuple) and len(it) == 2 and isinstance(it[0], str) for it in items):
+        raise Unsupported(f"{what}: pass named parameters (a dict or (name, parameter) pairs): the spec "
+                          "orders tensors by name ([optim.state.c1]), not by position")
+    out = dict(items)
+    if len(out) != len(items):
+        raise Unsupported(f"{what}: a parameter name occurs twice")
+    bad = sorted(k for k, t in out.items() if not isinstance(t, torch.Tensor))
+    if bad:
+        raise Unsupported(f"{what}: {bad[:5]} are not tensors")
+    return out
+
+
 def eager(fn):
     """Run ``fn`` and everything it calls eagerly, even inside torch.compile:
     Dynamo would otherwise trace the NumPy plumbing into PyTorch kernels

@@ -27,8 +27,7 @@ from .. import state as statehash
 from ..presets import f32_hex
 from ..step import LOSS, TrainState
 from ..treefold import FoldStack, fold_blocks
-from ._bridge import Unsupported, backend_of, eager, from_numpy, inside_reference, to_numpy
-from .optim import _named
+from ._bridge import Unsupported, backend_of, eager, from_numpy, inside_reference, named_tensors, to_numpy
 
 
 class GradFold:
@@ -49,7 +48,7 @@ class GradFold:
     """
 
     def __init__(self, named_parameters, start: int = 0):
-        self.named = _named(named_parameters, "GradFold")
+        self.named = named_tensors(named_parameters, "GradFold")
         if LOSS in self.named:
             raise Unsupported(f"GradFold: the name {LOSS!r} is the loss leaf ([step.loss.c1])")
         self.names = sorted(self.named)
@@ -98,7 +97,7 @@ def fold_ranks(named_parameters, blocks_in_rank_order, micro_batches: int) -> np
     fold every rank's ``GradFold.blocks()`` (rank 0 first; together they
     must cover micro-batches 0 .. M-1), scale by recip(f32(M)), put the mean
     gradients in ``.grad`` and return the step's loss."""
-    named = _named(named_parameters, "fold_ranks")
+    named = named_tensors(named_parameters, "fold_ranks")
     ops = backend_of(*named.values())
     blocks = list(blocks_in_rank_order)
     covered = sum(b.size for b in blocks)
@@ -131,7 +130,7 @@ def train_state(step: int, named_parameters, optimizer, data_position, quant_nam
     ``TrainState`` (copies): parameters, AdamW moments (+0 before the first
     update), the re-pinned step sizes of the int8 weights named in
     ``quant_names`` ([model.quant.c1]), the step and the data position."""
-    named = _named(named_parameters, "train_state")
+    named = named_tensors(named_parameters, "train_state")
     params, m, v = {}, {}, {}
     with inside_reference():
         for k in sorted(named):
@@ -150,7 +149,7 @@ def load_state(state: TrainState, named_parameters, optimizer) -> None:
     into the parameters and the AdamW state, bits copied: how an auditor
     starts replaying at step ``state.step + 1``.  The names must be exactly
     the state's; the optimizer's step counters become ``state.step``."""
-    named = _named(named_parameters, "load_state")
+    named = named_tensors(named_parameters, "load_state")
     if sorted(named) != sorted(state.params):
         missing = sorted(set(state.params) - set(named))
         extra = sorted(set(named) - set(state.params))

@@ -18,7 +18,8 @@ import numpy as np
 import torch
 
 from ..ops import optim as ref_optim
-from ._bridge import Unsupported, backend_of, eager, f32_scalar, from_numpy, inside_reference, to_numpy
+from ._bridge import Unsupported, backend_of, eager, f32_scalar, from_numpy, inside_reference, named_tensors, \
+    to_numpy
 
 _DEFAULTS = ref_optim.AdamW()  # beta1 f32(0x3F666666), beta2 f32(0x3F733333), eps, weight decay
 
@@ -99,20 +100,6 @@ class AdamW(torch.optim.Optimizer):
         return None
 
 
-def _named(named_parameters, what: str) -> dict:
-    if isinstance(named_parameters, dict):
-        items = list(named_parameters.items())
-    else:
-        items = list(named_parameters)
-    if not all(isinstance(it, tuple) and len(it) == 2 and isinstance(it[0], str) for it in items):
-        raise Unsupported(f"{what}: pass named parameters (a dict or (name, parameter) pairs): the spec "
-                          "orders tensors by name ([optim.state.c1]), not by position")
-    out = dict(items)
-    if len(out) != len(items):
-        raise Unsupported(f"{what}: a parameter name occurs twice")
-    return out
-
-
 @eager
 def clip_grad_norm_(named_parameters, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None):
     """[optim.clip.c1] Global-norm clipping of the gradients, in place.
@@ -121,7 +108,7 @@ def clip_grad_norm_(named_parameters, max_norm, norm_type=2.0, error_if_nonfinit
     coef exactly when coef < 1."""
     if norm_type != 2.0 or error_if_nonfinite or foreach is not None:
         raise Unsupported("clip_grad_norm_: only the 2-norm, without error_if_nonfinite or foreach, is covered")
-    named = _named(named_parameters, "clip_grad_norm_")
+    named = named_tensors(named_parameters, "clip_grad_norm_")
     missing = sorted(k for k, p in named.items() if p.grad is None)
     if missing:
         raise Unsupported(f"clip_grad_norm_: no gradient for {missing[:5]}: every named tensor takes part")
