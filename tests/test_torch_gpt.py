@@ -186,9 +186,20 @@ def test_the_guard_names_autograds_own_gradient_sum():
             y.backward(torch.ones(4, 8))
 
 
-def test_the_guard_refuses_a_rounding_dtype_copy():
-    with pytest.raises(rt.Unsupported, match="_to_copy"), rt.guard():
-        torch.ones(3, dtype=torch.float64).to(torch.float32)
+@pytest.mark.parametrize("op, name", [
+    (lambda d: d.to(torch.float32), "_to_copy"),
+    (lambda d: torch.empty(3).copy_(d), "copy_"),
+    (lambda d: torch.full((3,), 0.1), "full"),
+    (lambda d: torch.empty(3).fill_(0.1), "fill_"),
+], ids=["to", "copy_", "full", "fill_"])
+def test_the_guard_refuses_copies_and_fills_that_round(op, name):
+    d = torch.ones(3, dtype=torch.float64)
+    with pytest.raises(rt.Unsupported, match=f"aten.{name} "), rt.guard():
+        op(d)
+    with rt.guard():  # the exact forms pass
+        torch.empty(3).copy_(torch.ones(3))
+        torch.full((3,), 0.5)
+        d.to(torch.float64)
 
 
 def test_ranks_holding_contiguous_micro_batches_give_the_one_device_bits():

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
+import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -39,20 +40,27 @@ _EXACT = frozenset({
 })
 
 
-def _dtype_preserving(name: str, args, kwargs) -> bool:
-    """A copy that changes dtype rounds (float64 -> float32, say): not exact."""
-    if name != "_to_copy":
-        return True
-    src = args[0] if args and isinstance(args[0], torch.Tensor) else None
-    dt = kwargs.get("dtype")
-    return src is None or dt is None or dt == src.dtype
+def _exact(name: str, args, kwargs) -> bool:
+    """Whether an operation of the allow list moves bits exactly here: a copy
+    that changes dtype rounds (float64 -> float32, say), and so does a fill
+    with a Python number that is not exactly a binary32."""
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    if name == "_to_copy":
+        dt = kwargs.get("dtype")
+        return dt is None or not tensors or dt == tensors[0].dtype
+    if name in ("copy", "copy_"):
+        return len(tensors) < 2 or tensors[0].dtype == tensors[1].dtype
+    if name in ("fill_", "full"):
+        value = args[1] if len(args) > 1 else kwargs.get("fill_value")
+        return not isinstance(value, float) or value != value or float(np.float32(value)) == value
+    return True
 
 
 class _Guard(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = func.overloadpacket.__name__
-        if not is_inside() and (name not in _EXACT or not _dtype_preserving(name, args, kwargs)):
+        if not is_inside() and (name not in _EXACT or not _exact(name, args, kwargs)):
             raise Unsupported(f"guard: PyTorch operation aten.{name} ran outside refreplay's ops; its bits are "
                               "PyTorch's, not the spec's (use refreplay.torch.functional, fork() for a tensor "
                               "used twice, add() for a residual)")
