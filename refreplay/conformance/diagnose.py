@@ -147,6 +147,12 @@ def diagnose(op_name: str, results) -> list[Finding]:
             op_name, "a sum of -0 terms is -0: start the sum from -0, not +0" if op.terms else
             "a zero result has the sign IEEE gives it")
         out.append(Finding(op_name, f"sign of zero differs ({rule}) — {_count(fam, 'signed_zero')}", clause))
+    if "empty" in failing:
+        out.append(Finding(op_name, f"an empty reduction differs (the empty sum is +0, not the -0 a sum starts "
+                                    f"from; the empty maximum is -inf) — {_count(fam, 'empty')}",
+                           list(dict.fromkeys(["red.sum.c1"] + [c for c in op.clauses if c.startswith("red.")]))))
+    if "sweep" in failing:
+        out.append(_sweep_finding(op, fam, failing))
     if "vendor_transcendental" in failing:
         out.append(Finding(op_name, f"uses a vendor {op_name} (libm, NumPy, CUDA) instead of the spec's algorithm "
                                     f"— {_count(fam, 'vendor_transcendental')}", list(op.clauses)))
@@ -160,6 +166,32 @@ def diagnose(op_name: str, results) -> list[Finding]:
         out.append(Finding(op_name, f"fails {', '.join(sorted(failing))} cases while every diagnostic probe passes "
                                     f"(first: {first.case.id})", list(op.clauses)))
     return out
+
+
+def _size(r):
+    return sum(x.size for x in r.case.inputs.values())
+
+
+def _sweep_finding(op, fam, failing):
+    """[conf.probes.c1] Sweep failures: where along the lengths the kernel
+    stops matching, and whether a split of the sum in two halves reproduces
+    the smallest failing case."""
+    bad, good = fam["sweep"]
+    first = min(bad, key=_size)
+    msg = f"fails long reductions — {_count(fam, 'sweep')}; smallest failing: {first.case.id} ({first.case.probes})"
+    passing = [r for r in good if _size(r) < _size(first)]
+    if passing:
+        msg += f"; longest passing below it: {max(passing, key=_size).case.id}"
+    if failing == {"sweep"}:
+        msg += ("; every short case passes, so the kernel changes algorithm with shape (split-K, a blocked or "
+                "online softmax, tiling)")
+    if op.terms is not None and first.actual and next(iter(first.actual.values())).dtype == np.float32:
+        from .builders import split_in_two
+
+        terms = op.terms(*load_inputs(list(first.case.inputs.values())))
+        if _same(split_in_two(*terms), _flat_actual(first)):
+            msg += "; output matches the sum split into two halves (split-K)"
+    return Finding(op.name, msg, list(op.clauses))
 
 
 def _tf32_finding(op, fam):
