@@ -234,7 +234,7 @@ def exp_variant(ge_overflow=False, inv_ln2=nn.INV_LN2, le_underflow=False):
     return lambda x: elementwise(nn.quiet(one), load(x))
 
 
-def log_variant(ge_sqrt2=False):
+def log_variant(ge_sqrt2=False, sqrt2=nn.SQRT2):
     def one(x):
         if x != x:
             return CANON
@@ -247,7 +247,7 @@ def log_variant(ge_sqrt2=False):
         b = nn.bits(x)
         e = (b >> 23) - 127
         m = nn.f32((b & 0x007FFFFF) | 0x3F800000)
-        if m > nn.SQRT2 or (ge_sqrt2 and m == nn.SQRT2):
+        if m > sqrt2 or (ge_sqrt2 and m == sqrt2):
             m, e = nn.mul(m, nn.HALF), e + 1
         f = nn.sub(m, nn.ONE)
         s = nn.mul(f, nn.recip(nn.add(nn.TWO, f)))
@@ -261,12 +261,12 @@ def log_variant(ge_sqrt2=False):
     return lambda x: elementwise(nn.quiet(one), load(x))
 
 
-def tanh_variant(le_branch=False, sign_by_compare=False):
+def tanh_variant(le_branch=False, sign_by_compare=False, small=nn.TANH_SMALL):
     def one(x):
         if x != x:
             return CANON
         a = nn.f32(nn.bits(x) & 0x7FFFFFFF)
-        if a < nn.TANH_SMALL or (le_branch and a == nn.TANH_SMALL):
+        if a < small or (le_branch and a == small):
             z = nn.mul(a, a)
             y = nn.add(a, nn.mul(a, nn.mul(z, nn.horner(nn.TANH_T, z))))
         else:
@@ -711,7 +711,10 @@ MUTANTS = {
     "exp INV_LN2 one ulp up": ("exp", exp_variant(inv_ln2=nn.f32(0x3FB8AA3C)), "num.exp.c1",
                                "INV_LN2 = 0x3FB8AA3C"),
     "log halves at m >= SQRT2": ("log", log_variant(ge_sqrt2=True), "num.log.c1", "m >= SQRT2 instead of >"),
-    "tanh polynomial at a <= 0.75": ("tanh", tanh_variant(le_branch=True), "num.tanh.c1", "branch at <= 0.75"),
+    "tanh branch at 0.74999": ("tanh", tanh_variant(small=nn.f32(0x3F3FFF58)), "num.tanh.c1",
+                               "the threshold written 0.74999 (0x3F3FFF58, 168 ulps low)"),
+    "log halves at m > 1.4142": ("log", log_variant(sqrt2=nn.f32(0x3FB50481)), "num.log.c1",
+                                 "SQRT2 written 1.4142 (0x3FB50481, 114 ulps low)"),
     "tanh sign by x < 0": ("tanh", tanh_variant(sign_by_compare=True), "num.tanh.c1", "tanh(-0) = +0"),
     "sigmoid one branch": ("sigmoid", sigmoid_variant(one_branch=True), "num.sigmoid.c1",
                            "recip(1 + exp(-x)) for every x"),
@@ -802,6 +805,12 @@ EQUIVALENT = {
     "exp underflows at x <= -88": ("exp", exp_variant(le_underflow=True),
                                    "[num.exp.c1] e^-88 < 2^-126, so the algorithm's result at x = -88 is "
                                    "subnormal and flushes to +0: both branches give +0"),
+    "tanh polynomial at a <= 0.75": ("tanh", tanh_variant(le_branch=True),
+                                     "[num.tanh.c1] the branches differ only at a = 0.75 exactly, where the "
+                                     "polynomial and 1 - 2 recip(exp(1.5) + 1) both give f32(0x3F22991F)"),
+    "tanh branch one ulp low": ("tanh", tanh_variant(small=nn.f32(0x3F3FFFFF)),
+                                "[num.tanh.c1] a < 0x3F3FFFFF moves one input, a = 0x3F3FFFFF, to the exp form, "
+                                "which gives the polynomial's bits there"),
     "sigmoid branch at x > 0": ("sigmoid", sigmoid_variant(branch_at_positive=True),
                                 "[num.sigmoid.c1] the branches differ only at x = +-0, where recip(1 + exp(-0)) "
                                 "and 1 - 1*(1*recip(2)) are both exactly 0.5"),

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from . import values as V
 
 LN2 = math.log(2.0)
@@ -49,15 +51,24 @@ def exp():
     return V.neighbours(limits + _ties(LN2, range(-127, 128)), 1)
 
 
+# Where two formulas meet (tanh's polynomial and its exp form, log's two
+# ranges of m), they agree on most inputs near the split: a moved threshold
+# shows only where they differ, so these get 200 neighbours either side.
+WIDE = 200
+
+
 def log():
-    sqrt2 = [(e << 23) | 0x3504F3 for e in (1, 100, 126, 127, 128, 129, 200, 254)]
-    return V.neighbours(sqrt2 + [0x3F800000, 0x3F3504F3, 0x00800000, 0x7F7FFFFF, 0x7F800000, 0x80800000,
-                                 0x00000000, 0x80000000, 0x402DF854, 0x40000000, 0x3F000000])
+    sqrt2 = [(e << 23) | 0x3504F3 for e in (1, 100, 126, 128, 129, 200, 254)]
+    return np.concatenate([V.neighbours(sqrt2 + [0x3F800000, 0x3F3504F3, 0x00800000, 0x7F7FFFFF, 0x7F800000,
+                                                 0x80800000, 0x00000000, 0x80000000, 0x402DF854, 0x40000000,
+                                                 0x3F000000]),
+                           V.neighbours([0x3FB504F3], WIDE)])
 
 
 def tanh():
-    return V.neighbours(_both_signs([0x3F400000, 0x42317217, 0x42317218, 0x41133333, 0x39800000, 0x00800000,
-                                     0x00000000, 0x7F800000, 0x41200000]))
+    return np.concatenate([V.neighbours(_both_signs([0x42317217, 0x42317218, 0x41133333, 0x39800000, 0x00800000,
+                                                     0x00000000, 0x7F800000, 0x41200000])),
+                           V.neighbours(_both_signs([0x3F400000]), WIDE)])
 
 
 def sigmoid():

@@ -337,16 +337,17 @@ def separating(op, draw, tries=32):
     raise ProbeError(f"{op.name}: no sweep input separates a split in two")
 
 
-def split_in_two(a, b=None) -> np.ndarray:
+def split_in_two(a, b=None, first=None) -> np.ndarray:
     """R sums of N terms (rows of a, or of the products a*b, each rounded)
-    split into two halves, the first holding ceil(N/2) terms, each summed in
-    order from -0, then added: what a kernel that switches to split-K or a
-    two-block form above some length computes.  (The halves are the spec's
-    sequential sums, so the reference's row sum computes them.)"""
+    split into two halves, the first holding ``first`` terms (default
+    ceil(N/2)), each summed in order from -0, then added: what a kernel that
+    switches to split-K or a two-block form above some length computes.
+    (The halves are the spec's sequential sums, so the reference's row sum
+    computes them.)"""
     from .. import linalg
 
     t = np.ascontiguousarray(a if b is None else fp.mul(a, b), dtype=np.float32)
-    h = (t.shape[1] + 1) // 2
+    h = (t.shape[1] + 1) // 2 if first is None else first
     return fp.add(linalg.row_sum(np.ascontiguousarray(t[:, :h])), linalg.row_sum(np.ascontiguousarray(t[:, h:])))
 
 
