@@ -291,6 +291,23 @@ def unit_floats(seed, stream, sub, count, start=0) -> np.ndarray:
     return out
 
 
+def unit_of(w) -> np.ndarray:
+    """[rng.unit.c1] unit() of every word of a uint32 array: float32, same shape."""
+    w = np.ascontiguousarray(w, dtype=np.uint32)
+    out = np.empty(w.size, dtype=np.float32)
+    _unit_kernel(w.ravel(), out)
+    return out.reshape(w.shape)
+
+
+def symmetric_of(w, a) -> np.ndarray:
+    """[rng.symmetric.c1] symmetric(word, a) of every word of a uint32 array."""
+    a32 = _check_scale(a)
+    w = np.ascontiguousarray(w, dtype=np.uint32)
+    out = np.empty(w.size, dtype=np.float32)
+    _symmetric_kernel(w.ravel(), a32, out)
+    return out.reshape(w.shape)
+
+
 def _check_scale(a) -> np.float32:
     a32 = np.float32(a)
     # float(): compare as float64, so that a Python float such as 0.1, which

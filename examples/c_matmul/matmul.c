@@ -115,7 +115,7 @@ int main(int argc, char **argv)
             int tiny = 0;
             for (size_t k = 0; k < K; k++)
                 tiny |= may_be_subnormal(a[k], b[k * J]);
-            float s = -0.0f; /* [red.sum.c1]: start from -0, k increasing */
+            float s = K ? -0.0f : 0.0f; /* [red.sum.c1]: start from -0, k increasing; the empty sum is +0 */
             if (tiny)        /* rare: some product may be subnormal and must be flushed */
                 for (size_t k = 0; k < K; k++) {
                     float p = a[k] * b[k * J];

@@ -53,7 +53,7 @@ MUST_DISTINGUISH = {o.name for o in orders.candidates(False) if not o.spec and o
 
 
 def unary_cases(op, rng, sample, model64=None, vendor=False, zeroing_observable=True,
-                sizes=(1, 7, 31, 1021)):
+                sizes=(1, 7, 31, 1021), boundaries=None):
     """``sample(rng, n)`` draws inputs in the op's domain; ``model64`` is the
     float64 function used to find inputs whose correctly rounded result is
     subnormal (flush probe) or where the spec's algorithm is not correctly
@@ -84,6 +84,9 @@ def unary_cases(op, rng, sample, model64=None, vendor=False, zeroing_observable=
         if vendor:
             out.append(("vendor_transcendental", {"x": _not_correctly_rounded(op, xs, y[:xs.size])},
                         "spec algorithm != correctly rounded"))
+    if boundaries is not None:
+        out.append(("edge", {"x": boundaries()}, "every branch boundary and rounding tie of the clause, "
+                                                  "with its neighbours at +-1 and +-2 ulp"))
     return out
 
 
@@ -144,6 +147,9 @@ def binary_cases(op, rng, sample, model64=None, sizes=(1, 7, 31, 1021)):
     if op.name == "mul":
         x, y = V.window_pairs(rng, 64)
         out.append(("ftz_before_rounding", {"a": x, "b": y}, "exact product just below FLT_MIN"))
+    a, b = V.rounding_pairs()
+    out.append(("edge", _keep(op, {"a": a, "b": b}, lambda y: np.ones(y.shape, bool)),
+                "rounding ties (to even, both directions), the overflow threshold and its neighbours"))
     if model64 is not None:
         fa = V.random_f32(rng, 1 << 14, -127, -120)
         fb = V.random_f32(rng, 1 << 14, -127, -120) if op.name in ("add", "sub") else V.random_f32(rng, 1 << 14, -8, 0)
@@ -189,7 +195,11 @@ def sum_cases(op, rng, orient):
     out.append(("nan", {"X": shaped(fp.f32([[0x3F800000, 0xFFC00000], [0x7F800000, 0xFF800000],
                                             [0x7FC12345, 0x3F800000], [0x7F800001, 0x7FFFFFFF]]))},
                 "NaN payloads; inf - inf"))
-    return out
+    out.append(("empty", {"X": shaped(np.zeros((3, 0), np.float32))}, "3 sums of 0 terms"))
+    from . import sweeps
+
+    lengths = sweeps.SUM_N if orient == "row" else sweeps.THIN_K
+    return out + sweeps.sum_cases(op, rng, lengths, shaped)
 
 
 def _ragged(rows) -> np.ndarray:
@@ -213,6 +223,7 @@ def max_cases(op, rng):
     # fmax flushes its result, so a subnormal maximum must come out as a zero
     out.append(("flush", {"X": fp.f32([[0x00000001, 0x80000000], [0x807FFFFF, 0xBF800000],
                                        [0x00400000, 0x80000000]])}, "a subnormal is the maximum"))
+    out.append(("empty", {"X": np.zeros((2, 0), np.float32)}, "2 rows of 0 terms: the maximum is -inf"))
     return out
 
 
@@ -285,6 +296,12 @@ def matmul_cases(op, rng, to_layout):
     return out
 
 
+def empty_matmul_cases(to_layout):
+    """K = 0: every output is the empty sum, +0 ([mm.nn.c1]), not the -0 a sum starts from."""
+    return [("empty", to_layout(np.zeros((i, 0), np.float32), np.zeros((0, j), np.float32)), f"I,K,J={i},0,{j}")
+            for i, j in ((1, 1), (2, 3))]
+
+
 def _fma_probe(rng, I, K, J, dist):
     """A has two non-zeros per row, +u s and -u s at k0 and k0 + dist; every
     entry of column j of B is u 2^f_j.  The two products cancel exactly
@@ -305,6 +322,41 @@ def _fused_spec_order():
     return orders.Order(seq.name + ", fused multiply-add", seq.fn, fused=True)
 
 
+def separating(op, draw, tries=32):
+    """Inputs from ``draw()`` (redrawn while needed) on which the split in two
+    of ``check_sweep`` gives other bits: a thin sweep has few outputs, and one
+    random sum may happen to round alike both ways."""
+    from .cases import load_inputs
+
+    for _ in range(tries):
+        inputs = draw()
+        loaded = load_inputs([inputs[n] for n in op.inputs])
+        expected = np.asarray(op.reference(*loaded), np.float32).ravel()
+        if differs(expected, split_in_two(*op.terms(*loaded))).any():
+            return inputs
+    raise ProbeError(f"{op.name}: no sweep input separates a split in two")
+
+
+def split_in_two(a, b=None, first=None) -> np.ndarray:
+    """R sums of N terms (rows of a, or of the products a*b, each rounded)
+    split into two halves, the first holding ``first`` terms (default
+    ceil(N/2)), each summed in order from -0, then added: what a kernel that
+    switches to split-K or a two-block form above some length computes.
+    (The halves are the spec's sequential sums, so the reference's row sum
+    computes them.)"""
+    from .. import linalg
+
+    t = np.ascontiguousarray(a if b is None else fp.mul(a, b), dtype=np.float32)
+    h = (t.shape[1] + 1) // 2 if first is None else first
+    return fp.add(linalg.row_sum(np.ascontiguousarray(t[:, :h])), linalg.row_sum(np.ascontiguousarray(t[:, h:])))
+
+
+def check_sweep(terms, expected):
+    """A sweep case must tell the spec's sum from the same sum split in two
+    halves (the simplest split-K or two-block form) on some output."""
+    _check(differs(expected, split_in_two(*terms)).any(), "sweep case does not separate a split in two")
+
+
 def check_isolation(family, terms, expected):
     """A probe family must isolate its property on the case's own inputs:
     every family except ``order`` gives the spec's bits under every other
@@ -312,7 +364,7 @@ def check_isolation(family, terms, expected):
     about), and every family except ``fma`` gives them when products are
     contracted into the sum."""
     a, b = terms
-    if family in ("random", "edge"):
+    if family in ("random", "edge", "sweep", "empty"):
         return
     if family == "order":
         if b is not None:
@@ -340,6 +392,15 @@ def i8_cases(op, rng):
     out.append(("edge", {"A": np.full((2, k), -128, np.int8), "B": np.stack([np.full(k, -128, np.int8),
                                                                              np.full(k, 127, np.int8)], 1).copy()},
                 "extreme products, K=4099"))
+    from . import sweeps
+
+    k = sweeps.I8_K[0]
+    out.append(("edge", {"A": np.full((1, k), -128, np.int8), "B": np.stack([np.full(k, -128, np.int8),
+                                                                             np.full(k, 127, np.int8)], 1).copy()},
+                f"extreme products at the K bound of [mm.i8.c2], K={k}: sums 2^31 - 2^14 and -128*127*K"))
+    out.append(("empty", {"A": np.zeros((2, 0), np.int8), "B": np.zeros((0, 3), np.int8)}, "K=0"))
+    out.append(("sweep", {"A": rng.integers(-128, 128, (1, k), dtype=np.int8),
+                          "B": rng.integers(-128, 128, (k, 1), dtype=np.int8)}, sweeps.note(f"I,K,J=1,{k},1")))
     return out
 
 

@@ -35,6 +35,11 @@ FAMILIES = {
     "signed_zero": ("sign of zero: sums of -0 terms start from -0; max/min of +-0", ()),
     "vendor_transcendental": ("inputs where the spec's algorithm and the correctly rounded "
                               "value differ: a libm, NumPy or CUDA function gives other bits", ()),
+    "empty": ("reductions over zero terms: the empty sum is +0, not the -0 a sum starts from; "
+              "the empty maximum is -inf", ("red.sum.c1",)),
+    "sweep": ("thin-but-long shapes: reductions of length up to 65,537 (131,071 for int8, T = 1,024 "
+              "for attention); a kernel that changes algorithm with shape (split-K, a blocked or online "
+              "softmax, tiling) passes the short cases and fails here", ()),
     "tf32": ("fp32 inputs with low significand bits: rounding them to TF32 (10 bits) or "
              "bfloat16 (7 bits) inside the matmul changes the output", ("num.format.c1",)),
 }

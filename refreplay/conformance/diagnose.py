@@ -204,6 +204,12 @@ def diagnose(op_name: str, results) -> list[Finding]:
             op_name, "a sum of -0 terms is -0: start the sum from -0, not +0" if op.terms else
             "a zero result has the sign IEEE gives it")
         out.append(Finding(op_name, f"sign of zero differs ({rule}) — {_count(fam, 'signed_zero')}", clause))
+    if "empty" in failing and op_name not in variants.MODELS:  # there the variant finding says what differs
+        out.append(Finding(op_name, f"an empty reduction differs (the empty sum is +0, not the -0 a sum starts "
+                                    f"from; the empty maximum is -inf) — {_count(fam, 'empty')}",
+                           list(dict.fromkeys(["red.sum.c1"] + [c for c in op.clauses if c.startswith("red.")]))))
+    if failing == {"sweep"}:  # otherwise the short cases already say what differs
+        out.append(_sweep_finding(op, fam))
     if "vendor_transcendental" in failing:
         out.append(Finding(op_name, f"uses a vendor {op_name} (libm, NumPy, CUDA) instead of the spec's algorithm "
                                     f"— {_count(fam, 'vendor_transcendental')}", list(op.clauses)))
@@ -217,6 +223,33 @@ def diagnose(op_name: str, results) -> list[Finding]:
         out.append(Finding(op_name, f"fails {', '.join(sorted(failing))} cases while every diagnostic probe passes "
                                     f"(first: {first.case.id})", list(op.clauses)))
     return out
+
+
+def _size(r):
+    return sum(x.size for x in r.case.inputs.values())
+
+
+def _sweep_finding(op, fam):
+    """[conf.probes.c1] Only the sweep cases fail: where along the lengths the
+    kernel stops matching, and whether a split of the sum in two halves
+    reproduces the smallest failing case."""
+    bad, good = fam["sweep"]
+    first = min(bad, key=_size)
+    shapes = ", ".join(f"{n}{list(x.shape)}" for n, x in first.case.inputs.items())
+    msg = f"fails long reductions — {_count(fam, 'sweep')}; smallest failing: {first.case.id} ({shapes})"
+    passing = [r for r in good if _size(r) < _size(first)]
+    if passing:
+        msg += f"; longest passing below it: {max(passing, key=_size).case.id}"
+    msg += ("; every short case passes, so the kernel changes algorithm with shape (split-K, a blocked or "
+            "online softmax, tiling)")
+    if op.terms is not None and first.actual and next(iter(first.actual.values())).dtype == np.float32:
+        from .builders import split_in_two
+
+        terms = op.terms(*load_inputs(list(first.case.inputs.values())))
+        n = terms[0].shape[1]
+        if any(_same(split_in_two(*terms, first=h), _flat_actual(first)) for h in {n // 2, (n + 1) // 2}):
+            msg += "; output matches the sum split into two halves (split-K)"
+    return Finding(op.name, msg, list(op.clauses))
 
 
 def _tf32_finding(op, fam):
@@ -234,12 +267,15 @@ def _variant_finding(op, results):
     kernel (``variants.explain``) on its smallest failing cases."""
     if op.name not in variants.MODELS:
         return None
-    bad = [r for r in results if r.status in ("fail", "xfail") and r.actual and all(
+    # sweep cases are long rows: re-evaluating every variant on them would take minutes
+    bad = [r for r in results if r.status in ("fail", "xfail") and r.case.family != "sweep" and r.actual and all(
         n in r.actual and np.asarray(r.actual[n]).shape == e.shape and np.asarray(r.actual[n]).dtype == e.dtype
         for n, e in r.case.outputs.items())]  # a wrong shape or dtype is no arithmetic variant
     if not bad:
         return None
-    bad.sort(key=lambda r: sum(x.size for x in r.case.inputs.values()))
+    # random cases first: they hold the op's arithmetic at ordinary values, where the variants differ;
+    # the edge and empty cases are small but hold specials on which many variants agree
+    bad.sort(key=lambda r: (r.case.family != "random", sum(x.size for x in r.case.inputs.values())))
     cases = [(load_inputs(list(r.case.inputs.values())), [np.asarray(r.actual[n]) for n in r.case.outputs])
              for r in bad[:VARIANT_CASES]]
     ex = variants.explain(op.name, cases)

@@ -58,9 +58,13 @@ def _check_probe(op, family, raw, outputs, distinguished):
     if family == "ftz_before_rounding":
         if not (np.abs(first) == fp.FLT_MIN).any():
             raise builders.ProbeError(f"{op.name}: no output rounds up to FLT_MIN")
+    if family == "empty" and not any(0 in x.shape for x in raw):
+        raise builders.ProbeError(f"{op.name}: empty probe without a zero-length input")
     if op.terms is not None:
         terms = op.terms(*load_inputs(raw))
         builders.check_isolation(family, terms, first.ravel())
+        if family == "sweep":
+            builders.check_sweep(terms, first.ravel())
         if family == "order":
             distinguished |= builders.distinguished_orders(terms, first.ravel(), terms[1] is not None)
 

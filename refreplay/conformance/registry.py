@@ -18,7 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import builders as Bld
+from . import boundaries as edges, builders as Bld, sweeps
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,10 @@ def _matmul_entry(name, fn_name, kind, clause, sig):
         return getattr(_linalg(), fn_name)(A, B)
 
     def build(op, rng):
-        return Bld.matmul_cases(op, rng, store)
+        cases = Bld.matmul_cases(op, rng, store)
+        cases += Bld.empty_matmul_cases(store)
+        return cases + sweeps.matmul_cases(op, rng, store, sweeps.SHORT_K + sweeps.LONG_K if kind == "nn"
+                                           else sweeps.THIN_K)
 
     return OpDef(name, (clause, "red.sum.c1", "num.nofma.c1"), sig, ("A", "B"), ("C",), reference, build,
                  terms=lambda A, B: _mm_terms(*canon(A, B)))
@@ -75,7 +78,8 @@ def _dot_build(op, rng):
         x = Bld.V.random_f32(rng, n, -24, 24, mant_bits=10)
         y = Bld.V.powers_of_two(rng, n, -2, 2)
         cases.append(("order", {"x": x, "y": y}, f"K={n}; exact products"))
-    return cases
+    cases.append(("empty", {"x": np.zeros(0, np.float32), "y": np.zeros(0, np.float32)}, "K=0"))
+    return cases + sweeps.dot_cases(op, rng)
 
 
 OPS: dict[str, OpDef] = {}
@@ -120,10 +124,11 @@ def _numerics(name):
     return fn
 
 
-def _unary(name, clauses, sample, model64=None, vendor=False, zeroing_observable=True):
+def _unary(name, clauses, sample, model64=None, vendor=False, zeroing_observable=True, boundaries=None):
     _register(OpDef(
         name, clauses, f"{name}(x: f32[N]) -> out: f32[N]  (elementwise)", ("x",), ("out",), _numerics(name),
-        lambda op, rng: Bld.unary_cases(op, rng, sample, model64, vendor, zeroing_observable)))
+        lambda op, rng: Bld.unary_cases(op, rng, sample, model64, vendor, zeroing_observable,
+                                        boundaries=boundaries)))
 
 
 def _binary(name, clauses, model64=None):
@@ -137,21 +142,22 @@ _binary("sub", ("num.add.c1", "num.flush.c1", "num.nan.c1"), np.subtract)
 _binary("mul", ("num.mul.c1", "num.flush.c1", "num.nan.c1"), np.multiply)
 _binary("fmax", ("num.minmax.c1",))
 _binary("fmin", ("num.minmax.c1",))
-_unary("recip", ("num.recip.c1", "num.flush.c1"), Bld.wide_sampler(-20, 20), lambda x: 1.0 / x if x else np.inf)
-_unary("sqrt", ("num.sqrt.c1",), Bld.wide_sampler(-20, 20, positive=True), Bld.libm("sqrt"))
-_unary("rint", ("num.rint.c1",), Bld.wide_sampler(-4, 24), zeroing_observable=False)
+_unary("recip", ("num.recip.c1", "num.flush.c1"), Bld.wide_sampler(-20, 20), lambda x: 1.0 / x if x else np.inf,
+       boundaries=edges.recip)
+_unary("sqrt", ("num.sqrt.c1",), Bld.wide_sampler(-20, 20, positive=True), Bld.libm("sqrt"), boundaries=edges.sqrt)
+_unary("rint", ("num.rint.c1",), Bld.wide_sampler(-4, 24), zeroing_observable=False, boundaries=edges.rint)
 _unary("exp", ("num.exp.c1", "num.trans.c1"), Bld.transcendental_sampler(-90, 89), Bld.libm("exp"),
-       vendor=True, zeroing_observable=False)
+       vendor=True, zeroing_observable=False, boundaries=edges.exp)
 _unary("log", ("num.log.c1", "num.trans.c1"), Bld.wide_sampler(-30, 30, positive=True), Bld.libm("log"),
-       vendor=True, zeroing_observable=False)
+       vendor=True, zeroing_observable=False, boundaries=edges.log)
 _unary("tanh", ("num.tanh.c1", "num.trans.c1"), Bld.transcendental_sampler(-10, 10), Bld.libm("tanh"),
-       vendor=True, zeroing_observable=False)
+       vendor=True, zeroing_observable=False, boundaries=edges.tanh)
 _unary("sigmoid", ("num.sigmoid.c1", "num.trans.c1"), Bld.transcendental_sampler(-20, 20),
-       Bld.sigmoid64, vendor=True, zeroing_observable=False)
+       Bld.sigmoid64, vendor=True, zeroing_observable=False, boundaries=edges.sigmoid)
 _unary("sin", ("num.sincos.c1", "num.trans.c1"), Bld.transcendental_sampler(-100, 100), Bld.libm("sin"),
-       vendor=True, zeroing_observable=False)
+       vendor=True, zeroing_observable=False, boundaries=edges.sincos)
 _unary("cos", ("num.sincos.c1", "num.trans.c1"), Bld.transcendental_sampler(-100, 100), Bld.libm("cos"),
-       vendor=True, zeroing_observable=False)
+       vendor=True, zeroing_observable=False, boundaries=edges.sincos)
 
 
-from . import model_ops  # noqa: E402,F401  (registers the transformer ops)
+from . import model_ops, rng_ops  # noqa: E402,F401  (register the transformer and random-number ops)

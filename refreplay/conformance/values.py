@@ -95,3 +95,39 @@ def window_pairs(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarr
         xs.append((sx << 31) | ((t + 127) << 23) | (mx - (1 << 23)))
         ys.append((sy << 31) | ((-127 - t + 127) << 23) | (my - (1 << 23)))
     return fp.f32(xs), fp.f32(ys)
+
+
+def neighbours(patterns, radius=2) -> np.ndarray:
+    """Each bit pattern and the patterns up to ``radius`` ulps either side
+    (same sign; a step below +-0 or past the largest finite is dropped)."""
+    out = []
+    for p in patterns:
+        sign, mag = p & 0x80000000, p & 0x7FFFFFFF
+        out += [sign | m for m in range(mag - radius, mag + radius + 1) if 0 <= m <= 0x7F800000]
+    return fp.f32(list(dict.fromkeys(out)))
+
+
+def nearest(values64) -> list[int]:
+    """Bit patterns of the binary32 nearest to float64 values (IEEE rounding,
+    the same on every machine)."""
+    return [int(b) for b in fp.bits(np.asarray(values64, np.float64).astype(np.float32))]
+
+
+def rounding_pairs() -> tuple[np.ndarray, np.ndarray]:
+    """Operand pairs for add, sub, mul, fmax, fmin whose exact result is a
+    rounding tie (to even upwards and downwards), lies at the overflow
+    threshold (the largest finite plus half an ulp and its neighbours), or is
+    1 - 2^-24 and its neighbours; each pair in both orders and both signs."""
+    pairs = [(0x3F800000, 0x33800000), (0x3F800001, 0x33800000), (0x3F800000, 0x33800001),
+             (0x3F800000, 0xB3800000), (0x3F800000, 0xB3000000), (0x3F800001, 0xB3800000),
+             (0x7F7FFFFF, 0x73000000), (0x7F7FFFFF, 0x72FFFFFF), (0x7F7FFFFE, 0x73000000),
+             (0x7F7FFFFF, 0x7F7FFFFF), (0x4B000000, 0x3F000000), (0x4B000001, 0x3F000000),
+             (0x3F800001, 0x3F800001), (0x3F7FFFFF, 0x3F800001), (0x3FFFFFFF, 0x3FFFFFFF),
+             (0x5F800000, 0x5F800000), (0x5F7FFFFF, 0x5F800001), (0x1F800000, 0x1F800000),
+             (0x20000000, 0x1F000000), (0x00800000, 0x3F7FFFFF), (0x00800001, 0x3F000000)]
+    a, b = [], []
+    for x, y in pairs:
+        for sx, sy in ((0, 0), (1, 0), (0, 1), (1, 1)):
+            a += [x ^ (sx << 31), y ^ (sy << 31)]
+            b += [y ^ (sy << 31), x ^ (sx << 31)]
+    return fp.f32(a), fp.f32(b)

@@ -366,7 +366,10 @@ def madd(p, a, b, c):
 
 
 def dot(p, a, b):
-    """Row sums of the products a*b (a, b: [R, N]) in p's order, fused with p.fma."""
+    """Row sums of the products a*b (a, b: [R, N]) in p's order, fused with p.fma;
+    an empty sum is +0 ([red.sum.c1])."""
+    if np.shape(a)[-1] == 0:
+        return np.zeros(np.shape(a)[0], F32)
     return orders.Order(p.order.name, p.order.fn, fused=p.fma)(a, b)
 
 
@@ -496,10 +499,12 @@ def attention_forward(q, k, v, p):
     e = np.where(future, F32(0), p.exp(sub(zm, m[..., None]))).astype(F32)
     att = np.where(future, F32(0), p.normalize(e, _rows(p, e))).astype(F32)
     *lead, _, HS = v.shape
-    a = np.broadcast_to(att[..., :, None, :], (*lead, T, HS, T)).reshape(-1, T)
+    # future terms are absent ([attn.mask.c1]): as -0 * +0 = -0 they change no sum in any order,
+    # and no inf or NaN of a later v reaches an earlier row
+    a = np.broadcast_to(np.where(future, F32(-0.0), att)[..., :, None, :], (*lead, T, HS, T)).reshape(-1, T)
     vt = np.swapaxes(v, -1, -2)
-    b = np.broadcast_to(vt[..., None, :, :], (*lead, T, HS, T)).reshape(-1, T)
-    return dot(p, a, b).reshape(v.shape), att
+    b = np.where(future[:, None, :], F32(0), np.broadcast_to(vt[..., None, :, :], (*lead, T, HS, T)))
+    return dot(p, a, b.reshape(-1, T)).reshape(v.shape), att
 
 
 def linear_forward(x, W, b, p):
@@ -606,7 +611,9 @@ def evaluate(op: str, inputs, devs=()) -> tuple[np.ndarray, ...]:
     """The op's outputs on loaded inputs with the deviations applied."""
     with np.errstate(all="ignore"):
         out = MODELS[op].fn(*inputs, parts(devs))
-    return tuple(np.asarray(o, F32) for o in (out if isinstance(out, tuple) else (out,)))
+    # every NaN canonical ([num.nan.c1]): a variant changes arithmetic, not the NaN rule
+    return tuple(np.where(np.isnan(o), fp.f32(fp.CANONICAL_NAN), o).astype(F32)
+                 for o in (np.asarray(o, F32) for o in (out if isinstance(out, tuple) else (out,))))
 
 
 def variants(op: str, pairs=True):
