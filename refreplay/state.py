@@ -146,17 +146,27 @@ class StateDigest:
             if d["chunk_size"] != CHUNK_SIZE:
                 raise InputError(f"state digest uses chunk size {d['chunk_size']}, expected {CHUNK_SIZE}")
             tensors = {}
+            if not isinstance(d["tensors"], dict):
+                raise InputError("state digest: tensors must be an object")
             for n, t in d["tensors"].items():
-                tensors[n] = TensorDigest(n, t["dtype"], tuple(int(x) for x in t["shape"]),
-                                          int(t["nbytes"]), _hex32(t["root"], "tensor root"),
-                                          tuple(_hex32(c, "chunk hash") for c in t["chunks"]))
-                if t["dtype"] not in DTYPES:
+                if not (isinstance(t["dtype"], str) and t["dtype"] in DTYPES):
                     raise InputError(f"state digest: tensor {n!r} has unknown dtype {t['dtype']!r}")
+                if not (isinstance(t["shape"], list) and isinstance(t["chunks"], list)
+                        and all(_count(x) for x in t["shape"]) and _count(t["nbytes"])):
+                    raise InputError(f"state digest: tensor {n!r} needs a shape of integers, an integer "
+                                     "nbytes and a list of chunks")
+                tensors[n] = TensorDigest(n, t["dtype"], tuple(t["shape"]), t["nbytes"],
+                                          _hex32(t["root"], "tensor root"),
+                                          tuple(_hex32(c, "chunk hash") for c in t["chunks"]))
             return cls(_hex32(d["root"], "state root"), dict(sorted(tensors.items())))
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
             if isinstance(exc, InputError):
                 raise
             raise InputError(f"malformed state digest: {exc!r}") from None
+
+
+def _count(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
 
 
 def default_threads() -> int:

@@ -17,16 +17,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import numpy as np
 
+from .. import untrusted
 from ..errors import InputError
 from .cases import DTYPES, Case, dtype_name
 
 VECTOR_DIR = Path(__file__).resolve().parent.parent.parent / "vectors"
 MANIFEST = "manifest.json"
 FORMAT = "refreplay-vectors/1"
+FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\.safetensors")
+MAX_FILE = 1 << 30  # bytes of one vector file
 
 
 def sha256(data: bytes) -> str:
@@ -96,9 +100,9 @@ def read_manifest(directory: Path = VECTOR_DIR) -> dict:
     if not path.is_file():
         raise InputError(f"no vectors at {directory} (missing {MANIFEST}; run `refreplay vectors generate`)")
     try:
-        m = json.loads(path.read_bytes())
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: corrupt manifest (not JSON: {exc})") from None
+        m = untrusted.load_json(path, directory, "vectors manifest")
+    except InputError as exc:
+        raise InputError(f"corrupt manifest: {exc}") from None
     _validate_manifest(m, path)
     return m
 
@@ -114,9 +118,22 @@ def _validate_manifest(m, path):
             bad(f"missing {key!r}")
     if not isinstance(m["files"], dict) or not isinstance(m["cases"], list):
         bad("files must be an object and cases a list")
+    for name, entry in m["files"].items():
+        # a bare file name of this directory: never a path, so nothing outside it is opened
+        if not FILE_NAME.fullmatch(name):
+            bad(f"file name {name!r} is not a plain <name>.safetensors in the vectors directory")
+        if not (isinstance(entry, dict) and isinstance(entry.get("sha256"), str)
+                and isinstance(entry.get("bytes"), int) and not isinstance(entry.get("bytes"), bool)
+                and 0 <= entry["bytes"] <= MAX_FILE):
+            bad(f"files[{name!r}] must give its sha256 and a byte count up to {MAX_FILE}")
     ids = set()
     for c in m["cases"]:
         try:
+            if not isinstance(c, dict) or not isinstance(c["id"], str) or not isinstance(c["file"], str):
+                bad("a case must be an object whose id and file are strings")
+            if not all(isinstance(t, dict) and isinstance(t["name"], str) and isinstance(t["dtype"], str)
+                       and isinstance(t["shape"], list) for t in c["inputs"] + c["outputs"]):
+                bad(f"case {c['id']}: tensors must be objects with a name, dtype and shape")
             if c["id"] in ids:
                 bad(f"duplicate case id {c['id']}")
             ids.add(c["id"])
@@ -139,9 +156,11 @@ def read_file(directory: Path, name: str, entry: dict) -> dict[str, np.ndarray]:
     from .. import tensorio
 
     path = directory / name
-    if not path.is_file():
+    if not FILE_NAME.fullmatch(name):
+        raise InputError(f"{path}: not a plain file name of the vectors directory; refusing to open it")
+    if not path.is_file() and not path.is_symlink():
         raise InputError(f"{path}: vector file missing (listed in the manifest)")
-    data = path.read_bytes()
+    data = untrusted.read_file(path, MAX_FILE, directory, "vector file")
     if sha256(data) != entry.get("sha256"):
         raise InputError(f"{path}: sha256 {sha256(data)[:16]}... does not match the manifest "
                          f"({str(entry.get('sha256'))[:16]}...): the file is corrupt or was edited; "
