@@ -59,12 +59,17 @@ def read_file(path, limit: int, root=None, what: str = "file") -> bytes:
         raise InputError(f"missing {what} {p}") from None
     except OSError as exc:
         raise InputError(f"{p}: cannot open {what} ({exc.strerror})") from None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
+    try:
+        st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise InputError(f"{p}: {what} is not a regular file")
         if st.st_size > limit:
             raise InputError(f"{p}: {what} is {st.st_size} bytes, more than the limit of {limit}")
+        f = os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+    with f:
         data = f.read(limit + 1)
     if len(data) > limit:
         raise InputError(f"{p}: {what} grew past the limit of {limit} bytes while being read")
