@@ -349,3 +349,63 @@ def test_substituted_head_is_named_as_such(copy, tmp_path):
     res = _cli("replay", copy, "--step", 1)
     assert res.returncode == 1 and "(head)" in res.stdout and "substituted" in res.stdout, res.stdout
     assert "(recipe)" not in res.stdout
+
+
+# ---- the vectors manifest cannot point outside its directory ----------------------------------
+
+_OPENED = None  # paths opened while recording (an audit hook cannot be removed: it is switched)
+
+
+def _hook(event, args):
+    if event == "open" and _OPENED is not None and isinstance(args[0], (str, bytes, os.PathLike)):
+        _OPENED.append(os.fsdecode(args[0]))
+
+
+sys.addaudithook(_hook)
+
+
+@contextlib.contextmanager
+def opened_files():
+    global _OPENED
+    _OPENED = []
+    try:
+        yield _OPENED
+    finally:
+        _OPENED = None
+
+
+def test_vectors_manifest_traversal_is_refused_before_any_read(tmp_path):
+    import hashlib
+
+    from refreplay.conformance import store
+
+    vec = tmp_path / "a" / "b" / "vectors"
+    vec.mkdir(parents=True)
+    m = json.loads((store.VECTOR_DIR / store.MANIFEST).read_text())
+    op_file = m["cases"][0]["file"]
+    shutil.copy(store.VECTOR_DIR / op_file, vec / op_file)
+    secret = tmp_path / "secret.safetensors"
+    secret.write_bytes(b"the auditor's private key")
+    evil = "../../../secret.safetensors"
+    assert (vec / evil).resolve() == secret.resolve()
+    m["files"] = {op_file: m["files"][op_file], evil: {"sha256": "0" * 64, "bytes": 25}}
+    m["cases"] = [dict(c, file=evil) for c in m["cases"] if c["file"] == op_file]
+    (vec / store.MANIFEST).write_text(json.dumps(m))
+    with opened_files() as seen:
+        res = _cli("conform", "reference", "--vectors", vec)
+    text = res.stdout + res.stderr
+    assert res.returncode == 2 and "not a plain <name>.safetensors" in text, text
+    assert not any("secret" in p for p in seen), seen
+    assert hashlib.sha256(secret.read_bytes()).hexdigest()[:8] not in text
+    _no_trace(res)
+    # a symbolic link inside the directory that leads outside is refused too
+    m = json.loads((store.VECTOR_DIR / store.MANIFEST).read_text())
+    (vec / op_file).unlink()
+    (vec / op_file).symlink_to(secret)
+    m["files"] = {op_file: m["files"][op_file]}
+    m["cases"] = [c for c in m["cases"] if c["file"] == op_file]
+    (vec / store.MANIFEST).write_text(json.dumps(m))
+    with opened_files() as seen:
+        res = _cli("conform", "reference", "--vectors", vec)
+    assert res.returncode == 2 and "leads outside" in res.stderr, res.stdout + res.stderr
+    assert not any("secret" in p for p in seen), seen

@@ -185,3 +185,15 @@ def test_reader_accepts_any_valid_layout(tmp_path):
     got, meta = tensorio.load(p)
     assert meta is None and got["a"].tolist() == [7] and got["b"].tolist() == [1.5]
     assert got["b"].flags.aligned
+
+
+@pytest.mark.parametrize("dtype", [["F32"], {"F32": 1}, 7, None])
+def test_header_dtype_of_another_json_type_is_refused(tmp_path, dtype):
+    """[state.fileread.c1] a dtype that is not a string (a list is unhashable:
+    it used to escape as TypeError) is refused like an unknown name."""
+    header = json.dumps({"a": {"data_offsets": [0, 4], "dtype": dtype, "shape": [1]}}).encode()
+    header += b" " * (-len(header) % 8)
+    p = tmp_path / "f.safetensors"
+    p.write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * 4)
+    with pytest.raises(InputError, match="unknown dtype"):
+        tensorio.load(p)
