@@ -127,27 +127,36 @@ def _validate_manifest(m, path):
                 and 0 <= entry["bytes"] <= MAX_FILE):
             bad(f"files[{name!r}] must give its sha256 and a byte count up to {MAX_FILE}")
     ids = set()
-    for c in m["cases"]:
+    for i, c in enumerate(m["cases"]):
         try:
-            if not isinstance(c, dict) or not isinstance(c["id"], str) or not isinstance(c["file"], str):
-                bad("a case must be an object whose id and file are strings")
-            if not all(isinstance(t, dict) and isinstance(t["name"], str) and isinstance(t["dtype"], str)
-                       and isinstance(t["shape"], list) for t in c["inputs"] + c["outputs"]):
-                bad(f"case {c['id']}: tensors must be objects with a name, dtype and shape")
-            if c["id"] in ids:
-                bad(f"duplicate case id {c['id']}")
-            ids.add(c["id"])
-            if c["file"] not in m["files"]:
-                bad(f"case {c['id']} names unknown file {c['file']}")
-            for t in c["inputs"] + c["outputs"]:
-                if t["dtype"] not in DTYPES or not all(isinstance(d, int) and d >= 0 for d in t["shape"]):
-                    bad(f"case {c['id']}: bad dtype or shape for {t['name']}")
-            for t in c["outputs"]:
-                if not (isinstance(t["sha256"], str) and len(t["sha256"]) == 64):
-                    bad(f"case {c['id']}: bad sha256 for output {t['name']}")
-            str(c["op"]), str(c["family"]), list(c["clauses"])
+            _check_case(c, m["files"], ids, bad)
         except (KeyError, TypeError) as exc:
-            bad(f"case entry malformed: {exc!r}")
+            bad(f"case {i} malformed: {exc!r}")
+
+
+def _strs(x) -> bool:
+    return isinstance(x, list) and all(isinstance(v, str) for v in x)
+
+
+def _check_case(c, files, ids, bad) -> None:
+    """Every field of one manifest case has its type ([conf.vectors.c1])."""
+    if not (isinstance(c, dict) and all(isinstance(c[k], str) for k in ("id", "op", "file", "family", "probes"))
+            and _strs(c["clauses"]) and isinstance(c["inputs"], list) and isinstance(c["outputs"], list)):
+        bad("a case must be an object with string id, op, file, family and probes, a list of clause "
+            "labels and lists of inputs and outputs")
+    if c["id"] in ids:
+        bad(f"duplicate case id {c['id']}")
+    ids.add(c["id"])
+    if c["file"] not in files:
+        bad(f"case {c['id']} names unknown file {c['file']}")
+    for t in c["inputs"] + c["outputs"]:
+        if not (isinstance(t, dict) and isinstance(t["name"], str) and isinstance(t["dtype"], str)
+                and t["dtype"] in DTYPES and isinstance(t["shape"], list)
+                and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in t["shape"])):
+            bad(f"case {c['id']}: every tensor needs a string name, a known dtype and a shape of sizes")
+    for t in c["outputs"]:
+        if not (isinstance(t["sha256"], str) and len(t["sha256"]) == 64):
+            bad(f"case {c['id']}: bad sha256 for output {t['name']}")
 
 
 def read_file(directory: Path, name: str, entry: dict) -> dict[str, np.ndarray]:
