@@ -302,10 +302,11 @@ class Run:
                 _need(rec.chain_link == statehash.GENESIS and rec.data_hash == "00" * 32,
                       f"{w}: step 0 must carry the genesis link and a zero data hash")
             else:
-                want = statehash.chain_link(prev, rec.state_root, rec.data_hash, self.recipe_sha256)
+                want = statehash.chain_link(prev, rec.state_root, rec.data_hash, self.recipe_sha256,
+                                            rec.loss_hex())
                 self._integrity(rec.chain_link == want, i, "chain",
                                 f"{w}: chain link does not follow from the previous link, this step's "
-                                "hashes and the recipe hash")
+                                "hashes, its loss and the recipe hash")
             prev = rec.chain_link
             recs.append(rec)
         _need(len(recs) == self.recipe.steps + 1,

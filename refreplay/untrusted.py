@@ -140,10 +140,10 @@ def zstd_frame(data: bytes, expected: int, where: str) -> bytes:
                     break
                 out += piece
     except zstandard.ZstdError as exc:
-        raise InputError(f"{where}: not a valid zstd frame ({exc})") from None
+        raise InputError(f"{where} is corrupt: not a valid zstd frame ({exc})") from None
     if len(out) != expected:
         more = "more than" if len(out) > expected else f"{len(out)}, not"
-        raise InputError(f"{where}: decompresses to {more} the {expected} bytes the manifest implies")
+        raise InputError(f"{where} is corrupt: it decompresses to {more} the {expected} bytes the manifest implies")
     return bytes(out)
 
 

@@ -247,7 +247,7 @@ def _republish_with_edited_root(path, step):
     recs[step]["state_root"] = "ab" * 32
     for i in range(step, len(recs)):
         recs[i]["chain_link"] = sh.chain_link(recs[i - 1]["chain_link"], recs[i]["state_root"],
-                                              recs[i]["data_hash"], head["recipe_sha256"])
+                                              recs[i]["data_hash"], head["recipe_sha256"], recs[i]["loss"])
     p.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in recs))
     head["chain_link"] = recs[-1]["chain_link"]
     (path / "head.json").write_text(json.dumps(head))
