@@ -113,7 +113,7 @@ def parse_json(raw, where: str, max_depth: int = MAX_DEPTH, max_bytes: int = MAX
         text = raw.decode("utf-8")
         return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
     except UnicodeDecodeError as exc:
-        raise InputError(f"{where}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+        raise InputError(f"{where}: not well-formed JSON (not UTF-8: {exc.reason} at byte {exc.start})") from None
     except (ValueError, RecursionError) as exc:
         raise InputError(f"{where}: not well-formed JSON ({exc})") from None
 

@@ -409,3 +409,16 @@ def test_vectors_manifest_traversal_is_refused_before_any_read(tmp_path):
         res = _cli("conform", "reference", "--vectors", vec)
     assert res.returncode == 2 and "leads outside" in res.stderr, res.stdout + res.stderr
     assert not any("secret" in p for p in seen), seen
+
+
+@pytest.mark.parametrize("value,ok", [("1", True), (" 2 ", True), ("4096", True), ("0", False), ("-1", False),
+                                      ("abc", False), ("", False), ("4097", False), ("1e3", False)])
+def test_thread_count_values(value, ok):
+    from refreplay import environ
+    from refreplay.errors import InputError
+
+    if ok:
+        environ.check({"NUMBA_NUM_THREADS": value})
+    else:
+        with pytest.raises(InputError, match="NUMBA_NUM_THREADS"):
+            environ.check({"NUMBA_NUM_THREADS": value})

@@ -52,6 +52,13 @@ def _report():
         Path(path).write_text(json.dumps(dict(sorted(TRIED.items())), indent=1) + "\n")
 
 
+def _count(name):
+    """One more input tried for ``name`` (the report is rewritten every 250)."""
+    TRIED[name] += 1
+    if TRIED[name] % 250 == 0:
+        _report()
+
+
 atexit.register(_report)
 
 
@@ -98,7 +105,7 @@ def guarded(name, outside: Path | None = None):
     not open anything under ``outside``, and may not allocate more than
     MEMORY_LIMIT bytes."""
     global _OPENED
-    TRIED[name] += 1
+    _count(name)
     _OPENED = []
     tracemalloc.start()
     try:
@@ -476,7 +483,7 @@ def _commands(run0, tmp_path, data):
         (work / "certs").mkdir()
         (work / "certs" / "c.json").write_text(data.draw(mutated_json({"format": audit.CERT_FORMAT, "step": 1})))
     global _OPENED
-    TRIED[f"cli {command}"] += 1
+    _count(f"cli {command}")
     _OPENED = []
     try:
         rc, text = _cli(*argv)
