@@ -108,14 +108,14 @@ def parse_json(raw, where: str, max_depth: int = MAX_DEPTH, max_bytes: int = MAX
         raise InputError(f"{where}: JSON of {len(raw)} bytes is longer than the limit of {max_bytes}")
     depth = nesting_depth(raw)
     if depth > max_depth:
-        raise InputError(f"{where}: not well-formed JSON (nested {depth} deep; the limit is {max_depth})")
+        raise InputError(f"{where}: not valid JSON (nested {depth} deep; the limit is {max_depth})")
     try:
         text = raw.decode("utf-8")
         return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
     except UnicodeDecodeError as exc:
-        raise InputError(f"{where}: not well-formed JSON (not UTF-8: {exc.reason} at byte {exc.start})") from None
+        raise InputError(f"{where}: not valid JSON (not UTF-8: {exc.reason} at byte {exc.start})") from None
     except (ValueError, RecursionError) as exc:
-        raise InputError(f"{where}: not well-formed JSON ({exc})") from None
+        raise InputError(f"{where}: not valid JSON ({exc})") from None
 
 
 def load_json(path, root=None, what: str = "JSON file", limit: int = MAX_JSON):

@@ -88,7 +88,7 @@ def test_corrupt_missing_or_tampered_shards_are_refused(tmp_path):
     with pytest.raises(InputError, match="must be named shard-00000.zst"):
         data.read_shards(tmp_path)
     (tmp_path / "manifest.json").write_text("{not json")
-    with pytest.raises(InputError, match="not well-formed JSON"):
+    with pytest.raises(InputError, match="not valid JSON"):
         data.read_shards(tmp_path)
     (tmp_path / "manifest.json").unlink()
     with pytest.raises(InputError, match="missing shard manifest"):

@@ -154,12 +154,12 @@ def test_overlapping_and_gapped_offsets(tmp_path):
 
 def test_bad_json_and_bad_entries(tmp_path):
     """[state.fileread.c1]"""
-    refused(raw_file(tmp_path / "json", b'{"a": {"dtype": "F32",'), "not well-formed JSON")
+    refused(raw_file(tmp_path / "json", b'{"a": {"dtype": "F32",'), "not valid JSON")
     refused(raw_file(tmp_path / "utf8", b'{"\xff": 1}'), "not UTF-8")
     refused(raw_file(tmp_path / "list", b"[1, 2]"), "must be a JSON object")
     refused(raw_file(tmp_path / "dupkey", b'{"a": 1, "a": 2}'), "duplicate key 'a'")
     refused(raw_file(tmp_path / "nan", b'{"a": NaN}'), "non-standard JSON constant NaN")
-    refused(raw_file(tmp_path / "deep", b"[" * 100_000), "not well-formed JSON")
+    refused(raw_file(tmp_path / "deep", b"[" * 100_000), "not valid JSON")
     refused(raw_file(tmp_path / "dtype", {"a": entry("F16", [1], 0, 2)}, bytes(2)),
             "unknown dtype 'F16'")
     refused(raw_file(tmp_path / "bf16", {"a": entry("BF16", [1], 0, 2)}, bytes(2)),

@@ -298,7 +298,7 @@ def test_cli_bad_input_exits_2(tmp_path, capsys):
          "corpus file not found"),
         (["--config", str(cfg), "--steps", "1", "--out", out], "unknown preset 'giant'"),
         (["--config", str(cfg2), "--steps", "1", "--out", out], "norm must be one of"),
-        (["--config", str(cfg3), "--steps", "1", "--out", out], "not well-formed JSON"),
+        (["--config", str(cfg3), "--steps", "1", "--out", out], "not valid JSON"),
         (["--config", str(tmp_path / "none.json"), "--steps", "1", "--out", out], "missing config file"),
         (["--preset", "tiny", "--steps", "1", "--out", str(full)], "refusing to overwrite"),
     ]
