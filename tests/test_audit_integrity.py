@@ -163,8 +163,13 @@ def _republish_with_edited_root(path, step):
     (path / "head.json").write_text(json.dumps(head))
 
 
-@pytest.mark.parametrize("aid", ["trace-garbage", "trace-deep", "trace-symlink-out", "trace-directory",
-                                 "digests-undecodable", "digests-symlink-out", "digests-deep"])
+SLOW = pytest.mark.slow  # more variants of a case the default run already has
+
+
+@pytest.mark.parametrize("aid", ["trace-garbage", pytest.param("trace-deep", marks=SLOW),
+                                 pytest.param("trace-symlink-out", marks=SLOW), "trace-directory",
+                                 pytest.param("digests-undecodable", marks=SLOW), "digests-symlink-out",
+                                 pytest.param("digests-deep", marks=SLOW)])
 def test_mismatch_wins_over_broken_localisation_aids(copy, aid, tmp_path):
     step = 2
     _republish_with_edited_root(copy, step)
@@ -320,7 +325,7 @@ def test_data_tamper_is_reported_at_the_first_step_that_draws_it(copy):
     assert res.returncode == 1 and "first divergence at step 2 (data)" in res.stdout, res.stdout
 
 
-@pytest.mark.parametrize("damage", ["missing", "bomb"])
+@pytest.mark.parametrize("damage", [pytest.param("missing", marks=SLOW), "bomb"])
 def test_unreadable_shard_only_stops_the_steps_that_draw_from_it(copy, damage):
     r = open_run(copy)
     drawing = [n for n in range(1, STEPS + 1) if SHARD_SAMPLES in _samples(r, n)]
