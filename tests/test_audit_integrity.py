@@ -254,12 +254,15 @@ def test_deep_or_odd_certificates_are_rejected_not_crashed(run0, tmp_path):
     certs.mkdir()
     (certs / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
     (certs / "x.json").mkdir()  # a directory named like a certificate
+    (tmp_path / "elsewhere.json").write_text("{}")
+    (certs / "link.json").symlink_to(tmp_path / "elsewhere.json")  # leads out of the directory
     (certs / "types.json").write_text(json.dumps({"format": audit.CERT_FORMAT, "run": [], "step": "1",
                                                   "verdict": 1, "digest": 5}))
     res = _cli("coverage", run0, certs)
     _no_trace(res)
-    assert res.returncode == 1 and res.stdout.count("REJECTED") == 3, res.stdout
+    assert res.returncode == 1 and res.stdout.count("REJECTED") == 4, res.stdout
     assert "nested 100000 deep" in res.stdout and "not a regular file" in res.stdout
+    assert "leads outside" in res.stdout
 
 
 def test_checkpoint_header_with_a_list_dtype_is_refused(copy):

@@ -23,9 +23,10 @@ def _load(paths):
         if not p.exists():
             raise InputError(f"certificate not found: {p}")
         files = sorted(p.glob("*.json")) if p.is_dir() else [p]
+        root = p if p.is_dir() else None  # a link in a directory of certificates must stay inside it
         for f in files:
             try:
-                out.append((str(f), untrusted.load_json(f, what="certificate", limit=CERT_LIMIT)))
+                out.append((str(f), untrusted.load_json(f, root, "certificate", CERT_LIMIT)))
             except InputError as exc:
                 out.append((str(f), exc))  # rejected by coverage, with this reason
     if not out:
