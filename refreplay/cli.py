@@ -77,6 +77,13 @@ def _silence_stdout():
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .environ import check
+
+    try:  # before a command module can import Numba, which would trip over a bad value
+        check()
+    except InputError as exc:
+        print(f"refreplay: error: {exc}", file=sys.stderr)
+        return 2
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import rng
+from . import rng, untrusted
 from .errors import InputError
 
 VOCAB = 256
@@ -182,51 +182,75 @@ def _check_manifest(m, where: str) -> None:
 def load_manifest(directory: Path) -> tuple[dict, bytes]:
     """Read and validate ``manifest.json``; returns (manifest, its bytes)."""
     path = Path(directory) / "manifest.json"
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise InputError(f"missing shard manifest {path}") from None
-    try:
-        m = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: not valid JSON ({exc})") from None
+    raw = untrusted.read_file(path, untrusted.MAX_JSON, directory, "shard manifest")
+    m = untrusted.parse_json(raw, str(path))
     _check_manifest(m, str(path))
     return m, raw
 
 
+def shard_limit(n_bytes: int) -> int:
+    """The largest compressed shard accepted for ``n_bytes`` of content: zstd's
+    worst-case expansion (raw blocks) plus room for frame headers."""
+    return n_bytes + (n_bytes >> 7) + (1 << 16)
+
+
+@dataclass
+class Shards:
+    """The samples of a run's shards as read, and what was wrong with them.
+
+    ``altered``: messages for shards whose content does not hash to the
+    manifest (their samples are kept as stored: a step that draws one of them
+    then has a different data hash).  ``unreadable``: (first sample, end,
+    message) for shards that are missing or cannot be decoded (their samples
+    are zeros and must not be used)."""
+    samples: np.ndarray
+    manifest: dict
+    altered: list[str]
+    unreadable: list[tuple[int, int, str]]
+
+    def unreadable_in(self, ids) -> list[str]:
+        """Messages of the unreadable shards that hold any of sample ``ids``."""
+        ids = np.asarray(ids)
+        return [msg for lo, hi, msg in self.unreadable if np.any((ids >= lo) & (ids < hi))]
+
+
 def read_shards(directory: Path, verify: bool = True, problems: bool = False):
     """[data.shards.c1] Load every shard, checking each content hash; returns
-    ((N, T+1) uint8 samples, manifest).  With ``verify=False`` a content hash
-    mismatch is not an error: the samples are returned as stored and, with
-    ``problems=True``, a third item lists the mismatches (an auditor replays
-    the altered data to find the step it changes)."""
-    import zstandard
+    ((N, T+1) uint8 samples, manifest).  Each shard is read under a size
+    limit and decompressed as a stream into exactly the bytes its sample
+    count implies, whatever size its frame declares.
 
-    mismatches = []
+    With ``verify=False`` a damaged shard is not an error: ``problems=True``
+    then returns a ``Shards`` instead, whose samples are as stored and which
+    says which shards are altered or unreadable (an auditor replays the
+    altered data to find the step it changes, and any step that draws an
+    unreadable sample cannot be verified)."""
     directory = Path(directory)
     manifest, _ = load_manifest(directory)
     width = manifest["sample_tokens"]
-    parts = []
-    dec = zstandard.ZstdDecompressor()
-    for j, s in enumerate(manifest["shards"]):
+    samples = np.zeros((manifest["samples"], width), np.uint8)
+    altered, unreadable = [], []
+    lo = 0
+    for s in manifest["shards"]:
         path = directory / s["file"]
-        try:
-            comp = path.read_bytes()
-        except FileNotFoundError:
-            raise InputError(f"missing data shard {path}") from None
         want = s["samples"] * width
         try:
-            raw = dec.decompress(comp, max_output_size=want + 1)
-        except zstandard.ZstdError as exc:
-            raise InputError(f"data shard {path} is corrupt: {exc}") from None
-        _require(len(raw) == want, f"data shard {path}: {len(raw)} bytes, expected {want}")
-        if _sha256(raw) != s["sha256"]:
-            msg = f"data shard {path}: content sha256 {_sha256(raw)} does not match the manifest"
-            _require(not verify, msg)
-            mismatches.append(msg)
-        parts.append(np.frombuffer(raw, dtype=np.uint8).reshape(s["samples"], width))
-    out = np.concatenate(parts), manifest
-    return (*out, mismatches) if problems else out
+            comp = untrusted.read_file(path, shard_limit(want), directory, "data shard")
+            raw = untrusted.zstd_frame(comp, want, f"data shard {path}")
+        except InputError as exc:
+            if verify:
+                raise
+            unreadable.append((lo, lo + s["samples"], str(exc)))
+        else:
+            if _sha256(raw) != s["sha256"]:
+                msg = f"data shard {path}: content sha256 {_sha256(raw)} does not match the manifest"
+                _require(not verify, msg)
+                altered.append(msg)
+            samples[lo:lo + s["samples"]] = np.frombuffer(raw, dtype=np.uint8).reshape(s["samples"], width)
+        lo += s["samples"]
+    if problems:
+        return Shards(samples, manifest, altered, unreadable)
+    return samples, manifest
 
 
 # ---- the stream ----------------------------------------------------------------------

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__, data, spec, tensorio
+from . import __version__, data, spec, tensorio, untrusted
 from . import state as statehash
 from .errors import InputError
 from .presets import (PRESETS, ModelConfig, TrainConfig, model_from_json, model_to_json,
@@ -49,6 +49,7 @@ CKPT_DIR = "checkpoints"
 LAUNCHERS = ("inproc", "mpi")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _F32HEX = re.compile(r"^0x[0-9A-F]{8}$")
+_RECORD_BYTES = 1024  # a steps.jsonl line is about 300 bytes
 
 
 def canonical_json(obj) -> bytes:
@@ -58,10 +59,7 @@ def canonical_json(obj) -> bytes:
 
 def recipe_hash_of_json(text: str) -> str:
     """[step.recipe.c1] SHA-256 (hex) of the canonical JSON of a JSON text."""
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"not valid JSON: {exc}") from None
+    obj = untrusted.parse_json(text, "recipe")
     return hashlib.sha256(canonical_json(obj)).hexdigest()
 
 
@@ -234,14 +232,11 @@ class Run:
         affect."""
         self.strict = strict
         self.findings: list[Finding] = []
+        self.warnings: list[str] = []  # faults of localisation aids (digests, traces): never a verdict
         self.path = Path(path)
         _need(self.path.is_dir(), f"run directory not found: {self.path}")
         self._root = self.path.resolve()
-        raw = self._read(RECIPE_FILE, "recipe")
-        try:
-            obj = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise InputError(f"{self.path / RECIPE_FILE}: not valid JSON ({exc})") from None
+        obj = untrusted.parse_json(self._read(RECIPE_FILE, "recipe"), str(self.path / RECIPE_FILE))
         published = []
 
         def edited(sha, msg):
@@ -259,13 +254,15 @@ class Run:
         _need(self.manifest["samples"] == self.recipe.samples
               and self.manifest["sample_tokens"] == self.recipe.model.seq_len + 1,
               f"{self.path / DATA_DIR / 'manifest.json'}: sample count or length differs from the recipe")
-        for s in self.manifest["shards"]:
-            self._file(DATA_DIR, s["file"])  # inside the run directory, present
         self.records = self._read_records()
         self.head = self._read_head()
         self.checkpoints = checkpoint_steps(self.recipe.steps, self.recipe.checkpoint_every)
-        for k in self.checkpoints:
-            self._file(CKPT_DIR, checkpoint_name(k))
+        if strict:  # replay reads a shard or checkpoint only when a step needs it
+            for s in self.manifest["shards"]:
+                self._file(DATA_DIR, s["file"])  # inside the run directory, present
+            for k in self.checkpoints:
+                self._file(CKPT_DIR, checkpoint_name(k))
+        self._shards = None
         self._stream = None
         self._digests = None
 
@@ -288,32 +285,28 @@ class Run:
         _need(p.is_file(), f"missing file {p}")
         return p
 
-    def _read(self, name, what) -> bytes:
-        p = self.path / name
-        _need(p.is_file(), f"missing {what} file {p}")
-        return self._file(name).read_bytes()
+    def _read(self, name, what, limit=untrusted.MAX_JSON) -> bytes:
+        return untrusted.read_file(self.path / name, limit, self._root, f"{what} file")
 
     def _read_records(self):
         where = self.path / STEPS_FILE
-        lines = self._read(STEPS_FILE, "step hash").decode("utf-8", "replace").splitlines()
+        limit = (self.recipe.steps + 1) * _RECORD_BYTES
+        lines = self._read(STEPS_FILE, "step hash", limit).decode("utf-8", "replace").splitlines()
         recs = []
         prev = statehash.GENESIS
         for i, line in enumerate(lines):
             w = f"{where}:{i + 1}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputError(f"{w}: not valid JSON ({exc})") from None
-            rec = _record_from_json(obj, w)
+            rec = _record_from_json(untrusted.parse_json(line, w), w)
             _need(rec.step == i, f"{w}: expected step {i}, found step {rec.step}")
             if i == 0:
                 _need(rec.chain_link == statehash.GENESIS and rec.data_hash == "00" * 32,
                       f"{w}: step 0 must carry the genesis link and a zero data hash")
             else:
-                want = statehash.chain_link(prev, rec.state_root, rec.data_hash, self.recipe_sha256)
+                want = statehash.chain_link(prev, rec.state_root, rec.data_hash, self.recipe_sha256,
+                                            rec.loss_hex())
                 self._integrity(rec.chain_link == want, i, "chain",
                                 f"{w}: chain link does not follow from the previous link, this step's "
-                                "hashes and the recipe hash")
+                                "hashes, its loss and the recipe hash")
             prev = rec.chain_link
             recs.append(rec)
         _need(len(recs) == self.recipe.steps + 1,
@@ -323,18 +316,25 @@ class Run:
 
     def _read_head(self) -> dict:
         where = self.path / HEAD_FILE
-        try:
-            head = json.loads(self._read(HEAD_FILE, "chain head"))
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{where}: not valid JSON ({exc})") from None
+        head = untrusted.parse_json(self._read(HEAD_FILE, "chain head", 1 << 16), str(where))
         _need(isinstance(head, dict), f"{where}: not a JSON object")
         _exact_keys(head, ("step", "chain_link", "recipe_sha256"), str(where))
+        _int(head, "step", str(where))
+        for key in ("chain_link", "recipe_sha256"):
+            _need(isinstance(head[key], str) and _HEX64.match(head[key]),
+                  f"{where}: field {key!r} must be 64 lower-case hex digits")
         last = self.records[-1]
-        self._integrity(head["recipe_sha256"] == self.recipe_sha256, 1, "recipe",
-                        f"{self.path / RECIPE_FILE} hashes to {self.recipe_sha256} but the published chain "
-                        f"head binds recipe {head['recipe_sha256']}: the recipe was changed after publication")
-        self._integrity(head["step"] == last.step and head["chain_link"] == last.chain_link, last.step, "chain",
-                        f"{where}: the chain head does not match the last record of {STEPS_FILE}")
+        if head["step"] != last.step or head["chain_link"] != last.chain_link:
+            # the records are checked link by link; a head that is not their last link
+            # was substituted (or is stale), whatever recipe it names
+            self._integrity(False, last.step, "head",
+                            f"{where}: the chain head (step {head['step']}, link {head['chain_link']}) is not "
+                            f"the last link of {STEPS_FILE} (step {last.step}, link {last.chain_link}): "
+                            "head.json was substituted or belongs to another run")
+        else:
+            self._integrity(head["recipe_sha256"] == self.recipe_sha256, 1, "recipe",
+                            f"{self.path / RECIPE_FILE} hashes to {self.recipe_sha256} but the published chain "
+                            f"head binds recipe {head['recipe_sha256']}: the recipe was changed after publication")
         return head
 
     # -- state
@@ -346,17 +346,27 @@ class Run:
         if self._digests is None:
             self._digests = {}
             p = self.path / DIGESTS_FILE
-            if p.is_file():
-                for i, line in enumerate(self._file(DIGESTS_FILE).read_text().splitlines()):
-                    try:
-                        obj = json.loads(line)
-                        d = statehash.StateDigest.from_dict(obj["digest"])
-                        k = obj["step"]
-                    except (json.JSONDecodeError, KeyError, TypeError, InputError):
-                        continue
-                    if isinstance(k, int) and 0 <= k < len(self.records) and d.root == self.records[k].state_root:
-                        self._digests[k] = d
+            try:
+                lines = self._digest_lines(p) if p.exists() or p.is_symlink() else []
+            except InputError as exc:
+                self.warnings.append(f"{exc} (digests only localise a mismatch; ignored)")
+                lines = []
+            for i, line in enumerate(lines):
+                try:
+                    obj = untrusted.parse_json(line, f"{p}:{i + 1}")
+                    d = statehash.StateDigest.from_dict(untrusted.field(obj, "digest", dict, f"{p}:{i + 1}"))
+                    k = untrusted.field(obj, "step", int, f"{p}:{i + 1}")
+                except InputError as exc:
+                    self.warnings.append(f"{exc} (line ignored)")
+                    continue
+                if 0 <= k < len(self.records) and d.root == self.records[k].state_root:
+                    self._digests[k] = d
         return self._digests.get(step)
+
+    def _digest_lines(self, p) -> list[bytes]:
+        """The lines of digests.jsonl, read under a limit of one line's size per record."""
+        raw = untrusted.read_file(p, len(self.records) * untrusted.MAX_JSON, self._root, "digest file")
+        return raw.splitlines()
 
     def load_checkpoint(self, k: int):
         """The TrainState at step k, checked against the model and against
@@ -383,12 +393,19 @@ class Run:
     def stream(self) -> data.Stream:
         """[data.stream.c1] The run's stream, shards read and hash-checked once."""
         if self._stream is None:
-            samples, _, problems = data.read_shards(self.path / DATA_DIR, verify=self.strict, problems=True)
-            for msg in problems:
+            sh = data.read_shards(self.path / DATA_DIR, verify=self.strict, problems=True)
+            for msg in sh.altered:
                 self._integrity(False, None, "data", msg)
+            self._shards = sh
             t = self.recipe.train
-            self._stream = data.Stream(samples, t.seed, data.Batching(t.micro_batches, t.micro_batch_size))
+            self._stream = data.Stream(sh.samples, t.seed, data.Batching(t.micro_batches, t.micro_batch_size))
         return self._stream
+
+    def unreadable_data(self, n: int) -> list[str]:
+        """Why the batch of step n cannot be rebuilt: the missing or undecodable
+        shards holding any of its samples (empty when it can)."""
+        stream = self.stream()
+        return self._shards.unreadable_in(stream.sample_ids(n))
 
     def batch(self, n: int) -> np.ndarray:
         """The (G, T+1) token samples of step n >= 1, in stream order."""

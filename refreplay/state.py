@@ -146,17 +146,27 @@ class StateDigest:
             if d["chunk_size"] != CHUNK_SIZE:
                 raise InputError(f"state digest uses chunk size {d['chunk_size']}, expected {CHUNK_SIZE}")
             tensors = {}
+            if not isinstance(d["tensors"], dict):
+                raise InputError("state digest: tensors must be an object")
             for n, t in d["tensors"].items():
-                tensors[n] = TensorDigest(n, t["dtype"], tuple(int(x) for x in t["shape"]),
-                                          int(t["nbytes"]), _hex32(t["root"], "tensor root"),
-                                          tuple(_hex32(c, "chunk hash") for c in t["chunks"]))
-                if t["dtype"] not in DTYPES:
+                if not (isinstance(t["dtype"], str) and t["dtype"] in DTYPES):
                     raise InputError(f"state digest: tensor {n!r} has unknown dtype {t['dtype']!r}")
+                if not (isinstance(t["shape"], list) and isinstance(t["chunks"], list)
+                        and all(_count(x) for x in t["shape"]) and _count(t["nbytes"])):
+                    raise InputError(f"state digest: tensor {n!r} needs a shape of integers, an integer "
+                                     "nbytes and a list of chunks")
+                tensors[n] = TensorDigest(n, t["dtype"], tuple(t["shape"]), t["nbytes"],
+                                          _hex32(t["root"], "tensor root"),
+                                          tuple(_hex32(c, "chunk hash") for c in t["chunks"]))
             return cls(_hex32(d["root"], "state root"), dict(sorted(tensors.items())))
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
             if isinstance(exc, InputError):
                 raise
             raise InputError(f"malformed state digest: {exc!r}") from None
+
+
+def _count(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
 
 
 def default_threads() -> int:
@@ -340,9 +350,15 @@ def _hex32(value, what: str) -> str:
     return value.lower()
 
 
-def chain_link(prev_link: str, state_root: str, data_hash: str, recipe_hash: str) -> str:
+def chain_link(prev_link: str, state_root: str, data_hash: str, recipe_hash: str, loss: str) -> str:
     """[state.chain.c1] link_n = SHA-256(0x05 || link_{n-1} || state root ||
-    data hash || recipe hash), each 32 raw bytes; link_0 = GENESIS."""
+    data hash || recipe hash || u32(loss bits)), the hashes as 32 raw bytes
+    each and the step's binary32 loss, given as "0x" and 8 upper-case hex
+    digits, as its 4 bytes little-endian; link_0 = GENESIS."""
     parts = [_hex32(prev_link, "previous link"), _hex32(state_root, "state root"),
              _hex32(data_hash, "data hash"), _hex32(recipe_hash, "recipe hash")]
-    return hashlib.sha256(CHAIN_LINK + b"".join(bytes.fromhex(p) for p in parts)).hexdigest()
+    if not (isinstance(loss, str) and len(loss) == 10 and loss.startswith("0x")
+            and all(c in "0123456789ABCDEF" for c in loss[2:])):
+        raise InputError(f"loss must be 0x and 8 upper-case hex digits (its binary32 bits), got {loss!r}")
+    return hashlib.sha256(CHAIN_LINK + b"".join(bytes.fromhex(p) for p in parts)
+                          + struct.pack("<I", int(loss, 16))).hexdigest()

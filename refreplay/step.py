@@ -190,5 +190,6 @@ class Trainer:
         new.qsteps = quant_steps(self.model.cfg, new.params, ops)  # [model.quant.c1]
         new.data_position = self.data_position(n)
         digest = new.digest()
-        link = statehash.chain_link(prev_link, digest.root, data_hash, self.recipe_hash)  # [state.chain.c1]
+        loss_bits = f"0x{int(np.array([loss], np.float32).view(np.uint32)[0]):08X}"
+        link = statehash.chain_link(prev_link, digest.root, data_hash, self.recipe_hash, loss_bits)  # [state.chain.c1]
         return new, StepRecord(n, digest.root, data_hash, link, loss, digest)

@@ -15,12 +15,12 @@ normative depends on them.
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
 import numpy as np
 
 from .data import inputs_targets
+from . import untrusted
 from .errors import InputError
 
 TRACE_FORMAT = "refreplay-trace/1"
@@ -66,18 +66,18 @@ def trace_path(run, step: int) -> Path:
 
 
 def load_trace(run, step: int) -> dict | None:
-    """The publisher's trace of ``step``, or None when it published none."""
+    """The publisher's trace of ``step``, or None when it published none;
+    InputError when the file is not a well-formed trace of that step (a
+    replay reports that as a warning: traces never decide a verdict)."""
     p = trace_path(run, step)
-    if not p.exists():
+    if not p.exists() and not p.is_symlink():
         return None
-    p = run._file(TRACE_DIR, p.name)  # inside the run directory
-    try:
-        t = json.loads(p.read_text())
-        ok = (t["format"] == TRACE_FORMAT and t["step"] == step and isinstance(t["micro_batches"], list)
-              and all(isinstance(e, list) and len(e) == 2 and all(isinstance(s, str) for s in e)
-                      for mb in t["micro_batches"] for e in mb))
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
-        ok = False
+    t = untrusted.load_json(p, run.path, "trace")
+    ok = (isinstance(t, dict) and set(t) == {"format", "step", "micro_batches"} and t["format"] == TRACE_FORMAT
+          and type(t["step"]) is int and t["step"] == step and isinstance(t["micro_batches"], list)
+          and all(isinstance(mb, list) and all(isinstance(e, list) and len(e) == 2
+                                               and all(isinstance(x, str) for x in e) for e in mb)
+                  for mb in t["micro_batches"]))
     if not ok:
         raise InputError(f"{p}: not a {TRACE_FORMAT} trace of step {step}")
     return t

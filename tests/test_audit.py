@@ -55,27 +55,38 @@ def test_escape_probability_hypergeometric_single_auditor():
     assert audit.escape_probability(10, [10], 1) == 0
 
 
+RECIPE = "e" * 64
+FACTS = None  # set below, once PUBLISHED exists
+
+
 def _cert(secret, step=None, **over):
     steps = audit.sample_steps(HEAD, BEACON, secret, 20, 3)
     step = steps[0] if step is None else step
     hashes = {"state_root": f"{step:064x}", "data_hash": "d" * 64, "chain_link": "c" * 64}
-    fields = dict(run={"chain_head": HEAD, "recipe_sha256": "r" * 64, "steps": 20}, step=step,
-                  verdict="verified", replayed=hashes, published=hashes,
+    start = max(k for k in CHECKPOINTS if k < step)
+    ckpts = [{"file": f"checkpoints/step-{k:07d}.safetensors", "step": k, "state_root": f"{k:064x}",
+              "role": "start" if k == start else "recomputed"} for k in CHECKPOINTS if start <= k <= step]
+    fields = dict(run={"chain_head": HEAD, "recipe_sha256": RECIPE, "steps": 20}, step=step,
+                  verdict="verified", replayed=dict(hashes), published=hashes,
                   sampling={"beacon": BEACON, "secret": secret, "k": 3, "steps": steps},
-                  auditor="alice", spec_version="0.1.0", spec_sha256="s" * 64,
-                  refreplay_version="0.1.0", platform={"cpu": "x"})
+                  auditor="alice", spec_version="0.1.0", spec_sha256="5" * 64,
+                  refreplay_version="0.1.0", platform={"cpu": "x", "spec_version": "0.1.0"},
+                  checked={"replayed_from": start, "steps": list(range(start + 1, step + 1)),
+                           "checkpoints": ckpts}, warnings=[])
     fields.update(over)
     return audit.make_certificate(**fields)
 
 
 PUBLISHED = {s: {"state_root": f"{s:064x}", "data_hash": "d" * 64, "chain_link": "c" * 64}
-             for s in range(1, 21)}
+             for s in range(0, 21)}
+CHECKPOINTS = (0, 5, 10, 15, 20)
+FACTS = audit.RunFacts(HEAD, 20, PUBLISHED, RECIPE, "0.1.0", frozenset(CHECKPOINTS))
 
 
 def test_certificates_from_two_auditors_combine():
     c1, c2 = _cert("01"), _cert("02", auditor="bob")
-    cov = audit.coverage([("a", c1), ("b", c2)], HEAD, 20, PUBLISHED)
-    assert not cov.rejected
+    cov = audit.coverage([("a", c1), ("b", c2)], FACTS)
+    assert not cov.rejected, cov.rejected
     assert set(cov.certified) == {c1["step"], c2["step"]}
     assert cov.sample_sizes == [3, 3]
 
@@ -86,8 +97,7 @@ def test_altered_or_foreign_certificate_is_rejected():
     foreign = _cert("01", run={"chain_head": "ee" * 32, "recipe_sha256": "r", "steps": 20})
     unsampled_step = next(s for s in range(1, 21) if s not in good["sampling"]["steps"])
     forged = _cert("01", step=unsampled_step)
-    cov = audit.coverage([("alt", altered), ("foreign", foreign), ("forged", forged), ("x", [1])],
-                         HEAD, 20, PUBLISHED)
+    cov = audit.coverage([("alt", altered), ("foreign", foreign), ("forged", forged), ("x", [1])], FACTS)
     assert not cov.certified
     reasons = dict(cov.rejected)
     assert any("altered" in p for p in reasons["alt"])
@@ -100,9 +110,82 @@ def test_disagreeing_auditors_are_reported():
     c1 = _cert("01")
     step = c1["step"]
     bad = {"state_root": "0" * 64, "data_hash": "d" * 64, "chain_link": "c" * 64}
-    c2 = audit.make_certificate(**{**{k: c1[k] for k in ("run", "step", "published", "sampling", "platform",
-                                                         "refreplay_version")},
-                                   "verdict": "mismatch", "replayed": bad, "auditor": "bob",
-                                   "spec_version": "0.1.0", "spec_sha256": "s" * 64})
-    cov = audit.coverage([("a", c1), ("b", c2)], HEAD, 20, PUBLISHED)
+    c2 = _cert("01", verdict="mismatch", replayed=bad, auditor="bob",
+               mismatch={"step": step, "kind": "state", "lines": ["differs"]})
+    cov = audit.coverage([("a", c1), ("b", c2)], FACTS)
+    assert not cov.rejected, cov.rejected
     assert step in cov.disagreements and cov.mismatched_steps == [step]
+
+
+def _resealed(cert, path, value):
+    """The certificate with the field at ``path`` set to ``value`` (deleted for
+    DELETE) and its digest recomputed, as a forger would."""
+    import copy
+
+    c = copy.deepcopy(cert)
+    obj = c
+    for k in path[:-1]:
+        obj = obj[k]
+    if value is DELETE:
+        del obj[path[-1]]
+    else:
+        obj[path[-1]] = value
+    return audit.seal(c)
+
+
+DELETE = object()
+
+# [step.verified.c1] every field is checked against the run and the spec: each of these
+# forged-but-resealed certificates must be rejected, naming what is wrong
+FORGERIES = [
+    (("format",), "refreplay-certificate/1", "format"),
+    (("run", "recipe_sha256"), "f" * 64, "recipe"),
+    (("run", "steps"), 21, "steps"),
+    (("run", "steps"), True, "steps"),
+    (("step",), "3", "not a step"),
+    (("step",), 2.0, "not a step"),
+    (("verdict",), ["verified"], "verdict"),
+    (("replayed", "state_root"), None, "replayed"),
+    (("replayed", "extra"), "x", "exactly the fields"),
+    (("published", "data_hash"), "D" * 64, "published"),
+    (("spec", "version"), "9.9.9", "spec version"),
+    (("spec", "sha256"), "xyz", "spec.sha256"),
+    (("spec",), "0.1.0", "spec must be an object"),
+    (("platform",), [], "platform"),
+    (("platform", "cpu"), {"nested": 1}, "platform.cpu"),
+    (("platform", "spec_version"), "9.9.9", "platform.spec_version"),
+    (("auditor",), "../../etc", "auditor"),
+    (("refreplay_version",), 1, "refreplay_version"),
+    (("sampling", "k"), "3", "sampling.k"),
+    (("sampling", "method"), "other", "sampling.method"),
+    (("sampling", "steps"), DELETE, "exactly the fields"),
+    (("warnings",), "none", "warnings"),
+    (("warnings",), [1], "warnings"),
+    (("checked",), DELETE, "missing fields"),
+    (("checked", "checkpoints"), [], "every published checkpoint"),
+    (("checked", "steps"), [], "every step"),
+    (("checked", "replayed_from"), -1, "replayed_from"),
+    (("mismatch",), {"step": 1, "kind": "x", "lines": []}, "carries a mismatch"),
+    (("surplus",), 1, "unknown fields"),
+]
+
+
+@pytest.mark.parametrize("path,value,needle", FORGERIES, ids=lambda x: str(x)[:24])
+def test_every_certificate_field_is_validated(path, value, needle):
+    good = _cert("01")
+    assert audit.check_certificate(good, FACTS).ok
+    chk = audit.check_certificate(_resealed(good, path, value), FACTS)
+    assert not chk.ok and any(needle in p for p in chk.problems), chk.problems
+
+
+def test_a_verified_certificate_must_list_its_checkpoints():
+    good = _cert("01", step=10)  # replayed from 5: lists checkpoints 5 (start) and 10
+    assert [a["step"] for a in good["checked"]["checkpoints"]] == [5, 10]
+    assert audit.check_certificate(good, FACTS).ok
+    dropped = _resealed(good, ("checked", "checkpoints"), good["checked"]["checkpoints"][:1])
+    assert "missing: [10]" in " ".join(audit.check_certificate(dropped, FACTS).problems)
+    wrong_root = _resealed(good, ("checked", "checkpoints", 1, "state_root"), "a" * 64)
+    assert any("published root" in p for p in audit.check_certificate(wrong_root, FACTS).problems)
+    # a checkpoint the run does not publish need not (cannot) be listed
+    facts = audit.RunFacts(HEAD, 20, PUBLISHED, RECIPE, "0.1.0", frozenset({0, 5, 15, 20}))
+    assert audit.check_certificate(dropped, facts).ok

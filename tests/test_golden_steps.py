@@ -108,7 +108,7 @@ def test_missing_and_non_json_files_exit_2(tmp_path, capsys):
     (tmp_path / "x.json").write_bytes(b"\xff\x00")
     assert cli.main(["vectors", "steps", "--file", str(tmp_path / "x.json")]) == 2
     err = capsys.readouterr().err
-    assert "not found" in err and "not valid JSON" in err
+    assert "missing steps file" in err and "not valid JSON" in err
 
 
 def test_samples_are_drawn_like_other_generated_inputs():

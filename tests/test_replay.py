@@ -206,15 +206,22 @@ def test_audit_and_coverage_cli(run1, tmp_path):
     assert cov.returncode == 1 and "REJECTED" in cov.stdout
 
 
-@pytest.mark.parametrize("damage", ["truncate-checkpoint", "absurd-header", "corrupt-shard", "missing-recipe",
-                                    "traversal"])
-def test_bad_input_exits_2_without_reading_outside(copy, damage, tmp_path):
+@pytest.mark.parametrize("damage", ["truncate-checkpoint", "absurd-header"])
+def test_unreadable_checkpoint_in_the_replayed_range_is_a_mismatch(copy, damage):
+    """[step.verified.c1] the replay starts from checkpoint 0 instead and the
+    damaged checkpoint, a published state of a recomputed step, differs."""
     ck = copy / "checkpoints" / "step-0000010.safetensors"
     if damage == "truncate-checkpoint":
         ck.write_bytes(ck.read_bytes()[:100])
-    elif damage == "absurd-header":
+    else:
         ck.write_bytes((1 << 60).to_bytes(8, "little") + ck.read_bytes()[8:])
-    elif damage == "corrupt-shard":
+    text = _expect_mismatch(copy, 10, "checkpoint", "step-0000010.safetensors", "not a readable tensor file")
+    assert "Traceback" not in text
+
+
+@pytest.mark.parametrize("damage", ["corrupt-shard", "missing-recipe", "traversal"])
+def test_bad_input_exits_2_without_reading_outside(copy, damage, tmp_path):
+    if damage == "corrupt-shard":
         (copy / "data" / "shard-00000.zst").write_bytes(b"\x28\xb5\x2f\xfd garbage")
     elif damage == "missing-recipe":
         (copy / "recipe.json").unlink()
@@ -240,7 +247,7 @@ def _republish_with_edited_root(path, step):
     recs[step]["state_root"] = "ab" * 32
     for i in range(step, len(recs)):
         recs[i]["chain_link"] = sh.chain_link(recs[i - 1]["chain_link"], recs[i]["state_root"],
-                                              recs[i]["data_hash"], head["recipe_sha256"])
+                                              recs[i]["data_hash"], head["recipe_sha256"], recs[i]["loss"])
     p.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in recs))
     head["chain_link"] = recs[-1]["chain_link"]
     (path / "head.json").write_text(json.dumps(head))

@@ -199,18 +199,20 @@ def test_digest_round_trips_through_json_form():
 
 
 def test_chain_link_layout_and_propagation():
-    """[state.chain.c1] link_n = H(0x05 || prev || root || data || recipe); a change
-    at step 2 changes every later link."""
+    """[state.chain.c1] link_n = H(0x05 || prev || root || data || recipe ||
+    u32(loss bits)); a change at step 2 (of a state or of a loss) changes every
+    later link."""
     roots = [hashlib.sha256(bytes([i])).hexdigest() for i in range(4)]
     data = [hashlib.sha256(b"d" + bytes([i])).hexdigest() for i in range(4)]
+    losses = ["0x40490FDB", "0x3F800000", "0x80000000", "0x7FC00000"]
     recipe = hashlib.sha256(b"recipe").hexdigest()
 
-    def chain(rs):
+    def chain(rs, ls=losses):
         link, out = state.GENESIS, []
-        for r, dh in zip(rs, data):
-            want = hashlib.sha256(b"\x05" + bytes.fromhex(link) + bytes.fromhex(r)
-                                  + bytes.fromhex(dh) + bytes.fromhex(recipe)).hexdigest()
-            link = state.chain_link(link, r, dh, recipe)
+        for r, dh, loss in zip(rs, data, ls):
+            want = hashlib.sha256(b"\x05" + bytes.fromhex(link) + bytes.fromhex(r) + bytes.fromhex(dh)
+                                  + bytes.fromhex(recipe) + int(loss, 16).to_bytes(4, "little")).hexdigest()
+            link = state.chain_link(link, r, dh, recipe, loss)
             assert link == want
             out.append(link)
         return out
@@ -219,9 +221,14 @@ def test_chain_link_layout_and_propagation():
     a = chain(roots)
     b = chain(roots[:1] + [roots[2]] + roots[2:])
     assert a[0] == b[0] and all(x != y for x, y in zip(a[1:], b[1:]))
-    assert state.chain_link(state.GENESIS, roots[0].upper(), data[0], recipe) == a[0]
+    c = chain(roots, losses[:1] + ["0x3F800001"] + losses[2:])  # one bit of one loss
+    assert a[0] == c[0] and all(x != y for x, y in zip(a[1:], c[1:]))
+    assert state.chain_link(state.GENESIS, roots[0].upper(), data[0], recipe, losses[0]) == a[0]
     with pytest.raises(InputError, match="data hash must be 64 hex digits"):
-        state.chain_link(state.GENESIS, roots[0], "12", recipe)
+        state.chain_link(state.GENESIS, roots[0], "12", recipe, losses[0])
+    for bad in ("0x40490fdb", "40490FDB", 3.14, None):
+        with pytest.raises(InputError, match="loss must be"):
+            state.chain_link(state.GENESIS, roots[0], data[0], recipe, bad)
 
 
 def test_bad_states_are_refused_clearly():

@@ -154,12 +154,12 @@ def test_overlapping_and_gapped_offsets(tmp_path):
 
 def test_bad_json_and_bad_entries(tmp_path):
     """[state.fileread.c1]"""
-    refused(raw_file(tmp_path / "json", b'{"a": {"dtype": "F32",'), "not well-formed JSON")
+    refused(raw_file(tmp_path / "json", b'{"a": {"dtype": "F32",'), "not valid JSON")
     refused(raw_file(tmp_path / "utf8", b'{"\xff": 1}'), "not UTF-8")
     refused(raw_file(tmp_path / "list", b"[1, 2]"), "must be a JSON object")
     refused(raw_file(tmp_path / "dupkey", b'{"a": 1, "a": 2}'), "duplicate key 'a'")
     refused(raw_file(tmp_path / "nan", b'{"a": NaN}'), "non-standard JSON constant NaN")
-    refused(raw_file(tmp_path / "deep", b"[" * 100_000), "not well-formed JSON")
+    refused(raw_file(tmp_path / "deep", b"[" * 100_000), "not valid JSON")
     refused(raw_file(tmp_path / "dtype", {"a": entry("F16", [1], 0, 2)}, bytes(2)),
             "unknown dtype 'F16'")
     refused(raw_file(tmp_path / "bf16", {"a": entry("BF16", [1], 0, 2)}, bytes(2)),
@@ -185,3 +185,15 @@ def test_reader_accepts_any_valid_layout(tmp_path):
     got, meta = tensorio.load(p)
     assert meta is None and got["a"].tolist() == [7] and got["b"].tolist() == [1.5]
     assert got["b"].flags.aligned
+
+
+@pytest.mark.parametrize("dtype", [["F32"], {"F32": 1}, 7, None])
+def test_header_dtype_of_another_json_type_is_refused(tmp_path, dtype):
+    """[state.fileread.c1] a dtype that is not a string (a list is unhashable:
+    it used to escape as TypeError) is refused like an unknown name."""
+    header = json.dumps({"a": {"data_offsets": [0, 4], "dtype": dtype, "shape": [1]}}).encode()
+    header += b" " * (-len(header) % 8)
+    p = tmp_path / "f.safetensors"
+    p.write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * 4)
+    with pytest.raises(InputError, match="unknown dtype"):
+        tensorio.load(p)

@@ -22,7 +22,6 @@ def add_arguments(p):
 def run(args) -> int:
     import json
     import os
-    import re
     from pathlib import Path
 
     from .. import __version__, audit, doctor, spec
@@ -30,9 +29,9 @@ def run(args) -> int:
     from ..backend import describe
     from ..replay import replay
     from ..run import open_run
-    from .replay import check_head, progress_printer
+    from .replay import check_head, print_artifacts, progress_printer
 
-    if not re.fullmatch(r"[A-Za-z0-9_.@-]{1,64}", args.auditor):
+    if not audit.AUDITOR_RE.fullmatch(args.auditor):
         raise InputError("--auditor must be 1-64 characters of letters, digits, _ . @ -")
     r = open_run(args.run, strict=False)
     check_head(r, args.expect_head)
@@ -63,10 +62,13 @@ def run(args) -> int:
             step=s, verdict=verdict, replayed=replayed, published=published,
             sampling={"beacon": args.beacon, "secret": secret, "k": args.sample, "steps": steps},
             auditor=args.auditor, spec_version=spec.version(), spec_sha256=spec.spec_sha256(),
-            refreplay_version=__version__, platform=fp, mismatch=mismatch)
+            refreplay_version=__version__, platform=fp, mismatch=mismatch,
+            checked=audit.replay_evidence(res),
+            warnings=res.warnings)
         path = out / f"cert-{args.auditor}-step-{s:07d}.json"
         path.write_text(json.dumps(cert, indent=1, sort_keys=True) + "\n")
         print(f"  step {s}: {verdict.upper()}  -> {path}")
+        print_artifacts(res, "  ")
         if mismatch:
             for line in mismatch["lines"]:
                 print(f"    {line}")

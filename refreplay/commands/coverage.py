@@ -10,24 +10,31 @@ def add_arguments(p):
 
 
 def _load(paths):
-    import json
+    """(name, parsed JSON or a problem text) for every certificate file given
+    or found in a given directory; a file that is not a regular file, too
+    large or not well-formed JSON is listed with its problem (and rejected)."""
     from pathlib import Path
 
+    from .. import untrusted
     from ..errors import InputError
 
     out = []
     for p in map(Path, paths):
-        files = sorted(p.glob("*.json")) if p.is_dir() else [p]
         if not p.exists():
             raise InputError(f"certificate not found: {p}")
+        files = sorted(p.glob("*.json")) if p.is_dir() else [p]
+        root = p if p.is_dir() else None  # a link in a directory of certificates must stay inside it
         for f in files:
             try:
-                out.append((str(f), json.loads(f.read_text())))
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                out.append((str(f), f"unreadable JSON: {exc}"))
+                out.append((str(f), untrusted.load_json(f, root, "certificate", CERT_LIMIT)))
+            except InputError as exc:
+                out.append((str(f), exc))  # rejected by coverage, with this reason
     if not out:
         raise InputError("no certificate files given")
     return out
+
+
+CERT_LIMIT = 16 << 20  # bytes; a certificate is a few kilobytes
 
 
 def run(args) -> int:
@@ -36,9 +43,7 @@ def run(args) -> int:
 
     r = open_run(args.run)
     n = r.recipe.steps
-    published = {rec.step: {"state_root": rec.state_root, "data_hash": rec.data_hash,
-                            "chain_link": rec.chain_link} for rec in r.records[1:]}
-    cov = audit.coverage(_load(args.certs), r.head["chain_link"], n, published)
+    cov = audit.coverage(_load(args.certs), audit.run_facts(r))
     print(f"run {args.run}: {n} steps, chain head {r.head['chain_link']}")
     for name, problems in cov.rejected:
         print(f"REJECTED {name}: " + "; ".join(problems))

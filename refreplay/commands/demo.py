@@ -82,18 +82,18 @@ def run(args) -> int:
         bad += not res.verified
         cert = audit.make_certificate(
             run={"chain_head": summary.head, "recipe_sha256": r.recipe_sha256, "steps": r.recipe.steps},
-            step=s, verdict=verdict, replayed=hashes if res.verified else {}, published=hashes,
+            step=s, verdict=verdict, replayed=hashes if res.verified else dict.fromkeys(hashes), published=hashes,
             sampling={"beacon": beacon, "secret": secret, "k": 2, "steps": steps}, auditor="demo-auditor",
             spec_version=spec.version(), spec_sha256=spec.spec_sha256(), refreplay_version=__version__,
-            platform=fp, mismatch=None if res.verified else {"lines": res.divergence.lines()})
+            platform=fp, checked=audit.replay_evidence(res), warnings=res.warnings,
+            mismatch=None if res.verified else {"step": res.divergence.step, "kind": res.divergence.kind,
+                                                "lines": res.divergence.lines()})
         path = certs / f"cert-demo-auditor-step-{s:07d}.json"
         path.write_text(json.dumps(cert, indent=1, sort_keys=True) + "\n")
         print(f"   step {s}: replayed from checkpoint {res.start} on 1 rank -> {verdict.upper()} "
               f"(state root {pub.state_root[:16]}...) -> {path.name}")
-    published = {rec.step: {"state_root": rec.state_root, "data_hash": rec.data_hash,
-                            "chain_link": rec.chain_link} for rec in r.records[1:]}
     cov = audit.coverage([(p.name, json.loads(p.read_text())) for p in sorted(certs.glob("*.json"))],
-                         summary.head, r.recipe.steps, published)
+                         audit.run_facts(r))
     p1 = float(audit.escape_probability(r.recipe.steps, cov.sample_sizes, 1))
     print(f"\n3. Coverage: {len(cov.certified)} of {r.recipe.steps} steps certified ({cov.percent:.0f}%); "
           f"a single tampered step escapes this audit with probability {p1:.2f} -- more auditors shrink it")

@@ -48,6 +48,7 @@ def run(args) -> int:
     print(f"replayed steps {res.start + 1}..{args.step} from the checkpoint at step {res.start}")
     for c in res.checked:
         print(f"  step {c.step}: state {c.state_root[:16]}  link {c.chain_link[:16]}  ok  ({c.seconds:.2f} s)")
+    print_artifacts(res)
     if res.divergence is not None:
         for line in res.divergence.lines():
             print(line)
@@ -57,3 +58,13 @@ def run(args) -> int:
     print(f"VERIFIED: step {args.step} reproduces bit for bit (state root {last.state_root}, "
           f"chain link {last.chain_link})")
     return 0
+
+
+def print_artifacts(res, indent=""):
+    """The checkpoints found equal to the replayed state, and the warnings
+    (faults of localisation aids, checkpoints passed over) beside the verdict."""
+    for a in res.artifacts:
+        how = "started from it" if a.role == "start" else "equals the replayed state"
+        print(f"{indent}  checked {a.file}: {how} (root {a.state_root[:16]})")
+    for w in res.warnings:
+        print(f"{indent}  warning: {w}")

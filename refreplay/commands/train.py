@@ -46,10 +46,9 @@ def _argv(args) -> list[str]:
 
 def _configs(args):
     import dataclasses
-    import json
     from pathlib import Path
 
-    from .. import presets
+    from .. import presets, untrusted
     from ..errors import InputError
 
     explicit_schedule = False
@@ -58,12 +57,7 @@ def _configs(args):
         name = args.preset
     else:
         path = Path(args.config)
-        try:
-            obj = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise InputError(f"config file not found: {path}") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise InputError(f"{path}: not valid JSON ({exc})") from None
+        obj = untrusted.load_json(path, what="config file", limit=1 << 20)
         if not isinstance(obj, dict) or set(obj) - {"preset", "model", "train"}:
             raise InputError(f"{path}: expected an object with keys preset, model, train")
         name = obj.get("preset")

@@ -123,12 +123,9 @@ class Loaded:
 
 def load(path: Path) -> list[Loaded]:
     """The cases of a steps file; InputError naming what is malformed."""
-    try:
-        obj = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise InputError(f"{path}: not found") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: not valid JSON ({exc})") from None
+    from .. import untrusted
+
+    obj = untrusted.load_json(path, what="steps file")
     if not isinstance(obj, dict) or obj.get("format") != FORMAT or not isinstance(obj.get("cases"), list):
         raise InputError(f"{path}: not a {FORMAT} file")
     out = []

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import numpy as np
 
+from .. import untrusted
 from ..errors import InputError
 from ..resources import data_dir
 from .cases import DTYPES, Case, dtype_name
@@ -28,6 +30,8 @@ from .cases import DTYPES, Case, dtype_name
 VECTOR_DIR = data_dir("vectors")
 MANIFEST = "manifest.json"
 FORMAT = "refreplay-vectors/1"
+FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\.safetensors")
+MAX_FILE = 1 << 30  # bytes of one vector file
 
 
 def sha256(data: bytes) -> str:
@@ -97,9 +101,9 @@ def read_manifest(directory: Path = VECTOR_DIR) -> dict:
     if not path.is_file():
         raise InputError(f"no vectors at {directory} (missing {MANIFEST}; run `refreplay vectors generate`)")
     try:
-        m = json.loads(path.read_bytes())
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: corrupt manifest (not JSON: {exc})") from None
+        m = untrusted.load_json(path, directory, "vectors manifest")
+    except InputError as exc:
+        raise InputError(f"corrupt manifest: {exc}") from None
     _validate_manifest(m, path)
     return m
 
@@ -115,23 +119,45 @@ def _validate_manifest(m, path):
             bad(f"missing {key!r}")
     if not isinstance(m["files"], dict) or not isinstance(m["cases"], list):
         bad("files must be an object and cases a list")
+    for name, entry in m["files"].items():
+        # a bare file name of this directory: never a path, so nothing outside it is opened
+        if not FILE_NAME.fullmatch(name):
+            bad(f"file name {name!r} is not a plain <name>.safetensors in the vectors directory")
+        if not (isinstance(entry, dict) and isinstance(entry.get("sha256"), str)
+                and isinstance(entry.get("bytes"), int) and not isinstance(entry.get("bytes"), bool)
+                and 0 <= entry["bytes"] <= MAX_FILE):
+            bad(f"files[{name!r}] must give its sha256 and a byte count up to {MAX_FILE}")
     ids = set()
-    for c in m["cases"]:
+    for i, c in enumerate(m["cases"]):
         try:
-            if c["id"] in ids:
-                bad(f"duplicate case id {c['id']}")
-            ids.add(c["id"])
-            if c["file"] not in m["files"]:
-                bad(f"case {c['id']} names unknown file {c['file']}")
-            for t in c["inputs"] + c["outputs"]:
-                if t["dtype"] not in DTYPES or not all(isinstance(d, int) and d >= 0 for d in t["shape"]):
-                    bad(f"case {c['id']}: bad dtype or shape for {t['name']}")
-            for t in c["outputs"]:
-                if not (isinstance(t["sha256"], str) and len(t["sha256"]) == 64):
-                    bad(f"case {c['id']}: bad sha256 for output {t['name']}")
-            str(c["op"]), str(c["family"]), list(c["clauses"])
+            _check_case(c, m["files"], ids, bad)
         except (KeyError, TypeError) as exc:
-            bad(f"case entry malformed: {exc!r}")
+            bad(f"case {i} malformed: {exc!r}")
+
+
+def _strs(x) -> bool:
+    return isinstance(x, list) and all(isinstance(v, str) for v in x)
+
+
+def _check_case(c, files, ids, bad) -> None:
+    """Every field of one manifest case has its type ([conf.vectors.c1])."""
+    if not (isinstance(c, dict) and all(isinstance(c[k], str) for k in ("id", "op", "file", "family", "probes"))
+            and _strs(c["clauses"]) and isinstance(c["inputs"], list) and isinstance(c["outputs"], list)):
+        bad("a case must be an object with string id, op, file, family and probes, a list of clause "
+            "labels and lists of inputs and outputs")
+    if c["id"] in ids:
+        bad(f"duplicate case id {c['id']}")
+    ids.add(c["id"])
+    if c["file"] not in files:
+        bad(f"case {c['id']} names unknown file {c['file']}")
+    for t in c["inputs"] + c["outputs"]:
+        if not (isinstance(t, dict) and isinstance(t["name"], str) and isinstance(t["dtype"], str)
+                and t["dtype"] in DTYPES and isinstance(t["shape"], list)
+                and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in t["shape"])):
+            bad(f"case {c['id']}: every tensor needs a string name, a known dtype and a shape of sizes")
+    for t in c["outputs"]:
+        if not (isinstance(t["sha256"], str) and len(t["sha256"]) == 64):
+            bad(f"case {c['id']}: bad sha256 for output {t['name']}")
 
 
 def read_file(directory: Path, name: str, entry: dict) -> dict[str, np.ndarray]:
@@ -140,9 +166,11 @@ def read_file(directory: Path, name: str, entry: dict) -> dict[str, np.ndarray]:
     from .. import tensorio
 
     path = directory / name
-    if not path.is_file():
+    if not FILE_NAME.fullmatch(name):
+        raise InputError(f"{path}: not a plain file name of the vectors directory; refusing to open it")
+    if not path.is_file() and not path.is_symlink():
         raise InputError(f"{path}: vector file missing (listed in the manifest)")
-    data = path.read_bytes()
+    data = untrusted.read_file(path, MAX_FILE, directory, "vector file")
     if sha256(data) != entry.get("sha256"):
         raise InputError(f"{path}: sha256 {sha256(data)[:16]}... does not match the manifest "
                          f"({str(entry.get('sha256'))[:16]}...): the file is corrupt or was edited; "

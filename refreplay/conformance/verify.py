@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .. import untrusted
+from ..errors import InputError
 from .store import MANIFEST
 
 
@@ -13,7 +15,6 @@ def _tensors(data: bytes):
     import tempfile
 
     from .. import tensorio
-    from ..errors import InputError
 
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "v.safetensors"
@@ -61,9 +62,11 @@ def compare(fresh: dict[str, bytes], directory: Path) -> list[str]:
 
 def _manifest_diff(old: bytes, new: bytes, path: Path) -> list[str]:
     try:
-        m_old = json.loads(old)
-    except ValueError:
+        m_old = untrusted.parse_json(old, str(path))
+    except InputError:
         return [f"{path}: differs and is not valid JSON"]
+    if not isinstance(m_old, dict):
+        return [f"{path}: differs and is not a JSON object"]
     m_new = json.loads(new)
     out = []
     for key in ("format", "spec_version", "generator_version", "seed"):

@@ -1,0 +1,42 @@
+"""Environment variables refreplay and Numba read, checked before any of them
+is used, so that a bad value is a clear refusal (exit 2) and never a
+traceback from deep inside Numba's start-up.
+
+Bits never depend on these values; a wrong one only stops the program.
+"""
+from __future__ import annotations
+
+import os
+import re
+
+from .errors import InputError
+
+MAX_THREADS = 4096
+_DECIMAL = re.compile(r"[0-9]{1,6}")
+
+
+def _threads(name: str, value: str) -> None:
+    v = value.strip()
+    if not _DECIMAL.fullmatch(v) or not 1 <= int(v) <= MAX_THREADS:
+        raise InputError(f"environment variable {name}={value!r} must be a whole number of threads "
+                         f"from 1 to {MAX_THREADS} (unset it to use every core)")
+
+
+def _flag(name: str, value: str) -> None:
+    if value.strip() not in ("", "0", "1"):
+        raise InputError(f"environment variable {name}={value!r} must be 0 or 1")
+
+
+CHECKS = {
+    "NUMBA_NUM_THREADS": _threads,  # 0 or less: Numba raises ValueError from deep in its start-up
+    "NUMBA_ENABLE_CUDASIM": _flag,  # decides whether --device cuda is the simulator
+}
+
+
+def check(environ=None) -> None:
+    """Refuse (``InputError``) the first set variable of ``CHECKS`` whose value
+    is unusable."""
+    env = os.environ if environ is None else environ
+    for name, check_one in CHECKS.items():
+        if name in env:
+            check_one(name, env[name])
