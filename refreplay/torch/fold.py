@@ -18,7 +18,6 @@ A step of a torch loop (docs/torch.md):
 """
 from __future__ import annotations
 
-import inspect
 
 import numpy as np
 import torch
@@ -168,10 +167,7 @@ def load_state(state: TrainState, named_parameters, optimizer) -> None:
 
 def chain_link(prev_link: str, state_root: str, data_hash: str, recipe_hash: str, loss) -> str:
     """[state.chain.c1] The chain link of a step: refreplay's own
-    ``state.chain_link`` (the one place a torch loop computes it).  ``loss``
-    is the step's binary32 loss (``GradFold.mean()``), bound into the link
-    by the chain definitions that take it (their ``loss`` argument: its bits
-    as "0x" and 8 upper-case hex digits); one that does not take it ignores it."""
-    if "loss" in inspect.signature(statehash.chain_link).parameters:
-        return statehash.chain_link(prev_link, state_root, data_hash, recipe_hash, f32_hex(np.float32(loss)))
-    return statehash.chain_link(prev_link, state_root, data_hash, recipe_hash)
+    ``state.chain_link`` (the one place a torch loop computes it), with
+    ``loss`` the step's binary32 loss (``GradFold.mean()``) bound into the
+    link by its bits."""
+    return statehash.chain_link(prev_link, state_root, data_hash, recipe_hash, f32_hex(np.float32(loss)))
