@@ -36,6 +36,7 @@ import numpy as np
 from . import __version__, data, spec, tensorio
 from . import state as statehash
 from .errors import InputError
+from .tokens import padded_vocab
 from .presets import (PRESETS, ModelConfig, TrainConfig, model_from_json, model_to_json,
                       train_from_json, train_to_json)
 
@@ -259,6 +260,9 @@ class Run:
         _need(self.manifest["samples"] == self.recipe.samples
               and self.manifest["sample_tokens"] == self.recipe.model.seq_len + 1,
               f"{self.path / DATA_DIR / 'manifest.json'}: sample count or length differs from the recipe")
+        _need(self.recipe.model.vocab == padded_vocab(self.manifest["vocab"]),
+              f"{self.path / DATA_DIR / 'manifest.json'}: vocabulary {self.manifest['vocab']} does not pad to "
+              f"the recipe's model vocabulary {self.recipe.model.vocab} ([data.vocab.c1])")
         for s in self.manifest["shards"]:
             self._file(DATA_DIR, s["file"])  # inside the run directory, present
         self.records = self._read_records()

@@ -28,6 +28,7 @@ from .data import Stream, inputs_targets
 from .model import Model, init_params, linear_names, param_shapes, quant_steps
 from .ops import optim
 from .presets import ModelConfig, TrainConfig
+from .tokens import token_bytes
 
 LOSS = "loss"  # the leaf entry that carries a micro-batch's mean loss ([step.loss.c1])
 SCHEDULE = "cosine"  # [step.hparams.c1]
@@ -167,7 +168,7 @@ class Trainer:
         cfg = self.cfg
         M, B = cfg.micro_batches, cfg.micro_batch_size
         batch = self.stream.batch(n)  # [data.stream.c1]
-        data_hash = hashlib.sha256(np.ascontiguousarray(batch).tobytes()).hexdigest()  # [data.hash.c1]
+        data_hash = hashlib.sha256(token_bytes(batch)).hexdigest()  # [data.hash.c1]
         params = st.params
 
         def leaf(mb: int) -> dict:
