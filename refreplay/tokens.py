@@ -149,15 +149,16 @@ def read_token_file(path, vocab: int | None = None) -> tuple[np.ndarray, int, di
 
 
 def peek_vocab(files, vocab: int | None = None) -> int:
-    """The vocabulary size the files declare (sidecars or ``--vocab``), read
-    without their tokens (for ``--estimate``)."""
+    """The one vocabulary size that the files' sidecars and ``--vocab``
+    declare (read without the tokens)."""
     found = set() if vocab is None else {check_vocab(vocab, "--vocab")}
     for f in files:
         side = read_sidecar(f)
         if side is not None and "vocab" in side:
             found.add(side["vocab"])
     if len(found) != 1:
-        raise InputError("the token files' vocabulary size is not known (give --vocab V)" if not found else
+        raise InputError("the token files' vocabulary size is not known: give --vocab V or a sidecar "
+                         "FILE.json with \"vocab\" (GPT-2's is 50257)" if not found else
                          f"the token files declare different vocabulary sizes {sorted(found)}")
     return found.pop()
 
@@ -170,15 +171,12 @@ def load_tokens(files, vocab: int | None = None) -> tuple[np.ndarray, int, dict]
     files = list(files or ())
     if not files:
         raise InputError("no token files given")
-    parts, described, vocabs = [], [], set()
+    v = peek_vocab(files, vocab)  # one V for all: a sidecar's, or --vocab
+    parts, described = [], []
     for f in files:
-        toks, v, info = read_token_file(f, vocab)
+        toks, _, info = read_token_file(f, v)
         parts.append(toks)
         described.append(info)
-        vocabs.add(v)
-    if len(vocabs) != 1:
-        raise InputError(f"the token files have different vocabulary sizes {sorted(vocabs)}")
-    v = vocabs.pop()
     dt = token_dtype(v)
     tokens = np.concatenate([p.astype(dt) for p in parts])  # exact: every token < V fits
     source = {"kind": "token-files", "vocab": v, "files": described, "tokens": int(tokens.size),
