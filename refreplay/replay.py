@@ -86,12 +86,12 @@ def _localise(published, replayed_tensors) -> list[str]:
             .replace("only in the first state", "only in the published state") for ln in d.lines()]
 
 
-def _start_state(run, k: int, device=None):
+def _start_state(run, k: int, device=None, memory=None):
     """State k from its checkpoint; a checkpoint whose root is not the
     published one is a divergence at step k, localised by rebuilding step k."""
     rec = run.records[k]
     try:
-        return run.load_checkpoint(k), None
+        return run.load_checkpoint(k, memory), None
     except InputError as exc:
         if "state root" not in str(exc):
             raise
@@ -136,13 +136,14 @@ def _trace_details(run, step: int, state_before, device=None) -> list[str]:
     return [f"op-level trace: {diff}"]
 
 
-def replay(run, target: int, progress=None, device=None) -> ReplayResult:
+def replay(run, target: int, progress=None, device=None, memory=None) -> ReplayResult:
     """Replay steps up to ``target`` from the nearest earlier checkpoint, with
     the ops on ``device`` ("cpu", the default, or "cuda": the same bits).
 
     ``run`` is best opened with ``open_run(path, strict=False)``: integrity
     problems of its files (``run.findings``) then become divergences here,
-    at the step they affect, instead of refusals to open."""
+    at the step they affect, instead of refusals to open.  ``memory`` (a
+    ``budget.Memory``) places the large tensors; it changes no bit."""
     steps = run.recipe.steps
     if not 1 <= target <= steps:
         raise InputError(f"step {target} is not a step of this run (1..{steps})")
@@ -152,7 +153,7 @@ def replay(run, target: int, progress=None, device=None) -> ReplayResult:
         f = dated[0]
         return ReplayResult(target, k, [], Divergence(
             f.step, f.kind, f.message, [g.message for g in dated[1:]]))
-    res = _replay_from(run, k, target, progress, device)
+    res = _replay_from(run, k, target, progress, device, memory)
     undated = [f.message for f in run.findings if f.step is None]
     if undated and res.divergence is None:
         res.divergence = Divergence(target, "data", "the run's data files are not the published ones, "
@@ -162,15 +163,15 @@ def replay(run, target: int, progress=None, device=None) -> ReplayResult:
     return res
 
 
-def _replay_from(run, k: int, target: int, progress, device=None) -> ReplayResult:
-    st, div = _start_state(run, k, device)
+def _replay_from(run, k: int, target: int, progress, device=None, memory=None) -> ReplayResult:
+    st, div = _start_state(run, k, device, memory)
     if div is not None:
         return ReplayResult(target, k, [], div)
     checked: list[StepCheck] = []
     for s in range(k + 1, target + 1):
         t0 = time.perf_counter()
         before = st
-        st, rec = run.replay_step(st, device=device)
+        st, rec = run.replay_step(st, device=device, memory=memory)
         pub = run.records[s]
         dt = time.perf_counter() - t0
         if progress:

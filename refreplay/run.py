@@ -362,14 +362,16 @@ class Run:
                         self._digests[k] = d
         return self._digests.get(step)
 
-    def load_checkpoint(self, k: int):
+    def load_checkpoint(self, k: int, memory=None):
         """The TrainState at step k, checked against the model and against
-        the published state root of step k."""
+        the published state root of step k; mapped from the file, not read,
+        under a mapped ``budget.Memory``."""
         from .step import state_from_tensors
 
         _need(k in self.checkpoints, f"no checkpoint at step {k}; checkpoints: {self.checkpoints}")
         path = self._file(CKPT_DIR, checkpoint_name(k))
-        tensors, meta = tensorio.load(path)
+        mapped = memory is not None and memory.mapped
+        tensors, meta = (tensorio.load_mapped if mapped else tensorio.load)(path)
         try:
             st = state_from_tensors(self.recipe.model, tensors, str(path))
         except ValueError as exc:
@@ -400,21 +402,22 @@ class Run:
         return self.stream().batch(n)
 
     # -- replay
-    def trainer(self, device=None):
+    def trainer(self, device=None, memory=None):
         """A Trainer of this recipe whose ops run on ``device`` ("cpu", the
-        default, or "cuda"; ``refreplay.backend``)."""
+        default, or "cuda"; ``refreplay.backend``), its large tensors placed
+        by ``memory`` (``refreplay.budget``)."""
         from .step import Trainer
 
-        return Trainer(self.recipe.model, self.recipe.train, self.stream(), self.recipe_sha256, device)
+        return Trainer(self.recipe.model, self.recipe.train, self.stream(), self.recipe_sha256, device, memory)
 
-    def replay_step(self, st, launcher=None, device=None):
+    def replay_step(self, st, launcher=None, device=None, memory=None):
         """One step from state ``st`` (state k -> k+1), on one in-process rank
         unless a launcher is given, on ``device``; returns (state k+1, record
         k+1) to compare with ``records[k+1]``."""
         from .launch.inproc import InProcess
 
         _need(0 <= st.step < self.recipe.steps, f"state at step {st.step} has no next step in this run")
-        return self.trainer(device).step(st, self.records[st.step].chain_link, launcher or InProcess(1))
+        return self.trainer(device, memory).step(st, self.records[st.step].chain_link, launcher or InProcess(1))
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,9 @@ class Summary:
     seconds: float
 
 
-def _progress(stream, n, total, loss, tokens_per_s, final=False):
-    line = f"step {n:>{len(str(total))}}/{total}  loss {float(loss):.4f}  {tokens_per_s:,.0f} tok/s"
+def _progress(stream, n, total, loss, tokens_per_s, eta_s, final=False):
+    line = (f"step {n:>{len(str(total))}}/{total}  loss {float(loss):.4f}  {tokens_per_s:,.0f} tok/s  "
+            f"ETA {eta_s:.0f} s")
     if stream.isatty():
         stream.write("\r" + line + ("\n" if final else ""))
     else:
@@ -90,7 +91,7 @@ def train(model: ModelConfig, train_cfg: TrainConfig, *, steps: int, checkpoint_
                         checkpoint_every=checkpoint_every)
     stream = data.Stream(samples, train_cfg.seed, data.Batching(train_cfg.micro_batches,
                                                                train_cfg.micro_batch_size))
-    trainer = Trainer(model, train_cfg, stream, recipe.sha256(), device)
+    trainer = Trainer(model, train_cfg, stream, recipe.sha256(), device, memory)
     saves = set(checkpoint_steps(steps, checkpoint_every))
     if launcher.is_root:
         writer = RunWriter(path, recipe)
@@ -114,8 +115,9 @@ def train(model: ModelConfig, train_cfg: TrainConfig, *, steps: int, checkpoint_
             if n in saves:
                 writer.checkpoint(st, rec.state_root)
             if progress is not None:
-                _progress(progress, n, steps, rec.loss, step_tokens / max(time.perf_counter() - t, 1e-9),
-                          final=n == steps)
+                now = time.perf_counter()
+                _progress(progress, n, steps, rec.loss, step_tokens / max(now - t, 1e-9),
+                          (now - t0) / n * (steps - n), final=n == steps)
     if writer:
         writer.finish(rec)
     return Summary(steps, rec.chain_link, recipe.sha256(), losses, time.perf_counter() - t0)

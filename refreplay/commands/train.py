@@ -30,6 +30,9 @@ def add_arguments(p):
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="compute threads per process (bits never depend on it)")
     p.add_argument("--quiet", action="store_true", help="no progress line")
+    from .replay import add_budget_arguments
+
+    add_budget_arguments(p)
     from ..backend import add_argument
 
     add_argument(p)
@@ -41,6 +44,7 @@ def _argv(args) -> list[str]:
            "--out", str(args.out)]
     out += ["--preset", args.preset] if args.preset else ["--config", str(args.config)]
     for flag, value in (("--checkpoint-every", args.checkpoint_every), ("--seed", args.seed),
+                        ("--max-memory", args.max_memory),
                         ("--byte-cap", args.byte_cap), ("--threads", args.threads),
                         ("--device", args.device)):
         if value is not None:
@@ -93,6 +97,17 @@ def _configs(args):
     return name, model.validate(), train.validate()
 
 
+def _with_data_vocab(args, model):
+    """The model with the vocabulary its data will give it ([data.vocab.c1]),
+    read from the token files' sidecars or --vocab without reading tokens."""
+    import dataclasses
+
+    from .. import data, tokens
+
+    v = tokens.peek_vocab(args.tokens, args.vocab) if args.tokens else data.VOCAB
+    return dataclasses.replace(model, vocab=tokens.padded_vocab(v))
+
+
 def run(args) -> int:
     import sys
     import traceback
@@ -111,6 +126,11 @@ def run(args) -> int:
     if args.threads is not None and args.threads < 1:
         raise InputError("--threads must be a positive integer")
     name, model, train_cfg = _configs(args)
+    from .replay import memory_for, print_estimate
+
+    if args.estimate:
+        return print_estimate(args, _with_data_vocab(args, model), train_cfg, args.steps)
+    memory = memory_for(args, _with_data_vocab(args, model), train_cfg)
     if args.launcher == "mpi" and not mpi_launch.under_mpi():
         return mpi_launch.relaunch(args.ranks, _argv(args))
 
@@ -131,7 +151,7 @@ def run(args) -> int:
                         launcher=launcher, launcher_name=args.launcher, preset=name,
                         corpus_files=args.data, byte_cap=args.byte_cap or data.DEFAULT_BYTE_CAP,
                         progress=None if args.quiet else sys.stderr, device=args.device,
-                        token_files=args.tokens, vocab=args.vocab)
+                        token_files=args.tokens, vocab=args.vocab, memory=memory)
     except Exception as exc:
         if launcher.size > 1 and hasattr(launcher, "abort"):
             # One MPI rank failing must not leave the others waiting for its
