@@ -142,7 +142,7 @@ def test_cost_counts():
     m, t = presets.preset("gpt2-xl")
     full = estimate.cost(m, t)
     xl = estimate.cost(dataclasses.replace(m, seq_len=256), dataclasses.replace(t, micro_batches=4))
-    assert xl.peak_ram > 3 * 12 * xl.params  # state, its update and the gradient sets
+    assert xl.peak_ram > 2 * 12 * xl.params  # the state and its update at least
     assert xl.peak_mapped < 12 << 30 < xl.peak_ram
     assert full.peak_mapped > 12 << 30  # T = 1024: one micro-batch's activations alone are ~13 GiB
     lines = xl.lines(10 << 30)
