@@ -2,10 +2,11 @@
 peak memory and predicted time on this machine (``--estimate``).
 
 Counts come from the configuration alone.  The time comes from a short
-calibration (a few seconds): one micro-batch of the model cut to one and two
-layers at a short sequence length, which times the real kernels at the
-model's widths (per-layer cost linear plus quadratic in T, the head linear),
-and the step's elementwise passes and state hash timed on a few MiB.  It is a
+calibration (seconds; more at a large vocabulary): one micro-batch of the
+model cut to one and two layers at two short sequence lengths, which times
+the real kernels at the model's widths (a layer's cost is a*T + q*T^2, the
+embedding and head cost h0 + h1*T: the [V, C] gradients cost the same at any
+T), and the step's elementwise passes and state hash timed on a few MiB.  It is a
 prediction for planning, not a measurement; nothing here touches the bits of
 a step.
 """
@@ -113,19 +114,21 @@ def _time(fn, repeat: int = 2) -> float:
     return best
 
 
-def _micro_seconds(cfg: ModelConfig, layers: int, t: int) -> float:
+def _micro_seconds(cfg: ModelConfig, layers: int, t: int, repeat: int = 1) -> float:
     """Seconds of one micro-batch (B = 1) of ``cfg`` cut to ``layers`` layers at
-    sequence length ``t``; random parameters (timing does not depend on them)."""
+    sequence length ``t`` (best of ``repeat``); random parameters (timing does
+    not depend on them)."""
     from .model import Model
 
     small = dataclasses.replace(cfg, layers=layers, seq_len=t)
     g = np.random.default_rng(0)
-    params = {k: (g.standard_normal(s, dtype=np.float32) * np.float32(0.02)) if len(s) > 1
-              else np.ones(s, np.float32) for k, s in param_shapes(small).items()}
+    pattern = g.standard_normal(4099, dtype=np.float32) * np.float32(0.02)  # tiled: cheap at any size
+    params = {k: np.resize(pattern, s) if len(s) > 1 else np.ones(s, np.float32)
+              for k, s in param_shapes(small).items()}
     model = Model(small)
     x = g.integers(0, cfg.vocab, size=(1, t)).astype(np.int32)
     y = g.integers(0, cfg.vocab, size=(1, t)).astype(np.int32)
-    return _time(lambda: model.loss_and_grads(params, x, y))  # the first also compiles and warms
+    return _time(lambda: model.loss_and_grads(params, x, y), repeat)
 
 
 def _stream_seconds_per_byte() -> tuple[float, float]:
@@ -146,24 +149,24 @@ def _stream_seconds_per_byte() -> tuple[float, float]:
 def calibrate(cfg: ModelConfig, train: TrainConfig, c: Cost) -> Cost:
     """Fill in ``c.seconds``: the predicted time of one step here."""
     t0 = time.perf_counter()
-    tc = min(cfg.seq_len, 64)
-    one = _micro_seconds(cfg, 1, tc)
-    two = _micro_seconds(cfg, 2, tc)
-    one_long = _micro_seconds(cfg, 1, 2 * tc) if 2 * tc <= cfg.seq_len else None
-    layer = max(two - one, 1e-9)
-    head_per_token = max(one - layer, 0.0) / tc
-    if one_long is None:
-        a, q = layer / tc, 0.0
-    else:
-        layer_long = max(one_long - 2 * tc * head_per_token, 1e-9)
-        # layer(T) = a*T + q*T^2 through the two points
-        q = max((layer_long - 2 * layer) / (2 * tc * tc), 0.0)
-        a = max((layer - q * tc * tc) / tc, 0.0)
+    _micro_seconds(cfg, 1, min(cfg.seq_len, 8))  # loads (or compiles) every kernel once
+    tc = max(min(cfg.seq_len // 2, 32), 1)
+    # layer(T) = two - one; head(T) = one - layer(T); each through T = tc, 2*tc
+    points = []
+    for t_ in (tc, 2 * tc):
+        one = _micro_seconds(cfg, 1, t_)
+        layer = max(_micro_seconds(cfg, 2, t_) - one, 0.0)
+        points.append((layer, max(one - layer, 0.0)))
+    (l1, h1), (l2, h2) = points
+    q = max((l2 - 2 * l1) / (2 * tc * tc), 0.0)
+    a = max((l1 - q * tc * tc) / tc, 0.0)
+    h_t = max((h2 - h1) / tc, 0.0)
+    h_0 = max(h1 - h_t * tc, 0.0)
     t = cfg.seq_len
-    micro = cfg.layers * (a * t + q * t * t) + head_per_token * t
+    micro = train.micro_batch_size * (cfg.layers * (a * t + q * t * t) + h_t * t) + h_0
     per_byte, hash_per_byte = _stream_seconds_per_byte()
     stream_bytes = c.bytes_moved - 3 * c.params * F32_BYTES * 2  # what the hash reads is timed apart
-    seconds = (train.micro_batches * train.micro_batch_size * micro + per_byte * stream_bytes
+    seconds = (train.micro_batches * micro + per_byte * stream_bytes
                + hash_per_byte * 2 * 3 * c.params * F32_BYTES)  # the loaded and the new state hashed
     c.seconds = seconds
     c.calibration_s = time.perf_counter() - t0

@@ -74,11 +74,11 @@ def read_sidecar(path) -> dict | None:
         obj = json.loads(side.read_bytes())
     except OSError as exc:
         raise InputError(f"{side}: cannot read ({exc.strerror})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"{side}: not valid JSON ({exc})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise InputError(f"{side}: not valid JSON ({type(exc).__name__})") from None
     if not isinstance(obj, dict) or not obj or set(obj) - SIDECAR_KEYS:
         raise InputError(f"{side}: expected a JSON object with keys from {sorted(SIDECAR_KEYS)}")
-    if "dtype" in obj and obj["dtype"] not in FLAT_DTYPES:
+    if "dtype" in obj and (not isinstance(obj["dtype"], str) or obj["dtype"] not in FLAT_DTYPES):
         raise InputError(f"{side}: dtype must be one of {sorted(FLAT_DTYPES)}, got {obj['dtype']!r}")
     if "vocab" in obj:
         check_vocab(obj["vocab"], f"{side}: vocab")

@@ -131,6 +131,12 @@ def test_sidecar_that_is_not_json_or_huge(tmp_path):
     side.write_text("{")
     with pytest.raises(InputError, match="not valid JSON"):
         tokens.load_tokens([p])
+    side.write_text("[" * 60000)
+    with pytest.raises(InputError, match="not valid JSON"):
+        tokens.load_tokens([p])
+    side.write_text('{"dtype": ["uint16"], "vocab": 300}')
+    with pytest.raises(InputError, match="dtype must be one of"):
+        tokens.load_tokens([p])
     side.write_text(" " * (tokens.MAX_SIDECAR + 1))
     with pytest.raises(InputError, match="limit"):
         tokens.load_tokens([p])
@@ -277,3 +283,25 @@ def test_cli_trains_from_token_files_and_refuses_bad_ones(token_run, tmp_path, c
         cap = capsys.readouterr()
         assert code == 2, (extra, cap.err)
         assert message in cap.err and "Traceback" not in cap.err
+
+
+def test_embedding_backward_at_gpt2_vocabulary():
+    """[emb.bwd.c1] at V = 50,304 with few tokens (the rows are initialised
+    in one pass): per-id sums in increasing index from -0, unseen ids +0."""
+    from refreplay.ops import embedding
+
+    g = np.random.default_rng(3)
+    tok = g.choice([7, 50303, 4096, 50256], size=(1, 40)).astype(np.int32)
+    dout = g.standard_normal((1, 40, 96), dtype=np.float32)
+    dout[0, tok[0] == 4096] = -0.0
+    got = embedding.embedding_backward(dout, tok, 50304)
+    bits = got.view(np.uint32)
+    for v in (7, 50303, 50256):
+        want = np.full(96, -0.0, np.float32)
+        for i in np.flatnonzero(tok[0] == v):
+            want = want + dout[0, i]  # float32 adds, one by one in increasing i
+        assert np.array_equal(bits[v], want.view(np.uint32)), v
+    assert np.all(bits[4096] == 0x80000000)  # only -0 contributions: stays -0
+    seen = np.zeros(50304, bool)
+    seen[[7, 50303, 4096, 50256]] = True
+    assert not bits[~seen].any()  # +0 everywhere else
