@@ -200,8 +200,8 @@ def cmd_billion(args) -> dict:
     from refreplay import budget, estimate
     from refreplay.data import Batching, Stream
     from refreplay.launch.inproc import InProcess
-    from refreplay.model import init_params
-    from refreplay.ops import optim
+    from refreplay import backend as backends
+    from refreplay.model import init_scale, param_shapes
     from refreplay.presets import preset
     from refreplay.step import Trainer, TrainState
 
@@ -219,10 +219,22 @@ def cmd_billion(args) -> dict:
     samples = g.integers(0, GPT2_VOCAB, size=(tc.micro_batches, mc.seq_len + 1)).astype(np.uint16)
     stream = Stream(samples, tc.seed, Batching(tc.micro_batches, tc.micro_batch_size))
     trainer = Trainer(mc, tc, stream, "00" * 32, memory=mem)
+    # [model.init.c1] as model.init_params, one tensor at a time, each into
+    # its file at once (init_params would hold all 6.2 GB at the same time)
+    scale, rng = init_scale(mc.init_std), backends.get("cpu").rng
     params = {}
-    for k, a in init_params(mc, tc.seed).items():  # [model.init.c1], then into files one by one
-        params[k] = mem.keep(a)
-    m, v = optim.adamw_init(params)  # zeros: untouched pages cost nothing
+    for k, shape in param_shapes(mc).items():
+        if k.endswith(".b"):
+            a = np.zeros(shape, np.float32)
+        elif ".ln" in k or k.startswith("lnf."):
+            a = np.ones(shape, np.float32)
+        else:
+            a = rng.init_uniform(tc.seed, k, shape, scale)
+        params[k] = mem.keep(np.ascontiguousarray(a))
+    # the moments of state 0 are zeros: np.zeros pages are not touched until
+    # written (np.zeros_like, as adamw_init uses, would write 12 GB)
+    m = {k: np.zeros(a.shape, np.float32) for k, a in params.items()}
+    v = {k: np.zeros(a.shape, np.float32) for k, a in params.items()}
     st = TrainState(0, params, m, v, {}, trainer.data_position(0))
     init_s = time.perf_counter() - t0
     print(f"state 0 built in {init_s:.1f} s (parameters in {mem.files} mapped files); "
