@@ -1,9 +1,13 @@
 """Forward + backward of each transformer op: refreplay vs PyTorch CPU eager fp32.
 
     python benchmarks/bench_ops.py [--threads 1 2] [--repeats 7] [--json out.json]
+    python benchmarks/bench_ops.py --shapes gpt2-124m --repeats 3
 
-Shapes are the `small` preset's (B = 4, T = 128, C = 256, NH = 8, HS = 32,
-F = 1024, V = 256; N = B*T = 512 rows).  Each case times one forward and
+Shapes are a preset's micro-batch: by default `small` (B = 4, T = 128, C = 256,
+NH = 8, HS = 32, F = 1024, V = 256; N = B*T = 512 rows); with
+``--shapes gpt2-124m`` B = 1, T = 1024, C = 768, NH = 12, HS = 64, F = 3072,
+V = 50,304 (N = 1024 rows; the row ops that follow the matmuls at GPT-2
+scale).  Each case times one forward and
 its backward (refreplay: the public ``refreplay.ops`` functions, argument
 checks included; PyTorch: the functional op on ``requires_grad`` leaves and
 ``.backward(dout)``), in a fresh worker process per thread count with
@@ -31,6 +35,17 @@ from run_all import alternate, load_line, machine, run_worker, table, write_json
 
 B, T, C, NH, F, V = 4, 128, 256, 8, 1024, 256
 HS, N = C // NH, B * T
+SHAPES = "small"
+
+
+def set_shapes(name: str) -> None:
+    """Take B, T, C, NH, F, V from preset ``name`` (B: its micro-batch size)."""
+    global B, T, C, NH, F, V, HS, N, SHAPES
+    from refreplay.presets import preset
+
+    mc, tc = preset(name)
+    B, T, C, NH, F, V = tc.micro_batch_size, mc.seq_len, mc.width, mc.heads, mc.mlp_hidden, mc.vocab
+    HS, N, SHAPES = C // NH, B * T, name
 
 
 def cases():
@@ -72,7 +87,7 @@ def cases():
 
     # linear (the qkv projection): y = x W^T; dx, dW
     x, W, dy = f32(N, C), f32(3 * C, C), f32(N, 3 * C)
-    out["linear qkv [512x256]x[768x256]^T"] = (
+    out[f"linear qkv [{N}x{C}]x[{3 * C}x{C}]^T"] = (
         both(lambda: linear.linear_forward(x, W), lambda: linear.linear_backward(dy, x, W, False)),
         torch_case(lambda a, w: tF.linear(a, w), x, W, dout=dy))
     # norms
@@ -85,15 +100,15 @@ def cases():
     def rms():
         o, rr = norms.rmsnorm_forward(x, w, eps)
         norms.rmsnorm_backward(dx, x, w, rr)
-    out["layernorm [512x256]"] = (ln, torch_case(lambda a, ww, bb: tF.layer_norm(a, (C,), ww, bb, 1e-5),
+    out[f"layernorm [{N}x{C}]"] = (ln, torch_case(lambda a, ww, bb: tF.layer_norm(a, (C,), ww, bb, 1e-5),
                                                  x, w, b, dout=dx))
-    out["rmsnorm [512x256]"] = (rms, torch_case(lambda a, ww: tF.rms_norm(a, (C,), ww, 1e-5), x, w, dout=dx))
+    out[f"rmsnorm [{N}x{C}]"] = (rms, torch_case(lambda a, ww: tF.rms_norm(a, (C,), ww, 1e-5), x, w, dout=dx))
     # activations
     u, du, g2 = f32(N, F), f32(N, F), f32(N, F)
-    out["gelu tanh [512x1024]"] = (
+    out[f"gelu tanh [{N}x{F}]"] = (
         both(lambda: activations.gelu_forward(u), lambda: activations.gelu_backward(du, u)),
         torch_case(lambda a: tF.gelu(a, approximate="tanh"), u, dout=du))
-    out["swiglu [512x1024]"] = (
+    out[f"swiglu [{N}x{F}]"] = (
         both(lambda: activations.swiglu_forward(u, g2), lambda: activations.swiglu_backward(du, u, g2)),
         torch_case(lambda a, bb: tF.silu(a) * bb, u, g2, dout=du))
     # attention
@@ -102,13 +117,13 @@ def cases():
     def attn():
         o, att = attention.attention_forward(q, k, v)
         attention.attention_backward(do, q, k, v, att)
-    out["causal attention [4x8x128x32]"] = (
+    out[f"causal attention [{B}x{NH}x{T}x{HS}]"] = (
         attn, torch_case(lambda a, bb, c: tF.scaled_dot_product_attention(a, bb, c, is_causal=True),
                          q, k, v, dout=do))
     # rope
     cos, sin = rope.rope_tables(T, HS, np.float32(10000.0))
     tcos, tsin = rope_tables(T, HS, 10000.0)
-    out["rope [4x8x128x32]"] = (
+    out[f"rope [{B}x{NH}x{T}x{HS}]"] = (
         both(lambda: rope.rope_forward(q, cos, sin), lambda: rope.rope_backward(do, cos, sin)),
         torch_case(lambda a: trope(a, tcos, tsin), q, dout=do))
     # softmax and cross-entropy over the vocabulary
@@ -123,17 +138,17 @@ def cases():
     def ce():
         loss.cross_entropy_forward(logits, tgt)
         loss.cross_entropy_backward(logits, tgt)
-    out["softmax [512x256]"] = (sm, torch_case(lambda a: torch.softmax(a, -1), logits, dout=dl))
-    out["cross-entropy [512x256]"] = (
+    out[f"softmax [{N}x{V}]"] = (sm, torch_case(lambda a: torch.softmax(a, -1), logits, dout=dl))
+    out[f"cross-entropy [{N}x{V}]"] = (
         ce, torch_case(lambda a: tF.cross_entropy(a, ttgt), logits, dout=np.array(1, np.float32)))
     # embedding
     wte, tok, demb = f32(V, C), rs.randint(0, V, size=(B, T)).astype(np.int32), f32(B, T, C)
     ttok = torch.from_numpy(tok.astype(np.int64))
-    out["embedding [256x256] <- [4x128]"] = (
+    out[f"embedding [{V}x{C}] <- [{B}x{T}]"] = (
         both(lambda: embedding.embedding_forward(wte, tok), lambda: embedding.embedding_backward(demb, tok, V)),
         torch_case(lambda ww: tF.embedding(ttok, ww), wte, dout=demb))
-    # AdamW over the small preset's parameters
-    mc, _ = preset("small")
+    # AdamW over the preset's parameters
+    mc, _ = preset(SHAPES)
     params = init_params(mc, 0)
     grads = {n: (rs.standard_normal(a.shape) * 1e-3).astype(np.float32) for n, a in params.items()}
     m, vv = optim.adamw_init(params)
@@ -149,9 +164,10 @@ def cases():
     return out
 
 
-def worker(threads: int, repeats: int) -> dict:
+def worker(threads: int, repeats: int, shapes: str) -> dict:
     import torch
     torch.set_num_threads(threads)
+    set_shapes(shapes)
     rows = []
     for name, (ref, tor) in cases().items():
         med = alternate({"refreplay": ref, "torch": tor}, repeats, warmup=2)
@@ -167,23 +183,28 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--shapes", default="small", choices=("small", "gpt2-124m"),
+                    help="whose micro-batch shapes to time (default small)")
     ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker is not None:
-        print(json.dumps(worker(args.worker, args.repeats)))
+        print(json.dumps(worker(args.worker, args.repeats, args.shapes)))
         return 0
     print(load_line(), flush=True)
     rows = []
     for n in args.threads:
-        res = run_worker(Path(__file__), ["--worker", str(n), "--repeats", str(args.repeats)], n)
+        res = run_worker(Path(__file__), ["--worker", str(n), "--repeats", str(args.repeats),
+                                          "--shapes", args.shapes], n)
         for r in res["rows"]:
             r["loadavg"] = res["loadavg"]
         rows += res["rows"]
-    print(f"\nforward + backward at the small preset's shapes, medians of {args.repeats} (ms)")
+    print(f"\nforward + backward at the {args.shapes} preset's shapes, medians of {args.repeats} (ms)")
     print(table(["op", "threads", "refreplay ms", "torch ms", "ratio wall", "ratio cpu", "load"],
                 [[r["op"], r["threads"], f"{r['refreplay_ms']:.2f}", f"{r['torch_ms']:.2f}",
                   f"{r['ratio_wall']:.2f}", f"{r['ratio_cpu']:.2f}", f"{r['loadavg']:.1f}"] for r in rows]))
-    out = write_json("ops.json", {"machine": machine(), "repeats": args.repeats, "rows": rows}, args.json)
+    name = "ops.json" if args.shapes == "small" else f"ops-{args.shapes}.json"
+    out = write_json(name, {"machine": machine(), "repeats": args.repeats, "shapes": args.shapes,
+                            "rows": rows}, args.json)
     print(f"\n{load_line()}\nwrote {out}")
     return 0
 

@@ -60,20 +60,21 @@ def _rel(k: int) -> str:
     return f"{CKPT_DIR}/{checkpoint_name(k)}"
 
 
-def choose_start(run, target: int, device=None) -> Start:
+def choose_start(run, target: int, device=None, memory=None) -> Start:
     """The nearest usable checkpoint before ``target`` (or state 0 from the
-    recipe), with a note for every later checkpoint passed over."""
+    recipe), with a note for every later checkpoint passed over; loaded, or
+    mapped from its file, as ``memory`` (a ``budget.Memory``) says."""
     notes = []
     for k in sorted((c for c in run.checkpoints if c < target), reverse=True):
         try:
-            st = run.load_checkpoint(k)
+            st = run.load_checkpoint(k, memory)
         except InputError as exc:
             notes.append(f"checkpoint {_rel(k)} is not usable as a starting point ({exc}); "
                          "replaying from an earlier one, and comparing it with the replayed state")
             continue
         return Start(k, st, (Checked(_rel(k), k, st.root(), "start"),), tuple(notes), False)
     notes.append("no checkpoint before this step is usable: replaying from state 0, recomputed from the recipe")
-    return Start(0, run.trainer(device).initial_state(), (), tuple(notes), True)
+    return Start(0, run.trainer(device, memory).initial_state(), (), tuple(notes), True)
 
 
 def initial_state_divergence(run, start: Start, device=None):
@@ -89,7 +90,7 @@ def initial_state_divergence(run, start: Start, device=None):
     return None
 
 
-def check_checkpoint(run, k: int, state, root: str):
+def check_checkpoint(run, k: int, state, root: str, memory=None):
     """Compare the checkpoint published for step k with the replayed ``state``
     (whose root ``root`` equals the published root of step k).
 
@@ -100,7 +101,8 @@ def check_checkpoint(run, k: int, state, root: str):
     if not path.exists() and not path.is_symlink():
         return "missing", f"{rel} is not published: the state of step {k} was recomputed but not compared with a file"
     try:
-        tensors, meta = tensorio.load(run._file(CKPT_DIR, checkpoint_name(k)))
+        load = tensorio.load_mapped if memory is not None and memory.mapped else tensorio.load
+        tensors, meta = load(run._file(CKPT_DIR, checkpoint_name(k)))
     except InputError as exc:
         return "mismatch", (f"checkpoint {rel} published for step {k} is not a readable tensor file, so it "
                             "is not the state the chain commits to", [str(exc)])

@@ -1,7 +1,8 @@
 """Training data: byte-level corpus, fixed-length samples, zstd shards, and
 the topology-invariant stream (``spec/21-data.txt``).
 
-* [data.tokens.c1]  a token is a byte (V = 256), no tokenizer;
+* [data.tokens.c1]  a token is a byte (V = 256) of the default corpus, or a
+  token id of pre-tokenized files (``refreplay.tokens``, [data.tokenfile.c1]);
 * [data.corpus.c1]  the default corpus is the running Python's standard
   library ``.py`` sources in a stated order, capped; or files the user names;
 * [data.samples.c1] sample i is bytes [i*(T+1), (i+1)*(T+1)) of the corpus;
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import rng, untrusted
+from . import rng, tokens, untrusted
 from .errors import InputError
 
 VOCAB = 256
@@ -118,24 +119,25 @@ def _sha256(b: bytes) -> str:
     return hashlib.sha256(b).hexdigest()
 
 
-def write_shards(samples: np.ndarray, directory: Path, source: dict) -> dict:
+def write_shards(samples: np.ndarray, directory: Path, source: dict, vocab: int = VOCAB) -> dict:
     """[data.shards.c1] Write ``shard-JJJJJ.zst`` files and ``manifest.json`` into
     ``directory``; return the manifest.  Shard j holds samples
-    [j*4096, min((j+1)*4096, N)) as row-major uint8 bytes, one zstd frame."""
+    [j*4096, min((j+1)*4096, N)) as row-major tokens in the storage dtype of
+    the vocabulary ([data.vocab.c1]: uint8 for V <= 256), one zstd frame."""
     import zstandard
 
-    if samples.dtype != np.uint8 or samples.ndim != 2:
-        raise ValueError("samples must be a 2-d uint8 array (N, T+1)")
+    if samples.dtype != tokens.token_dtype(vocab) or samples.ndim != 2:
+        raise ValueError(f"samples must be a 2-d {tokens.token_dtype(vocab)} array (N, T+1) for V = {vocab}")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     shards = []
     comp = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_checksum=True)
     for j, lo in enumerate(range(0, samples.shape[0], SHARD_SAMPLES)):
-        raw = np.ascontiguousarray(samples[lo: lo + SHARD_SAMPLES]).tobytes()
+        raw = tokens.token_bytes(samples[lo: lo + SHARD_SAMPLES])
         name = f"shard-{j:05d}.zst"
         (directory / name).write_bytes(comp.compress(raw))
-        shards.append({"file": name, "samples": len(raw) // samples.shape[1], "sha256": _sha256(raw)})
-    manifest = {"format": MANIFEST_FORMAT, "vocab": VOCAB, "sample_tokens": int(samples.shape[1]),
+        shards.append({"file": name, "samples": len(raw) // samples[0].nbytes, "sha256": _sha256(raw)})
+    manifest = {"format": MANIFEST_FORMAT, "vocab": vocab, "sample_tokens": int(samples.shape[1]),
                 "samples": int(samples.shape[0]), "source": source, "shards": shards}
     (directory / "manifest.json").write_bytes(manifest_bytes(manifest))
     return manifest
@@ -155,7 +157,9 @@ def _check_manifest(m, where: str) -> None:
     _require(isinstance(m, dict), f"{where}: manifest is not a JSON object")
     _require(m.get("format") == MANIFEST_FORMAT,
              f"{where}: unknown manifest format {m.get('format')!r} (expected {MANIFEST_FORMAT})")
-    _require(m.get("vocab") == VOCAB, f"{where}: vocab must be {VOCAB}")
+    v = m.get("vocab")
+    _require(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= tokens.MAX_VOCAB,
+             f"{where}: vocab must be an integer in [1, 2^20], got {v!r}")
     for key in ("sample_tokens", "samples"):
         v = m.get(key)
         _require(isinstance(v, int) and not isinstance(v, bool) and v >= 1,
@@ -216,9 +220,10 @@ class Shards:
 
 def read_shards(directory: Path, verify: bool = True, problems: bool = False):
     """[data.shards.c1] Load every shard, checking each content hash; returns
-    ((N, T+1) uint8 samples, manifest).  Each shard is read under a size
-    limit and decompressed as a stream into exactly the bytes its sample
-    count implies, whatever size its frame declares.
+    ((N, T+1) samples in the storage dtype of [data.vocab.c1], manifest).
+    Each shard is read under a size limit and decompressed as a stream into
+    exactly the bytes its sample count implies, whatever size its frame
+    declares; a token outside [0, V) is refused (the model could not embed it).
 
     With ``verify=False`` a damaged shard is not an error: ``problems=True``
     then returns a ``Shards`` instead, whose samples are as stored and which
@@ -228,15 +233,20 @@ def read_shards(directory: Path, verify: bool = True, problems: bool = False):
     directory = Path(directory)
     manifest, _ = load_manifest(directory)
     width = manifest["sample_tokens"]
-    samples = np.zeros((manifest["samples"], width), np.uint8)
+    dt = tokens.token_dtype(manifest["vocab"])
+    samples = np.zeros((manifest["samples"], width), dt)
     altered, unreadable = [], []
     lo = 0
     for s in manifest["shards"]:
         path = directory / s["file"]
-        want = s["samples"] * width
+        want = s["samples"] * width * dt.itemsize
         try:
             comp = untrusted.read_file(path, shard_limit(want), directory, "data shard")
             raw = untrusted.zstd_frame(comp, want, f"data shard {path}")
+            part = np.frombuffer(raw, dtype=dt.newbyteorder("<")).astype(dt, copy=False)
+            top = int(part.max()) if part.size else 0
+            _require(top < manifest["vocab"], f"data shard {path}: token id {top} is outside the vocabulary "
+                                              f"[0, {manifest['vocab']})")
         except InputError as exc:
             if verify:
                 raise
@@ -246,7 +256,7 @@ def read_shards(directory: Path, verify: bool = True, problems: bool = False):
                 msg = f"data shard {path}: content sha256 {_sha256(raw)} does not match the manifest"
                 _require(not verify, msg)
                 altered.append(msg)
-            samples[lo:lo + s["samples"]] = np.frombuffer(raw, dtype=np.uint8).reshape(s["samples"], width)
+            samples[lo:lo + s["samples"]] = part.reshape(s["samples"], width)
         lo += s["samples"]
     if problems:
         return Shards(samples, manifest, altered, unreadable)
@@ -290,8 +300,8 @@ class Stream:
     permutation."""
 
     def __init__(self, samples: np.ndarray, seed: int, batching: Batching):
-        if samples.dtype != np.uint8 or samples.ndim != 2:
-            raise ValueError("samples must be a 2-d uint8 array (N, T+1)")
+        if samples.dtype not in (np.uint8, np.uint16, np.uint32) or samples.ndim != 2:
+            raise ValueError("samples must be a 2-d unsigned token array (N, T+1)")
         self.samples = samples
         self.seed = seed
         self.batching = batching
@@ -317,7 +327,7 @@ class Stream:
         return self._perm[1][j * g: (j + 1) * g].copy()
 
     def batch(self, step: int) -> np.ndarray:
-        """The step's samples, (G, T+1) uint8, in stream order."""
+        """The step's samples, (G, T+1) tokens, in stream order."""
         return self.samples[self.sample_ids(step)]
 
     def micro_batch(self, step: int, m: int) -> np.ndarray:
@@ -328,12 +338,12 @@ class Stream:
         return self.samples[self.sample_ids(step)[m * bsz: (m + 1) * bsz]]
 
     def data_hash(self, step: int) -> bytes:
-        """[data.hash.c1] SHA-256 of the step's G*(T+1) token bytes in stream order."""
-        return hashlib.sha256(np.ascontiguousarray(self.batch(step)).tobytes()).digest()
+        """[data.hash.c1] SHA-256 of the step's G*(T+1) tokens in stream order."""
+        return hashlib.sha256(tokens.token_bytes(self.batch(step))).digest()
 
 
 def inputs_targets(micro: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """[data.batch.c1] A micro-batch (B, T+1) uint8 as model inputs tokens[:, :T]
+    """[data.batch.c1] A micro-batch (B, T+1) of tokens as model inputs tokens[:, :T]
     and targets tokens[:, 1:], both (B, T) int32."""
     x = np.ascontiguousarray(micro[:, :-1], dtype=np.int32)
     y = np.ascontiguousarray(micro[:, 1:], dtype=np.int32)

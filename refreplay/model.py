@@ -279,14 +279,16 @@ class Model:
         ctx.saved["logits"] = (logits, y)
         return np.float32(mean), logits, ctx
 
-    def backward(self, params: dict, ctx: _Ctx) -> dict:
+    def backward(self, params: dict, ctx: _Ctx, grads=None) -> dict:
         """[model.backward.c1] Gradients of the mean loss, a flat dict with the
-        parameter names (sorted)."""
+        parameter names (sorted).  ``grads``: the empty mapping that receives
+        each gradient as it is computed (``budget.SpillingDict`` moves them
+        to files); a dict by default."""
         cfg, ops = self.cfg, self.ops
         tokens = ctx.saved["tokens"]
         B, T = tokens.shape
         NH, HS = cfg.heads, cfg.head_size
-        grads: dict = {}
+        grads = {} if grads is None else grads
         logits, y = ctx.saved["logits"]
         dlogits = ops.loss.cross_entropy_backward(logits, y)
         head = params["wte"] if cfg.tied else params["head.w"]
@@ -324,7 +326,8 @@ class Model:
             grads["head.w"] = dhead
         return {k: grads[k] for k in sorted(grads)}
 
-    def loss_and_grads(self, params: dict, tokens: np.ndarray, targets: np.ndarray) -> Result:
-        """[model.forward.c1] [model.backward.c1] One micro-batch."""
+    def loss_and_grads(self, params: dict, tokens: np.ndarray, targets: np.ndarray, grads=None) -> Result:
+        """[model.forward.c1] [model.backward.c1] One micro-batch (``grads`` as
+        for ``backward``)."""
         mean, _, ctx = self.forward(params, tokens, targets)
-        return Result(mean, self.backward(params, ctx))
+        return Result(mean, self.backward(params, ctx, grads))

@@ -6,8 +6,14 @@ Every float hyper-parameter is a binary32 value; in a recipe it is written as
 its bit pattern ("0x3B03126F"), so no decimal conversion decides a bit.
 
 Presets:
-  tiny   a step well under a second on one laptop core: for tests and demos
-  small  a few million parameters: for benchmarks
+  tiny       a step well under a second on one laptop core: for tests and demos
+  small      a few million parameters: for benchmarks
+  gpt2-124m  GPT-2 small's shape (123.7 M parameters: no learned positions,
+             rotary instead), V = 50,304 (GPT-2's 50,257 padded): real data
+  gpt2-xl    GPT-2 XL's shape (1.56 B parameters), the scale of the paper's
+             1.61 B model: an auditor's replay within a memory budget
+The two GPT-2 shapes train on token files (``train --tokens``), which set
+the vocabulary ([data.vocab.c1]).
 """
 from __future__ import annotations
 
@@ -71,7 +77,7 @@ class ModelConfig:
             v = getattr(self, name)
             need(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 1 << 20,
                  f"{name} must be an integer in [1, 2^20], got {v!r}")
-        need(self.vocab == 256, "vocab must be 256 (byte-level tokens, [data.tokens.c1])")
+        need(self.vocab % 64 == 0, "vocab must be a multiple of 64 (the padded vocabulary, [data.vocab.c1])")
         need(self.width % self.heads == 0, f"width {self.width} is not a multiple of heads {self.heads}")
         need((self.width // self.heads) % 2 == 0, "head size width/heads must be even (rotary pairs)")
         need(self.norm in NORMS, f"norm must be one of {NORMS}, got {self.norm!r}")
@@ -132,6 +138,12 @@ PRESETS = {
              TrainConfig(micro_batches=8, micro_batch_size=2)),
     "small": (ModelConfig(width=256, layers=4, heads=8, seq_len=128, mlp_hidden=1024),
               TrainConfig(micro_batches=8, micro_batch_size=4, lr=F32(1e-3), min_lr=F32(1e-4))),
+    "gpt2-124m": (ModelConfig(vocab=50304, width=768, layers=12, heads=12, seq_len=1024, mlp_hidden=3072,
+                              norm="layer", mlp="gelu", tied=True, bias=True),
+                  TrainConfig(micro_batches=8, micro_batch_size=1, lr=F32(6e-4), min_lr=F32(6e-5))),
+    "gpt2-xl": (ModelConfig(vocab=50304, width=1600, layers=48, heads=25, seq_len=1024, mlp_hidden=6400,
+                            norm="layer", mlp="gelu", tied=True, bias=True),
+                TrainConfig(micro_batches=8, micro_batch_size=1, lr=F32(2e-4), min_lr=F32(2e-5))),
 }
 
 

@@ -102,14 +102,15 @@ def _trace_details(run, step: int, state_before, warnings: list[str], device=Non
     return [f"op-level trace: {diff}"]
 
 
-def replay(run, target: int, progress=None, device=None) -> ReplayResult:
+def replay(run, target: int, progress=None, device=None, memory=None) -> ReplayResult:
     """Replay steps up to ``target`` from the nearest usable earlier
     checkpoint, with the ops on ``device`` ("cpu", the default, or "cuda":
     the same bits).
 
     ``run`` is best opened with ``open_run(path, strict=False)``: integrity
     problems of its files (``run.findings``) then become divergences here,
-    at the step they affect, instead of refusals to open."""
+    at the step they affect, instead of refusals to open.  ``memory`` (a
+    ``budget.Memory``) places the large tensors; it changes no bit."""
     steps = run.recipe.steps
     if not 1 <= target <= steps:
         raise InputError(f"step {target} is not a step of this run (1..{steps})")
@@ -118,7 +119,7 @@ def replay(run, target: int, progress=None, device=None) -> ReplayResult:
         f = dated[0]
         return ReplayResult(target, max(c for c in run.checkpoints if c < target), [], Divergence(
             f.step, f.kind, f.message, [g.message for g in dated[1:]]), warnings=list(run.warnings))
-    res = _replay_from(run, target, progress, device)
+    res = _replay_from(run, target, progress, device, memory)
     undated = [f.message for f in run.findings if f.step is None]
     if res.divergence is None:
         # every step replayed drew samples that hash to its published data hash
@@ -130,8 +131,8 @@ def replay(run, target: int, progress=None, device=None) -> ReplayResult:
     return res
 
 
-def _replay_from(run, target: int, progress, device=None) -> ReplayResult:
-    start = artifacts.choose_start(run, target, device)
+def _replay_from(run, target: int, progress, device=None, memory=None) -> ReplayResult:
+    start = artifacts.choose_start(run, target, device, memory)
     res = ReplayResult(target, start.step, [], None, list(start.checked), list(start.notes))
     bad0 = artifacts.initial_state_divergence(run, start, device)
     if bad0 is not None:
@@ -139,7 +140,7 @@ def _replay_from(run, target: int, progress, device=None) -> ReplayResult:
         return res
     st = start.state
     if start.from_seed and 0 in run.checkpoints:
-        if _compare_checkpoint(run, res, 0, st, run.records[0].state_root):
+        if _compare_checkpoint(run, res, 0, st, run.records[0].state_root, memory):
             return res
     k = start.step
     for s in range(k + 1, target + 1):
@@ -149,7 +150,7 @@ def _replay_from(run, target: int, progress, device=None) -> ReplayResult:
         if unreadable:  # nothing to compare: the input itself is unusable
             raise InputError(f"step {s} draws samples from a shard that cannot be read, so it cannot be "
                              "replayed: " + "; ".join(unreadable))
-        st, rec = run.replay_step(st, device=device)
+        st, rec = run.replay_step(st, device=device, memory=memory)
         pub = run.records[s]
         dt = time.perf_counter() - t0
         if progress:
@@ -158,16 +159,16 @@ def _replay_from(run, target: int, progress, device=None) -> ReplayResult:
         if div is not None:
             res.divergence = div
             return res
-        if s in run.checkpoints and _compare_checkpoint(run, res, s, st, rec.state_root):
+        if s in run.checkpoints and _compare_checkpoint(run, res, s, st, rec.state_root, memory):
             return res
         res.checked.append(StepCheck(s, rec.state_root, rec.chain_link, dt))
     return res
 
 
-def _compare_checkpoint(run, res: ReplayResult, s: int, st, root: str) -> bool:
+def _compare_checkpoint(run, res: ReplayResult, s: int, st, root: str, memory=None) -> bool:
     """Check the checkpoint of recomputed step s; True when it is a mismatch
     (``res.divergence`` set)."""
-    outcome, value = artifacts.check_checkpoint(run, s, st, root)
+    outcome, value = artifacts.check_checkpoint(run, s, st, root, memory)
     if outcome == "checked":
         res.artifacts.append(value)
     elif outcome == "missing":

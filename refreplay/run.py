@@ -36,6 +36,7 @@ import numpy as np
 from . import __version__, data, spec, tensorio, untrusted
 from . import state as statehash
 from .errors import InputError
+from .tokens import padded_vocab
 from .presets import (PRESETS, ModelConfig, TrainConfig, model_from_json, model_to_json,
                       train_from_json, train_to_json)
 
@@ -254,6 +255,9 @@ class Run:
         _need(self.manifest["samples"] == self.recipe.samples
               and self.manifest["sample_tokens"] == self.recipe.model.seq_len + 1,
               f"{self.path / DATA_DIR / 'manifest.json'}: sample count or length differs from the recipe")
+        _need(self.recipe.model.vocab == padded_vocab(self.manifest["vocab"]),
+              f"{self.path / DATA_DIR / 'manifest.json'}: vocabulary {self.manifest['vocab']} does not pad to "
+              f"the recipe's model vocabulary {self.recipe.model.vocab} ([data.vocab.c1])")
         self.records = self._read_records()
         self.head = self._read_head()
         self.checkpoints = checkpoint_steps(self.recipe.steps, self.recipe.checkpoint_every)
@@ -368,14 +372,16 @@ class Run:
         raw = untrusted.read_file(p, len(self.records) * untrusted.MAX_JSON, self._root, "digest file")
         return raw.splitlines()
 
-    def load_checkpoint(self, k: int):
+    def load_checkpoint(self, k: int, memory=None):
         """The TrainState at step k, checked against the model and against
-        the published state root of step k."""
+        the published state root of step k; mapped from the file, not read,
+        under a mapped ``budget.Memory``."""
         from .step import state_from_tensors
 
         _need(k in self.checkpoints, f"no checkpoint at step {k}; checkpoints: {self.checkpoints}")
         path = self._file(CKPT_DIR, checkpoint_name(k))
-        tensors, meta = tensorio.load(path)
+        mapped = memory is not None and memory.mapped
+        tensors, meta = (tensorio.load_mapped if mapped else tensorio.load)(path)
         try:
             st = state_from_tensors(self.recipe.model, tensors, str(path))
         except ValueError as exc:
@@ -413,21 +419,22 @@ class Run:
         return self.stream().batch(n)
 
     # -- replay
-    def trainer(self, device=None):
+    def trainer(self, device=None, memory=None):
         """A Trainer of this recipe whose ops run on ``device`` ("cpu", the
-        default, or "cuda"; ``refreplay.backend``)."""
+        default, or "cuda"; ``refreplay.backend``), its large tensors placed
+        by ``memory`` (``refreplay.budget``)."""
         from .step import Trainer
 
-        return Trainer(self.recipe.model, self.recipe.train, self.stream(), self.recipe_sha256, device)
+        return Trainer(self.recipe.model, self.recipe.train, self.stream(), self.recipe_sha256, device, memory)
 
-    def replay_step(self, st, launcher=None, device=None):
+    def replay_step(self, st, launcher=None, device=None, memory=None):
         """One step from state ``st`` (state k -> k+1), on one in-process rank
         unless a launcher is given, on ``device``; returns (state k+1, record
         k+1) to compare with ``records[k+1]``."""
         from .launch.inproc import InProcess
 
         _need(0 <= st.step < self.recipe.steps, f"state at step {st.step} has no next step in this run")
-        return self.trainer(device).step(st, self.records[st.step].chain_link, launcher or InProcess(1))
+        return self.trainer(device, memory).step(st, self.records[st.step].chain_link, launcher or InProcess(1))
 
 
 @dataclass(frozen=True)

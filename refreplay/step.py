@@ -22,12 +22,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import backend as backends
-from . import doctor
+from . import budget, doctor
 from . import state as statehash
 from .data import Stream, inputs_targets
 from .model import Model, init_params, linear_names, param_shapes, quant_steps
 from .ops import optim
 from .presets import ModelConfig, TrainConfig
+from .tokens import token_bytes
 
 LOSS = "loss"  # the leaf entry that carries a micro-batch's mean loss ([step.loss.c1])
 SCHEDULE = "cosine"  # [step.hparams.c1]
@@ -66,8 +67,11 @@ class TrainState:
         """[state.root.c1] The state root (hex) of ``tensors()``."""
         return self.digest().root
 
-    def copy(self) -> "TrainState":
-        cp = lambda d: {k: d[k].copy() for k in sorted(d)}  # noqa: E731
+    def copy(self, keep=None) -> "TrainState":
+        """A deep copy; ``keep`` (``budget.Memory.keep``) decides where each
+        copied tensor lives."""
+        keep = keep or np.copy
+        cp = lambda d: {k: keep(d[k]) for k in sorted(d)}  # noqa: E731
         return TrainState(self.step, cp(self.params), cp(self.m), cp(self.v), cp(self.qsteps),
                           self.data_position)
 
@@ -136,13 +140,29 @@ class Trainer:
     recipe hash that every chain link binds."""
 
     def __init__(self, model_cfg: ModelConfig, train_cfg: TrainConfig, stream: Stream, recipe_hash: str,
-                 device=None):
+                 device=None, memory=None):
         self.ops = backends.get(device)  # "cpu" (the reference, default) or "cuda": same bits
+        self.memory = memory or budget.Memory()  # where large tensors live: never changes a bit
         self.model = Model(model_cfg, self.ops)
         self.cfg = train_cfg.validate()
         self.stream = stream
         self.recipe_hash = recipe_hash
         self.adam = optim.AdamW(train_cfg.beta1, train_cfg.beta2, train_cfg.eps, train_cfg.weight_decay)
+
+    def _merge(self, left, right):
+        """[fold.tree.c1] The launcher's merge; under a mapped budget name by
+        name, each sum moved to a file as soon as it exists."""
+        merge = self.ops.treefold.merge
+        if not self.memory.mapped or sorted(left) != sorted(right):
+            return merge(left, right)
+        return {k: self.memory.keep(merge(left[k], right[k])) for k in sorted(left)}
+
+    def _scale(self, folded, m):
+        """[fold.scale.c1] As ``_merge``: by name when mapped."""
+        scale = self.ops.treefold.scale
+        if not self.memory.mapped:
+            return scale(folded, m)
+        return {k: self.memory.keep(scale(folded[k], m)) for k in sorted(folded)}
 
     def data_position(self, step: int) -> tuple[int, int]:
         """[step.state.c1] (epoch, index) of the batch that step ``step + 1`` reads."""
@@ -167,26 +187,38 @@ class Trainer:
         cfg = self.cfg
         M, B = cfg.micro_batches, cfg.micro_batch_size
         batch = self.stream.batch(n)  # [data.stream.c1]
-        data_hash = hashlib.sha256(np.ascontiguousarray(batch).tobytes()).hexdigest()  # [data.hash.c1]
+        data_hash = hashlib.sha256(token_bytes(batch)).hexdigest()  # [data.hash.c1]
         params = st.params
+
+        mem = self.memory
 
         def leaf(mb: int) -> dict:
             x, y = inputs_targets(batch[mb * B:(mb + 1) * B])  # [data.batch.c1]
-            res = self.model.loss_and_grads(params, x, y)
+            res = self.model.loss_and_grads(params, x, y, budget.SpillingDict(mem) if mem.mapped else None)
             out = dict(res.grads)
             out[LOSS] = np.array([res.loss], dtype=np.float32)
             return out
 
         ops = self.ops
-        folded = launcher.fold(leaf, M, ops.treefold.merge)  # [fold.tree.c1] [fold.ranks.c1]
-        mean = ops.treefold.scale(folded, M)  # [fold.scale.c1]
+        folded = launcher.fold(leaf, M, self._merge)  # [fold.tree.c1] [fold.ranks.c1]
+        mean = self._scale(folded, M)  # [fold.scale.c1]
+        del folded
         loss = np.float32(mean.pop(LOSS)[0])
         ops.optim.clip_grad_norm(mean, cfg.clip_norm)  # [optim.clip.c1]
         lr = ops.optim.lr_at(n, cfg.warmup_steps, cfg.schedule_steps, cfg.lr, cfg.min_lr, SCHEDULE)
-        new = st.copy()
+        new = st.copy(mem.keep)
         new.step = n
-        ops.optim.adamw_step(new.params, mean, new.m, new.v, step=n, lr=lr, hp=self.adam,
-                         no_decay=no_decay_names(new.params))  # [optim.adamw.c1]
+        no_decay = no_decay_names(new.params)
+        if not mem.mapped:
+            ops.optim.adamw_step(new.params, mean, new.m, new.v, step=n, lr=lr, hp=self.adam,
+                                 no_decay=no_decay)  # [optim.adamw.c1]
+        else:  # the same update tensor by tensor (it is elementwise), each released after
+            for k in sorted(new.params):
+                one = lambda d: {k: d[k]}  # noqa: E731
+                ops.optim.adamw_step(one(new.params), one(mean), one(new.m), one(new.v), step=n, lr=lr,
+                                     hp=self.adam, no_decay=no_decay & {k})  # [optim.adamw.c1]
+                for d in (new.params, mean, new.m, new.v):
+                    budget.release(d[k])
         new.qsteps = quant_steps(self.model.cfg, new.params, ops)  # [model.quant.c1]
         new.data_position = self.data_position(n)
         digest = new.digest()

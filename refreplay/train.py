@@ -1,6 +1,6 @@
 """Train a recipe and publish the run directory.
 
-    corpus -> samples -> shards + manifest -> recipe -> state 0 -> steps 1..N
+    corpus or token files -> samples -> shards + manifest -> recipe -> state 0 -> steps 1..N
 
 The root rank (rank 0) builds the data and writes every file; with the mpi
 launcher the other ranks receive the samples from it and compute their share
@@ -10,12 +10,13 @@ root.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import sys
 import time
 from dataclasses import dataclass
 
-from . import data
+from . import data, tokens
 from .errors import InputError
 from .presets import ModelConfig, TrainConfig
 from .run import RunWriter, checkpoint_steps, new_recipe
@@ -31,8 +32,9 @@ class Summary:
     seconds: float
 
 
-def _progress(stream, n, total, loss, tokens_per_s, final=False):
-    line = f"step {n:>{len(str(total))}}/{total}  loss {float(loss):.4f}  {tokens_per_s:,.0f} tok/s"
+def _progress(stream, n, total, loss, tokens_per_s, eta_s, final=False):
+    line = (f"step {n:>{len(str(total))}}/{total}  loss {float(loss):.4f}  {tokens_per_s:,.0f} tok/s  "
+            f"ETA {eta_s:.0f} s")
     if stream.isatty():
         stream.write("\r" + line + ("\n" if final else ""))
     else:
@@ -42,10 +44,16 @@ def _progress(stream, n, total, loss, tokens_per_s, final=False):
 
 def train(model: ModelConfig, train_cfg: TrainConfig, *, steps: int, checkpoint_every: int, out,
           launcher, launcher_name: str = "inproc", preset: str | None = None, corpus_files=None,
-          byte_cap: int = data.DEFAULT_BYTE_CAP, progress=sys.stderr, device=None) -> Summary:
+          byte_cap: int = data.DEFAULT_BYTE_CAP, progress=sys.stderr, device=None,
+          token_files=None, vocab=None, memory=None) -> Summary:
     """Train ``steps`` steps and write the run to ``out`` (root rank), with the
     ops on ``device`` ("cpu", the default, or "cuda"; not part of the recipe,
-    since it changes no bit)."""
+    since it changes no bit).
+
+    The data is the byte corpus, or with ``token_files`` pre-tokenized files
+    ([data.tokenfile.c1], ``vocab`` as ``--vocab``); either way the model's
+    vocabulary is the data's, padded ([data.vocab.c1]).  ``memory``: a
+    ``budget.Memory`` that keeps large tensors in files (changes no bit)."""
     model = model.validate()
     train_cfg = train_cfg.validate()
     if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= 1 << 24:
@@ -60,25 +68,30 @@ def train(model: ModelConfig, train_cfg: TrainConfig, *, steps: int, checkpoint_
     if launcher.is_root:
         try:
             path = RunWriter.prepare(out)
-            corpus, source = data.build_corpus(corpus_files, byte_cap)
-            samples = data.make_samples(corpus, model.seq_len)
-            manifest = data.write_shards(samples, path / "data", source)
-            payload = ("ok", samples, hashlib.sha256(data.manifest_bytes(manifest)).hexdigest())
+            if token_files:
+                toks, v, source = tokens.load_tokens(token_files, vocab)
+                samples = tokens.make_samples(toks, model.seq_len)
+            else:
+                corpus, source = data.build_corpus(corpus_files, byte_cap)
+                samples, v = data.make_samples(corpus, model.seq_len), data.VOCAB
+            manifest = data.write_shards(samples, path / "data", source, v)
+            payload = ("ok", samples, hashlib.sha256(data.manifest_bytes(manifest)).hexdigest(), v)
         except InputError as exc:
-            payload = ("error", str(exc), None)
+            payload = ("error", str(exc), None, None)
         payload = launcher.share(payload)
     else:
         payload = launcher.share(None)
     if payload[0] == "error":
         raise InputError(payload[1])
-    _, samples, manifest_sha = payload
+    _, samples, manifest_sha, v = payload
+    model = dataclasses.replace(model, vocab=tokens.padded_vocab(v)).validate()
 
     recipe = new_recipe(model, train_cfg, manifest_sha, int(samples.shape[0]), preset=preset,
                         ranks=launcher.size, launcher=launcher_name, steps=steps,
                         checkpoint_every=checkpoint_every)
     stream = data.Stream(samples, train_cfg.seed, data.Batching(train_cfg.micro_batches,
                                                                train_cfg.micro_batch_size))
-    trainer = Trainer(model, train_cfg, stream, recipe.sha256(), device)
+    trainer = Trainer(model, train_cfg, stream, recipe.sha256(), device, memory)
     saves = set(checkpoint_steps(steps, checkpoint_every))
     if launcher.is_root:
         writer = RunWriter(path, recipe)
@@ -90,7 +103,7 @@ def train(model: ModelConfig, train_cfg: TrainConfig, *, steps: int, checkpoint_
     if writer:
         writer.record(rec)
         writer.checkpoint(st, rec.state_root)
-    tokens = train_cfg.micro_batches * train_cfg.micro_batch_size * model.seq_len
+    step_tokens = train_cfg.micro_batches * train_cfg.micro_batch_size * model.seq_len
     losses, t0 = [], time.perf_counter()
     for n in range(1, steps + 1):
         t = time.perf_counter()
@@ -102,8 +115,9 @@ def train(model: ModelConfig, train_cfg: TrainConfig, *, steps: int, checkpoint_
             if n in saves:
                 writer.checkpoint(st, rec.state_root)
             if progress is not None:
-                _progress(progress, n, steps, rec.loss, tokens / max(time.perf_counter() - t, 1e-9),
-                          final=n == steps)
+                now = time.perf_counter()
+                _progress(progress, n, steps, rec.loss, step_tokens / max(now - t, 1e-9),
+                          (now - t0) / n * (steps - n), final=n == steps)
     if writer:
         writer.finish(rec)
     return Summary(steps, rec.chain_link, recipe.sha256(), losses, time.perf_counter() - t0)

@@ -14,6 +14,9 @@ def add_arguments(p):
     p.add_argument("--out", required=True, metavar="DIR", help="directory for the certificates")
     p.add_argument("--expect-head", metavar="HEX", help="the chain head published out of band")
     p.add_argument("--quiet", action="store_true", help="no progress line")
+    p.add_argument("--max-memory", metavar="GIB", default=None,
+                   help="memory budget in GiB: state and gradients in memory-mapped files when a step "
+                        "would not fit (bits never change)")
     from ..backend import add_argument
 
     add_argument(p)
@@ -29,7 +32,7 @@ def run(args) -> int:
     from ..backend import describe
     from ..replay import replay
     from ..run import open_run
-    from .replay import check_head, print_artifacts, progress_printer
+    from .replay import check_head, memory_for, print_artifacts, progress_printer
 
     if not audit.AUDITOR_RE.fullmatch(args.auditor):
         raise InputError("--auditor must be 1-64 characters of letters, digits, _ . @ -")
@@ -44,9 +47,10 @@ def run(args) -> int:
     print(f"sampled steps {steps} (beacon {args.beacon}, secret {secret})")
     fp = doctor.fingerprint()
     fp["device"] = describe(args.device)
+    memory = memory_for(args, r.recipe.model, r.recipe.train)
     bad = 0
     for s in steps:
-        res = replay(r, s, progress_printer(args.quiet), args.device)
+        res = replay(r, s, progress_printer(args.quiet), args.device, memory)
         pub = r.records[s]
         published = {"state_root": pub.state_root, "data_hash": pub.data_hash, "chain_link": pub.chain_link}
         if res.verified:

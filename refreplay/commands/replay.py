@@ -7,9 +7,41 @@ def add_arguments(p):
     p.add_argument("--expect-head", metavar="HEX",
                    help="the chain head published out of band; the run's head.json must equal it")
     p.add_argument("--quiet", action="store_true", help="no progress line")
+    add_budget_arguments(p)
     from ..backend import add_argument
 
     add_argument(p)
+
+
+def add_budget_arguments(p):
+    p.add_argument("--max-memory", metavar="GIB", default=None,
+                   help="memory budget in GiB: when a step held in RAM would need more, optimizer moments, "
+                        "gradients and checkpoint tensors are kept in memory-mapped files (bits never change)")
+    p.add_argument("--estimate", action="store_true",
+                   help="print FLOPs, bytes moved, predicted peak memory and time (from a few seconds of "
+                        "kernel calibration) and exit without replaying")
+
+
+def memory_for(args, model, train):
+    """The ``budget.Memory`` that ``--max-memory`` asks for (None: no budget)."""
+    from .. import budget, estimate
+
+    if args.max_memory is None:
+        return None
+    limit = budget.parse_gib(args.max_memory)
+    return budget.Memory.for_budget(limit, estimate.cost(model, train).peak_ram)
+
+
+def print_estimate(args, model, train, steps: int) -> int:
+    from .. import budget, estimate
+
+    limit = None if args.max_memory is None else budget.parse_gib(args.max_memory)
+    c = estimate.estimate(model, train)
+    for line in c.lines(limit):
+        print(line)
+    if steps > 1:
+        print(f"predicted total {steps * c.seconds:.1f} s for {steps} steps")
+    return 0
 
 
 def check_head(run, expected):
@@ -26,9 +58,14 @@ def progress_printer(quiet):
     if quiet or not sys.stderr.isatty():
         return None
 
+    import time
+
+    t0 = time.perf_counter()
+
     def show(i, total, step):
         bar = "#" * (20 * i // total)
-        print(f"\rreplaying step {step} [{bar:<20}] {i}/{total}", end="" if i < total else "\n",
+        eta = (time.perf_counter() - t0) / i * (total - i)
+        print(f"\rreplaying step {step} [{bar:<20}] {i}/{total}  ETA {eta:.0f} s", end="" if i < total else "\n",
               file=sys.stderr, flush=True)
     return show
 
@@ -40,12 +77,23 @@ def run(args) -> int:
 
     r = open_run(args.run, strict=False)
     check_head(r, args.expect_head)
+    if args.estimate:
+        from ..errors import InputError
+
+        if not 1 <= args.step <= r.recipe.steps:
+            raise InputError(f"step {args.step} is not a step of this run (1..{r.recipe.steps})")
+        k = max(c for c in r.checkpoints if c < args.step)
+        print(f"run {args.run}: step {args.step} replays steps {k + 1}..{args.step} from the checkpoint "
+              f"at step {k}")
+        return print_estimate(args, r.recipe.model, r.recipe.train, args.step - k)
+    memory = memory_for(args, r.recipe.model, r.recipe.train)
     device = describe(args.device)  # refuses an unusable device before any work
-    res = replay(r, args.step, progress_printer(args.quiet), args.device)
+    res = replay(r, args.step, progress_printer(args.quiet), args.device, memory)
     print(f"run {args.run}: chain head {r.head['chain_link']}")
     if args.device != "cpu":
         print(f"ops on {device}")
-    print(f"replayed steps {res.start + 1}..{args.step} from the checkpoint at step {res.start}")
+    print(f"replayed steps {res.start + 1}..{args.step} from the checkpoint at step {res.start}"
+          + (" (state and gradients in memory-mapped files)" if memory is not None and memory.mapped else ""))
     for c in res.checked:
         print(f"  step {c.step}: state {c.state_root[:16]}  link {c.chain_link[:16]}  ok  ({c.seconds:.2f} s)")
     print_artifacts(res)

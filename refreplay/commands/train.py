@@ -3,7 +3,7 @@ HELP = "train a recipe on R ranks (in-process or MPI) and publish a run director
 
 def add_arguments(p):
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--preset", metavar="NAME", help="a named preset: tiny or small")
+    src.add_argument("--preset", metavar="NAME", help="a named preset: tiny, small, gpt2-124m or gpt2-xl")
     src.add_argument("--config", metavar="FILE",
                      help='a JSON file {"preset": NAME (optional base), "model": {...}, "train": {...}} '
                           "whose fields override the base preset (or the defaults)")
@@ -15,13 +15,24 @@ def add_arguments(p):
                    help="save the state every K steps (step 0 and the last step are always saved)")
     p.add_argument("--out", required=True, metavar="RUN", help="run directory to create (must not exist or be empty)")
     p.add_argument("--seed", type=int, default=None, metavar="S", help="override the recipe's seed")
-    p.add_argument("--data", nargs="+", metavar="FILE", default=None,
-                   help="build the corpus from these files (in order) instead of the Python standard library")
+    data_src = p.add_mutually_exclusive_group()
+    data_src.add_argument("--data", nargs="+", metavar="FILE", default=None,
+                          help="build the byte corpus from these files (in order) instead of the Python "
+                               "standard library")
+    data_src.add_argument("--tokens", nargs="+", metavar="FILE", default=None,
+                          help="pre-tokenized files, in order: llm.c .bin (256 x int32 header, magic 20240520) "
+                               "or flat uint16/uint32 with a sidecar FILE.json {\"dtype\", \"vocab\"}; "
+                               "the model's vocabulary becomes theirs, padded to a multiple of 64")
+    p.add_argument("--vocab", type=int, default=None, metavar="V",
+                   help="the token files' vocabulary size, when no sidecar gives it (GPT-2: 50257)")
     p.add_argument("--byte-cap", type=int, default=None, metavar="BYTES",
                    help="corpus size cap in bytes (default 1048576)")
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="compute threads per process (bits never depend on it)")
     p.add_argument("--quiet", action="store_true", help="no progress line")
+    from .replay import add_budget_arguments
+
+    add_budget_arguments(p)
     from ..backend import add_argument
 
     add_argument(p)
@@ -33,12 +44,17 @@ def _argv(args) -> list[str]:
            "--out", str(args.out)]
     out += ["--preset", args.preset] if args.preset else ["--config", str(args.config)]
     for flag, value in (("--checkpoint-every", args.checkpoint_every), ("--seed", args.seed),
+                        ("--max-memory", args.max_memory),
                         ("--byte-cap", args.byte_cap), ("--threads", args.threads),
                         ("--device", args.device)):
         if value is not None:
             out += [flag, str(value)]
+    if args.vocab is not None:
+        out += ["--vocab", str(args.vocab)]
     if args.data:
         out += ["--data", *args.data]
+    if args.tokens:
+        out += ["--tokens", *args.tokens]
     if args.quiet:
         out.append("--quiet")
     return out
@@ -75,6 +91,17 @@ def _configs(args):
     return name, model.validate(), train.validate()
 
 
+def _with_data_vocab(args, model):
+    """The model with the vocabulary its data will give it ([data.vocab.c1]),
+    read from the token files' sidecars or --vocab without reading tokens."""
+    import dataclasses
+
+    from .. import data, tokens
+
+    v = tokens.peek_vocab(args.tokens, args.vocab) if args.tokens else data.VOCAB
+    return dataclasses.replace(model, vocab=tokens.padded_vocab(v))
+
+
 def run(args) -> int:
     import sys
     import traceback
@@ -88,9 +115,16 @@ def run(args) -> int:
         raise InputError("--ranks must be a positive integer")
     if args.checkpoint_every is not None and args.checkpoint_every < 1:
         raise InputError("--checkpoint-every must be a positive integer")
+    if args.vocab is not None and not args.tokens:
+        raise InputError("--vocab applies to --tokens files only")
     if args.threads is not None and args.threads < 1:
         raise InputError("--threads must be a positive integer")
     name, model, train_cfg = _configs(args)
+    from .replay import memory_for, print_estimate
+
+    if args.estimate:
+        return print_estimate(args, _with_data_vocab(args, model), train_cfg, args.steps)
+    memory = memory_for(args, _with_data_vocab(args, model), train_cfg)
     if args.launcher == "mpi" and not mpi_launch.under_mpi():
         return mpi_launch.relaunch(args.ranks, _argv(args))
 
@@ -110,7 +144,8 @@ def run(args) -> int:
                         checkpoint_every=args.checkpoint_every or args.steps, out=args.out,
                         launcher=launcher, launcher_name=args.launcher, preset=name,
                         corpus_files=args.data, byte_cap=args.byte_cap or data.DEFAULT_BYTE_CAP,
-                        progress=None if args.quiet else sys.stderr, device=args.device)
+                        progress=None if args.quiet else sys.stderr, device=args.device,
+                        token_files=args.tokens, vocab=args.vocab, memory=memory)
     except Exception as exc:
         if launcher.size > 1 and hasattr(launcher, "abort"):
             # One MPI rank failing must not leave the others waiting for its

@@ -37,16 +37,22 @@ def embedding_backward_kernel(dwte, dout, tokens):
     of dout[i, c] over the tokens with tokens[i] = v ([red.sum.c1]).
 
     dwte: [V, C], overwritten; dout: [N, C]; tokens: [N] int32.
-    Every element starts at -0 (the start of a non-empty sum) and receives
-    dwte = add(dwte, dout[i, c]) for i = 0, 1, ..., N-1; rows of ids that
-    never occur are then set to +0 (the empty sum).  Parallel over blocks of
+    Rows of ids that occur start at -0 (the start of a non-empty sum), the
+    others are +0 (the empty sum) and stay so; then every element receives
+    dwte = add(dwte, dout[i, c]) for i = 0, 1, ..., N-1.  The rows are
+    initialised in one parallel pass (at V = 50,304 the [V, C] array is most
+    of the work when N is small).  The sums run in parallel over blocks of
     channels: a block owns its columns of dwte and walks all tokens in
     increasing i, so every element's sum keeps the clause's order whatever the
     number of threads.
     """
     N, C = dout.shape
     V = dwte.shape[0]
-    dwte[:, :] = NEG_ZERO
+    seen = np.zeros(V, dtype=np.bool_)
+    for i in range(N):
+        seen[tokens[i]] = True
+    for v in prange(V):
+        dwte[v, :] = NEG_ZERO if seen[v] else ZERO
     n_blocks = (C + _CHANNEL_BLOCK - 1) // _CHANNEL_BLOCK
     for blk in prange(n_blocks):
         c0 = blk * _CHANNEL_BLOCK
@@ -56,12 +62,6 @@ def embedding_backward_kernel(dwte, dout, tokens):
             dout_i = dout[i, c0:c1]
             for c in range(dwte_tok.shape[0]):
                 dwte_tok[c] = add(dwte_tok[c], dout_i[c])
-    seen = np.zeros(V, dtype=np.bool_)
-    for i in range(N):
-        seen[tokens[i]] = True
-    for v in prange(V):
-        if not seen[v]:
-            dwte[v, :] = ZERO
 
 
 def _check_tokens(tokens, V: int) -> np.ndarray:

@@ -1,0 +1,178 @@
+"""The cost of a step, known before it runs: FLOPs, bytes moved, predicted
+peak memory and predicted time on this machine (``--estimate``).
+
+Counts come from the configuration alone.  The time comes from a short
+calibration (seconds; more at a large vocabulary): one micro-batch of the
+model cut to one and two layers at two short sequence lengths, which times
+the real kernels at the model's widths (a layer's cost is a*T + q*T^2, the
+embedding and head cost h0 + h1*T: the [V, C] gradients cost the same at any
+T), and the step's elementwise passes and state hash timed on a few MiB.  It is a
+prediction for planning, not a measurement; nothing here touches the bits of
+a step.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .model import param_count, param_shapes
+from .presets import ModelConfig, TrainConfig
+
+F32_BYTES = 4
+
+
+def _grad_sets(m: int) -> int:
+    """Gradient sets alive at once during TreeFold: the stack's
+    floor(log2 M) + 1 blocks ([fold.memory.r1]) and the leaf being merged."""
+    return m.bit_length() + 1
+
+
+def activation_bytes(cfg: ModelConfig, b: int) -> int:
+    """Bytes one micro-batch keeps for its backward (forward outputs saved per
+    layer, the attention probabilities, the logits) plus the backward's
+    transients of one layer and the head."""
+    n, c, f, t, v = b * cfg.seq_len, cfg.width, cfg.mlp_hidden, cfg.seq_len, cfg.vocab
+    per_layer = n * (14 * c + (2 if cfg.mlp == "gelu" else 3) * f) + b * cfg.heads * t * t
+    transient = n * (6 * c + 2 * f) + 2 * b * cfg.heads * t * t
+    head = 3 * n * v
+    return F32_BYTES * (cfg.layers * per_layer + transient + head)
+
+
+def largest_tensor_bytes(cfg: ModelConfig) -> int:
+    return F32_BYTES * max(int(np.prod(s)) for s in param_shapes(cfg).values())
+
+
+@dataclass
+class Cost:
+    params: int
+    tokens: int  # per step
+    flops: int  # one step: forward and backward of every micro-batch, fold, optimizer
+    bytes_moved: int  # state, gradients and checkpoint bytes read and written once each
+    peak_ram: int  # every tensor in RAM
+    peak_mapped: int  # anonymous memory with state and gradients in mapped files
+    seconds: float | None = None  # predicted, from the calibration
+    calibration_s: float | None = None
+
+    def lines(self, budget: int | None = None) -> list[str]:
+        gib = lambda x: f"{x / (1 << 30):.2f} GiB"  # noqa: E731
+        mapped = budget is not None and self.peak_ram > budget
+        out = [f"parameters      {self.params:,}",
+               f"tokens per step {self.tokens:,}",
+               f"FLOPs per step  {self.flops:.3e}",
+               f"bytes moved     {gib(self.bytes_moved)} (state, gradients, checkpoint)",
+               f"peak memory     {gib(self.peak_ram)} with every tensor in RAM; "
+               f"{gib(self.peak_mapped)} with state and gradients in mapped files",
+               "memory plan     " + ("no budget: tensors in RAM" if budget is None else
+                                     f"--max-memory {gib(budget)}: " +
+                                     ("state and gradients in mapped files" if mapped else "fits in RAM"))]
+        if mapped and self.peak_mapped > budget:
+            out.append(f"warning         even mapped, the step needs about {gib(self.peak_mapped)} "
+                       "(activations of one micro-batch): above the budget")
+        if self.seconds is not None:
+            out.append(f"predicted time  {self.seconds:.1f} s per step on this machine "
+                       f"(calibrated in {self.calibration_s:.1f} s)")
+        return out
+
+
+def cost(cfg: ModelConfig, train: TrainConfig) -> Cost:
+    """FLOPs, bytes and peak memory of one step (replay or training)."""
+    p = param_count(cfg)
+    m, b, t, c, layers = train.micro_batches, train.micro_batch_size, cfg.seq_len, cfg.width, cfg.layers
+    tokens = m * b * t
+    # every weight is a matmul operand once (the tied wte as the head; an
+    # untied wte is only gathered): forward 2 FLOPs per weight and token,
+    # backward 4; causal attention (QK^T and AV over T/2 keys on average)
+    # 2*2*(T/2)*C per token and layer forward, twice that backward
+    matmul_params = p - (0 if cfg.tied else cfg.vocab * c)
+    flops = 6 * matmul_params * tokens + 3 * 2 * t * c * layers * tokens
+    flops += (m - 1) * p + p + 2 * p + 20 * p  # fold, scale, clip, AdamW
+    state = 3 * p * F32_BYTES
+    grad = p * F32_BYTES
+    moved = (state  # checkpoint read
+             + m * grad + (m - 1) * 3 * grad  # leaves written, merges read two and write one
+             + 2 * grad + grad  # scale, clip
+             + 4 * grad + 3 * grad  # AdamW reads params, grads, m, v; writes three
+             + 2 * state)  # the state copied and hashed
+    act = activation_bytes(cfg, b)
+    fold_phase = state + _grad_sets(m) * grad + act
+    optim_phase = 2 * state + 2 * grad
+    peak_ram = max(fold_phase, optim_phase)
+    peak_mapped = act + 4 * largest_tensor_bytes(cfg) + (64 << 20)
+    return Cost(p, tokens, int(flops), int(moved), int(peak_ram), int(peak_mapped))
+
+
+def _time(fn, repeat: int = 2) -> float:
+    """Best of ``repeat`` wall times: the least disturbed by other load."""
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _micro_seconds(cfg: ModelConfig, layers: int, t: int, repeat: int = 1) -> float:
+    """Seconds of one micro-batch (B = 1) of ``cfg`` cut to ``layers`` layers at
+    sequence length ``t`` (best of ``repeat``); random parameters (timing does
+    not depend on them)."""
+    from .model import Model
+
+    small = dataclasses.replace(cfg, layers=layers, seq_len=t)
+    g = np.random.default_rng(0)
+    pattern = g.standard_normal(4099, dtype=np.float32) * np.float32(0.02)  # tiled: cheap at any size
+    params = {k: np.resize(pattern, s) if len(s) > 1 else np.ones(s, np.float32)
+              for k, s in param_shapes(small).items()}
+    model = Model(small)
+    x = g.integers(0, cfg.vocab, size=(1, t)).astype(np.int32)
+    y = g.integers(0, cfg.vocab, size=(1, t)).astype(np.int32)
+    return _time(lambda: model.loss_and_grads(params, x, y), repeat)
+
+
+def _stream_seconds_per_byte() -> tuple[float, float]:
+    """(seconds per byte of an elementwise pass, of the state hash)."""
+    from . import backend as backends
+    from . import state as statehash
+
+    ops = backends.get("cpu")
+    n = 1 << 22
+    a = np.full(n, np.float32(0.5))
+    b = np.full(n, np.float32(0.25))
+    ops.treefold.merge(a, b)
+    merge = _time(lambda: ops.treefold.merge(a, b)) / (3 * 4 * n)
+    hashing = _time(lambda: statehash.state_hash({"x": a}, statehash.default_threads())) / (4 * n)
+    return merge, hashing
+
+
+def calibrate(cfg: ModelConfig, train: TrainConfig, c: Cost) -> Cost:
+    """Fill in ``c.seconds``: the predicted time of one step here."""
+    t0 = time.perf_counter()
+    _micro_seconds(cfg, 1, min(cfg.seq_len, 8))  # loads (or compiles) every kernel once
+    tc = max(min(cfg.seq_len // 2, 32), 1)
+    # layer(T) = two - one; head(T) = one - layer(T); each through T = tc, 2*tc
+    points = []
+    for t_ in (tc, 2 * tc):
+        one = _micro_seconds(cfg, 1, t_)
+        layer = max(_micro_seconds(cfg, 2, t_) - one, 0.0)
+        points.append((layer, max(one - layer, 0.0)))
+    (l1, h1), (l2, h2) = points
+    q = max((l2 - 2 * l1) / (2 * tc * tc), 0.0)
+    a = max((l1 - q * tc * tc) / tc, 0.0)
+    h_t = max((h2 - h1) / tc, 0.0)
+    h_0 = max(h1 - h_t * tc, 0.0)
+    t = cfg.seq_len
+    micro = train.micro_batch_size * (cfg.layers * (a * t + q * t * t) + h_t * t) + h_0
+    per_byte, hash_per_byte = _stream_seconds_per_byte()
+    stream_bytes = c.bytes_moved - 3 * c.params * F32_BYTES * 2  # what the hash reads is timed apart
+    seconds = (train.micro_batches * micro + per_byte * stream_bytes
+               + hash_per_byte * 2 * 3 * c.params * F32_BYTES)  # the loaded and the new state hashed
+    c.seconds = seconds
+    c.calibration_s = time.perf_counter() - t0
+    return c
+
+
+def estimate(cfg: ModelConfig, train: TrainConfig, calibrated: bool = True) -> Cost:
+    c = cost(cfg, train)
+    return calibrate(cfg, train, c) if calibrated else c
