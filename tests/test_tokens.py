@@ -168,7 +168,7 @@ def test_fuzzed_llmc_files_are_read_or_refused(tmp_path, head, body, magic):
 
 def test_wide_token_shards_round_trip_and_refuse_ids_out_of_range(tmp_path):
     """[data.shards.c1] [data.hash.c1] two-byte tokens in shards; a shard
-    holding an id >= V is refused even when hash mismatches are tolerated."""
+    holding an id >= V is refused, or, when damage is tolerated, unusable."""
     import zstandard
 
     samples = tokens.make_samples(_ids(5000 * 10).astype("<u2"), 9)
@@ -183,7 +183,14 @@ def test_wide_token_shards_round_trip_and_refuse_ids_out_of_range(tmp_path):
     bad[7, 3] = V
     (tmp_path / "shard-00000.zst").write_bytes(zstandard.ZstdCompressor().compress(bad.tobytes()))
     with pytest.raises(InputError, match=r"token id 300 is outside the vocabulary \[0, 300\)"):
-        data.read_shards(tmp_path, verify=False, problems=True)
+        data.read_shards(tmp_path)
+    # tolerating damage (an auditor's replay), the shard is unusable: its
+    # samples are never handed to the model, and the steps drawing them are named
+    sh = data.read_shards(tmp_path, verify=False, problems=True)
+    assert [(lo, hi) for lo, hi, _ in sh.unreadable] == [(0, 4096)]
+    assert "token id 300 is outside the vocabulary" in sh.unreadable[0][2]
+    assert not sh.samples[:4096].any() and np.array_equal(sh.samples[4096:], samples[4096:])
+    assert sh.unreadable_in([5]) and not sh.unreadable_in([4096])
     with pytest.raises(ValueError, match="uint16"):
         data.write_shards(samples.astype(np.uint32), tmp_path / "x", {}, V)
 
