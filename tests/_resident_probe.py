@@ -1,0 +1,97 @@
+"""Run by ``test_device_resident.py`` in a subprocess with NUMBA_ENABLE_CUDASIM=1:
+train steps of a micro model on the CPU and on the CUDA twin (2 in-process
+ranks) and count every host<->device transfer inside each device step.
+
+Counted: ``cuda.to_device`` (host -> device), ``copy_to_host`` (device ->
+host), ``copy_to_device`` from a host array, and a host array handed to a
+kernel (the implicit copy in and back that numba.cuda makes).  Prints JSON:
+per layer count, the records of both devices and the counts of every step.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+from numba import cuda
+from numba.cuda.simulator import kernel as simkernel
+from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+from refreplay.conformance.steps import recipe_sha256
+from refreplay.data import Batching, Stream
+from refreplay.launch.inproc import InProcess
+from refreplay.model import param_shapes
+from refreplay.presets import ModelConfig, TrainConfig
+from refreplay.step import Trainer
+
+COUNTS = {"h2d": 0, "d2h": 0, "implicit": 0}
+
+
+def _counting():
+    to_device, copy_to_host, copy_to_device = cuda.to_device, FakeCUDAArray.copy_to_host, \
+        FakeCUDAArray.copy_to_device
+    in_out = simkernel.InOut
+
+    def h2d(*a, **k):
+        COUNTS["h2d"] += 1
+        return to_device(*a, **k)
+
+    def d2h(self, *a, **k):
+        COUNTS["d2h"] += 1
+        return copy_to_host(self, *a, **k)
+
+    def d2d_or_h2d(self, ary, *a, **k):
+        if not isinstance(ary, FakeCUDAArray):
+            COUNTS["h2d"] += 1
+        return copy_to_device(self, ary, *a, **k)
+
+    class ImplicitInOut(in_out):
+        def __init__(self, *a, **k):
+            COUNTS["implicit"] += 1
+            super().__init__(*a, **k)
+
+    cuda.to_device = h2d
+    FakeCUDAArray.copy_to_host = d2h
+    FakeCUDAArray.copy_to_device = d2d_or_h2d
+    simkernel.InOut = ImplicitInOut
+
+
+def run(layers: int, device: str, steps: int, ranks: int, M: int) -> tuple[list, list]:
+    model = ModelConfig(width=4, layers=layers, heads=2, seq_len=2, mlp_hidden=4)
+    train = TrainConfig(micro_batches=M, micro_batch_size=1, warmup_steps=1, schedule_steps=4)
+    samples = np.random.default_rng(7).integers(0, 256, size=(2 * M * steps, 3), dtype=np.uint8)
+    stream = Stream(samples, train.seed, Batching(M, 1))
+    trainer = Trainer(model, train, stream, recipe_sha256(model, train, samples), device)
+    st = trainer.initial_state()
+    rec = trainer.initial_record(st)
+    records, counts = [[rec.state_root]], []
+    launcher = InProcess(ranks)
+    for _ in range(steps):
+        before = dict(COUNTS)
+        st, rec = trainer.step(st, rec.chain_link, launcher)
+        counts.append({k: COUNTS[k] - before[k] for k in COUNTS})
+        records.append([rec.state_root, rec.chain_link, rec.loss_hex()])
+    return records, counts
+
+
+def main(argv):
+    """argv: LAYERS:STEPS[,LAYERS:STEPS...] RANKS M"""
+    runs = [tuple(int(v) for v in x.split(":")) for x in argv[1].split(",")]
+    ranks, M = int(argv[2]), int(argv[3])
+    # the attention scale recip(sqrt(HS)) is computed on the device once per process and
+    # head size (cached), like the rotary tables at model construction: not per step
+    from cuda_backend.host.ops.attention import attention_scale
+    attention_scale(2)
+    _counting()
+    out = []
+    for layers, steps in runs:
+        cpu, _ = run(layers, "cpu", steps, ranks, M)
+        dev, counts = run(layers, "cuda", steps, ranks, M)
+        tensors = len(param_shapes(ModelConfig(width=4, layers=layers, heads=2, seq_len=2,
+                                               mlp_hidden=4)))
+        out.append({"layers": layers, "param_tensors": tensors, "cpu": cpu, "cuda": dev, "counts": counts})
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main(sys.argv)
