@@ -6,7 +6,7 @@ import numpy as np
 from numba import cuda
 
 from ...ops import quant as Q
-from .._common import _dev, _each, _f32, _ret, device_aware
+from .._common import _each, _f32
 from ..linalg import I8_MAX_K, col_sum, matmul, matmul_i8, matmul_tn
 
 
@@ -22,44 +22,39 @@ def _qrows(x, s):
     return x.reshape(x.shape[0], -1), np.ascontiguousarray(s)
 
 
-@device_aware
 def step_size_rows(x):
     """[quant.step.c1] One re-pinned step per row: x [R, K] -> s [R]."""
     _f32("x", x, 2)
     s = cuda.device_array(x.shape[0], np.float32)
-    _each(Q.step_rows_k, x.shape[0], _dev(x), s)
-    return _ret(s)
+    _each(Q.step_rows_k, x.shape[0], cuda.to_device(x), s)
+    return s.copy_to_host()
 
 
-@device_aware
 def step_size(x):
     """[quant.step.c1] The re-pinned step size of a whole tensor (any shape)."""
     _f32("x", x)
     return step_size_rows(x.reshape(1, -1))[0]
 
 
-@device_aware
 def quantize(x, s):
     """[quant.quantize.c1] int8 codes of x with step s (scalar, or one per first-axis index)."""
     _f32("x", x)
     x2, s1 = _qrows(x, s)
     q = cuda.device_array(x2.shape, np.int8)
-    _each(Q.quantize_rows_k, x2.size, _dev(x2), _dev(s1), q)
-    return _ret(q).reshape(x.shape)
+    _each(Q.quantize_rows_k, x2.size, cuda.to_device(x2), cuda.to_device(s1), q)
+    return q.copy_to_host().reshape(x.shape)
 
 
-@device_aware
 def dequantize(q, s):
     """[quant.dequantize.c1] f32(q) * s (s scalar or per first-axis index)."""
     if not isinstance(q, np.ndarray) or q.dtype != np.int8 or not q.flags.c_contiguous:
         raise TypeError("q must be a C-contiguous int8 ndarray")
     q2, s1 = _qrows(q, s)
     out = cuda.device_array(q2.shape, np.float32)
-    _each(Q.dequantize_rows_k, q2.size, _dev(q2), _dev(s1), out)
-    return _ret(out).reshape(q.shape)
+    _each(Q.dequantize_rows_k, q2.size, cuda.to_device(q2), cuda.to_device(s1), out)
+    return out.copy_to_host().reshape(q.shape)
 
 
-@device_aware
 def fake_quantize(x, s):
     """[quant.quantize.c1] [quant.dequantize.c1] dequantize(quantize(x, s), s)."""
     return dequantize(quantize(x, s), s)
@@ -67,12 +62,11 @@ def fake_quantize(x, s):
 
 def _ste(x2, s1, g2):
     """[quant.ste.c1] g2 (rows like x2) with saturated codes' gradients set to +0, on the host."""
-    d_g = _dev(g2)
-    _each(Q.ste_mask_rows_k, x2.size, _dev(x2), _dev(s1), d_g)
-    return _ret(d_g)
+    d_g = cuda.to_device(g2)
+    _each(Q.ste_mask_rows_k, x2.size, cuda.to_device(x2), cuda.to_device(s1), d_g)
+    return d_g.copy_to_host()
 
 
-@device_aware
 def fake_quantize_backward(dy, x, s):
     """[quant.ste.c1] dy where x's code is not saturated, +0 where it is."""
     _f32("dy", dy), _f32("x", x)
@@ -105,7 +99,6 @@ def _qoperands(x, w):
     return sx, sw, quantize(x, sx).reshape(B * T, C), quantize(w, sw)
 
 
-@device_aware
 def qlinear_forward(x, w, b=None):
     """[quant.linear.fwd.c1] x [B, T, C], w [OC, C], b [OC] or None -> y [B, T, OC]."""
     B, T, C, OC = _qlinear_check(x, w, b)
@@ -113,12 +106,11 @@ def qlinear_forward(x, w, b=None):
     acc = matmul_i8(qx, np.ascontiguousarray(qw.T))  # [mm.i8.c1], exact
     y = cuda.device_array((B * T, OC), np.float32)
     bias = b if b is not None else np.zeros(OC, np.float32)
-    _each(Q.rescale_k, B * T * OC, _dev(acc), _dev(sx), _dev(sw),
-          _dev(bias), b is not None, T, y)
-    return _ret(y).reshape(B, T, OC)
+    _each(Q.rescale_k, B * T * OC, cuda.to_device(acc), cuda.to_device(sx), cuda.to_device(sw),
+          cuda.to_device(bias), b is not None, T, y)
+    return y.copy_to_host().reshape(B, T, OC)
 
 
-@device_aware
 def qlinear_backward(dy, x, w, has_bias=True):
     """[quant.linear.bwd.c1] -> (dx [B, T, C], dw [OC, C], db [OC] or None), binary32 with STE."""
     B, T, C, OC = _qlinear_check(x, w, None)
