@@ -74,6 +74,38 @@ def run(layers: int, device: str, steps: int, ranks: int, M: int) -> tuple[list,
     return records, counts
 
 
+def api_checks() -> dict:
+    """Where results land: NumPy in -> NumPy out, device in -> device out, same
+    bits; a host tensor in a dict of device gradients is still clipped in place;
+    the device head split/merge equals the CPU's copies."""
+    from cuda_backend.host import arrays, numerics
+    from cuda_backend.host._common import is_device
+    from cuda_backend.host.ops import optim
+    from refreplay import arrays as cpu_arrays
+    from refreplay.ops import optim as cpu_optim
+
+    g = np.random.default_rng(3)
+    a, b = (g.standard_normal(6).astype(np.float32) for _ in range(2))
+    host, dev = numerics.add(a, b), numerics.add(cuda.to_device(a), b)
+    out = {"numpy_in_numpy_out": isinstance(host, np.ndarray),
+           "device_in_device_out": is_device(dev),
+           "same_bits": dev.copy_to_host().tobytes() == host.tobytes()}
+    ref = {"a": np.full(4, 10, np.float32), "b": np.full(4, -3, np.float32)}
+    mixed = {"a": ref["a"].copy(), "b": cuda.to_device(ref["b"])}
+    cpu_optim.clip_grad_norm(ref, np.float32(1.0))
+    optim.clip_grad_norm(mixed, np.float32(1.0))
+    out["mixed_clip"] = (mixed["a"].tobytes() == ref["a"].tobytes()
+                         and mixed["b"].copy_to_host().tobytes() == ref["b"].tobytes())
+    B, T, NH, HS = 2, 3, 2, 2
+    qkv = g.standard_normal((B * T, 3 * NH * HS)).astype(np.float32)
+    parts = [cpu_arrays.split_heads(qkv, j, B, T, NH, HS) for j in range(3)]
+    dparts = [arrays.split_heads(cuda.to_device(qkv), j, B, T, NH, HS) for j in range(3)]
+    out["split_heads"] = all(p.tobytes() == d.copy_to_host().tobytes() for p, d in zip(parts, dparts))
+    out["merge_heads"] = (arrays.merge_heads(dparts, B, T, NH, HS).copy_to_host().tobytes()
+                          == cpu_arrays.merge_heads(parts, B, T, NH, HS).tobytes() == qkv.tobytes())
+    return out
+
+
 def main(argv):
     """argv: LAYERS:STEPS[,LAYERS:STEPS...] RANKS M"""
     runs = [tuple(int(v) for v in x.split(":")) for x in argv[1].split(",")]
@@ -90,7 +122,7 @@ def main(argv):
         tensors = len(param_shapes(ModelConfig(width=4, layers=layers, heads=2, seq_len=2,
                                                mlp_hidden=4)))
         out.append({"layers": layers, "param_tensors": tensors, "cpu": cpu, "cuda": dev, "counts": counts})
-    print(json.dumps(out))
+    print(json.dumps({"runs": out, "api": api_checks()}))
 
 
 if __name__ == "__main__":

@@ -44,14 +44,29 @@ M = 2
 
 
 @pytest.fixture(scope="module")
-def runs():
-    """Layers 1 over two steps and layers 2 over one step: {layers: result}."""
+def probe():
+    """The probe's JSON: layers 1 over two steps, layers 2 over one step, and the API checks."""
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1",
                PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run([sys.executable, str(ROOT / "tests" / "_resident_probe.py"), "1:2,2:1", "2", str(M)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    return {r["layers"]: r for r in json.loads(proc.stdout.strip().splitlines()[-1])}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def runs(probe):
+    """Layers 1 over two steps and layers 2 over one step: {layers: result}."""
+    return {r["layers"]: r for r in probe["runs"]}
+
+
+def test_host_entry_points_follow_their_inputs(probe):
+    """NumPy in -> NumPy out (refreplay.torch and direct callers unchanged),
+    a device array in -> a device array out with the same bits; a host tensor
+    among device gradients is still clipped in place; the device's head split
+    and merge are the CPU's exact copies."""
+    assert probe["api"] == dict.fromkeys(["numpy_in_numpy_out", "device_in_device_out", "same_bits",
+                                          "mixed_clip", "split_heads", "merge_heads"], True)
 
 
 def test_device_step_has_the_cpu_bits(runs):
