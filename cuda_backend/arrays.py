@@ -38,3 +38,14 @@ def merge_heads_k(heads, col0, x):
         t, r = r % T, r // T
         h, b = r % NH, r // NH
         x[b * T + t, col0 + h * HS + d] = heads[b, h, t, d]
+
+
+@kernel("void(int8[:, ::1], int8[:, ::1])")
+def transpose_i8_k(a, out):
+    """out[j, i] = a[i, j] (the int8 weight codes as B of [mm.i8.c1]); grid ``blocks(a.size)``."""
+    t = cuda.grid(1)
+    I, J = a.shape
+    if t < I * J:
+        i = t // J
+        j = t - i * J
+        out[j, i] = a[i, j]

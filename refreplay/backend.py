@@ -17,7 +17,7 @@ The device is not part of a run's recipe: a step trained on either replays
 on the other with the same state root, data hash and chain link.  State
 hashing, data loading and checkpoints stay on the host.
 
-On ``cuda`` the step is device-resident (fp32 linears): the model and the
+On ``cuda`` the step is device-resident: the model and the
 step hand device arrays to the ops, which then keep their results on the
 device, so parameters, optimizer state, activations and the TreeFold's
 gradient sets stay there for the whole step and across steps; what crosses

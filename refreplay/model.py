@@ -210,9 +210,7 @@ class Model:
     def __init__(self, cfg: ModelConfig, device=None):
         self.cfg = cfg.validate()
         self.ops = backends.get(device)  # where the ops run ("cpu", the default, or "cuda")
-        # where the tensors live: on the device for fp32 linears; the int8 linears of the
-        # CUDA twin still take host arrays (their quantizer plumbing is not device-resident)
-        self.arrays = self.ops.arrays if cfg.linear != "int8" else backends.get("cpu").arrays
+        self.arrays = self.ops.arrays  # where the tensors live: the host, or the device
         self.shapes = param_shapes(cfg)
         self.cos, self.sin = (self.arrays.to_device(t) for t in
                               self.ops.rope.rope_tables(cfg.seq_len, cfg.head_size, cfg.rope_theta))

@@ -20,7 +20,7 @@ from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
 from refreplay.conformance.steps import recipe_sha256
 from refreplay.data import Batching, Stream
 from refreplay.launch.inproc import InProcess
-from refreplay.model import param_shapes
+from refreplay.model import linear_names, param_shapes
 from refreplay.presets import ModelConfig, TrainConfig
 from refreplay.step import Trainer
 
@@ -56,8 +56,8 @@ def _counting():
     simkernel.InOut = ImplicitInOut
 
 
-def run(layers: int, device: str, steps: int, ranks: int, M: int) -> tuple[list, list]:
-    model = ModelConfig(width=4, layers=layers, heads=2, seq_len=2, mlp_hidden=4)
+def run(layers: int, device: str, steps: int, ranks: int, M: int, linear: str) -> tuple[list, list]:
+    model = ModelConfig(width=4, layers=layers, heads=2, seq_len=2, mlp_hidden=4, linear=linear)
     train = TrainConfig(micro_batches=M, micro_batch_size=1, warmup_steps=1, schedule_steps=4)
     samples = np.random.default_rng(7).integers(0, 256, size=(2 * M * steps, 3), dtype=np.uint8)
     stream = Stream(samples, train.seed, Batching(M, 1))
@@ -107,8 +107,9 @@ def api_checks() -> dict:
 
 
 def main(argv):
-    """argv: LAYERS:STEPS[,LAYERS:STEPS...] RANKS M"""
+    """argv: LAYERS:STEPS[,LAYERS:STEPS...] RANKS M [LINEAR]"""
     runs = [tuple(int(v) for v in x.split(":")) for x in argv[1].split(",")]
+    linear = argv[4] if len(argv) > 4 else "fp32"
     ranks, M = int(argv[2]), int(argv[3])
     # the attention scale recip(sqrt(HS)) is computed on the device once per process and
     # head size (cached), like the rotary tables at model construction: not per step
@@ -117,11 +118,12 @@ def main(argv):
     _counting()
     out = []
     for layers, steps in runs:
-        cpu, _ = run(layers, "cpu", steps, ranks, M)
-        dev, counts = run(layers, "cuda", steps, ranks, M)
-        tensors = len(param_shapes(ModelConfig(width=4, layers=layers, heads=2, seq_len=2,
-                                               mlp_hidden=4)))
-        out.append({"layers": layers, "param_tensors": tensors, "cpu": cpu, "cuda": dev, "counts": counts})
+        cpu, _ = run(layers, "cpu", steps, ranks, M, linear)
+        dev, counts = run(layers, "cuda", steps, ranks, M, linear)
+        cfg = ModelConfig(width=4, layers=layers, heads=2, seq_len=2, mlp_hidden=4, linear=linear)
+        hashed = len(linear_names(cfg)) if linear == "int8" else 0  # + the re-pinned quantizer steps
+        out.append({"layers": layers, "param_tensors": len(param_shapes(cfg)), "quant_steps": hashed,
+                    "cpu": cpu, "cuda": dev, "counts": counts})
     print(json.dumps({"runs": out, "api": api_checks()}))
 
 

@@ -43,15 +43,19 @@ ROOT = Path(__file__).resolve().parents[1]
 M = 2
 
 
+def _probe(linear="fp32") -> dict:
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1",
+               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "_resident_probe.py"), "1:2,2:1", "2", str(M),
+                           linear], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 @pytest.fixture(scope="module")
 def probe():
     """The probe's JSON: layers 1 over two steps, layers 2 over one step, and the API checks."""
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1",
-               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "_resident_probe.py"), "1:2,2:1", "2", str(M)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return _probe()
 
 
 @pytest.fixture(scope="module")
@@ -71,9 +75,7 @@ def test_host_entry_points_follow_their_inputs(probe):
 
 def test_device_step_has_the_cpu_bits(runs):
     """State roots, chain links and losses of every step equal the CPU's."""
-    for r in runs.values():
-        assert len(r["cuda"]) == len(r["cpu"]) >= 2
-        assert r["cuda"] == r["cpu"], f"layers={r['layers']}"
+    _same_bits(runs)
 
 
 def test_no_host_array_reaches_a_kernel(runs):
@@ -84,6 +86,36 @@ def test_no_host_array_reaches_a_kernel(runs):
 def test_state_stays_on_the_device_across_steps(runs):
     """Step 1 uploads the host state once (3P tensors); step 2 starts from the
     device state and uploads only each micro-batch's inputs and loss."""
+    _across_steps(runs)
+
+
+def test_transfers_do_not_grow_with_the_layers(runs):
+    """Beyond the state tensors the spec hashes (3P down, plus the re-pinned
+    quantizer steps under int8, and 3P up when the state arrives from the
+    host), a step's transfers are the same for one and for two layers: no
+    per-op round trip."""
+    _layer_independent(runs)
+
+
+@pytest.mark.slow
+def test_int8_step_is_device_resident_too():
+    """linear = "int8" (QAT linears: step sizes, codes, the transposed weight
+    codes and the STE masks on the device): the same four properties."""
+    runs = {r["layers"]: r for r in _probe("int8")["runs"]}
+    assert all(r["quant_steps"] > 0 for r in runs.values())
+    _same_bits(runs)
+    assert all(c["implicit"] == 0 for r in runs.values() for c in r["counts"])
+    _across_steps(runs)
+    _layer_independent(runs)
+
+
+def _same_bits(runs):
+    for r in runs.values():
+        assert len(r["cuda"]) == len(r["cpu"]) >= 2
+        assert r["cuda"] == r["cpu"], f"layers={r['layers']}"
+
+
+def _across_steps(runs):
     r = runs[1]
     P = r["param_tensors"]
     step1, step2 = r["counts"]
@@ -91,15 +123,12 @@ def test_state_stays_on_the_device_across_steps(runs):
     assert step2["h2d"] <= 8 * M < P * 3
 
 
-def test_transfers_do_not_grow_with_the_layers(runs):
-    """Beyond the state tensors the spec hashes (3P down, and 3P up when the
-    state arrives from the host), a step's transfers are the same for one and
-    for two layers: no per-op round trip."""
+def _layer_independent(runs):
     per_step = {}
     for layers, r in runs.items():
-        P = r["param_tensors"]
+        P, Q = r["param_tensors"], r["quant_steps"]
         c = r["counts"][0]
-        per_step[layers] = (c["h2d"] - 3 * P, c["d2h"] - 3 * P)
+        per_step[layers] = (c["h2d"] - 3 * P, c["d2h"] - 3 * P - Q)
     assert runs[2]["param_tensors"] > runs[1]["param_tensors"]
     assert per_step[1] == per_step[2], per_step
     up, down = per_step[1]
