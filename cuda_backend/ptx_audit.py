@@ -52,6 +52,7 @@ KERNEL_MODULES = (
     "cuda_backend.ops.quant",
     "cuda_backend.ops.activations",
     "cuda_backend.ops.softmax",
+    "cuda_backend.arrays",
 )
 
 FLOAT_TYPES = {"f16", "f16x2", "bf16", "bf16x2", "f32", "f64"}

@@ -4,7 +4,8 @@ The model ([model.forward.c1], [model.backward.c1]), the gradient fold
 ([fold.tree.c1], [fold.scale.c1]) and the optimiser ([optim.clip.c1],
 [optim.adamw.c1]) call their ops through a ``Backend``: a bundle of modules
 with the reference's function names and calling conventions (host NumPy
-arrays in and out).
+arrays in and out), plus ``arrays``: where the step's tensors live
+(``to_device``/``to_host``) and the exact copies between layouts.
 
 * ``cpu``  — ``refreplay.ops``, ``refreplay.numerics.elementwise``,
   ``refreplay.treefold`` and ``refreplay.rng``: the reference itself.
@@ -15,6 +16,14 @@ arrays in and out).
 The device is not part of a run's recipe: a step trained on either replays
 on the other with the same state root, data hash and chain link.  State
 hashing, data loading and checkpoints stay on the host.
+
+On ``cuda`` the step is device-resident: the model and the
+step hand device arrays to the ops, which then keep their results on the
+device, so parameters, optimizer state, activations and the TreeFold's
+gradient sets stay there for the whole step and across steps; what crosses
+to the host is what the spec hashes or publishes (the state tensors for the
+state root and checkpoints, the loss) plus each micro-batch's tokens and a
+few scalars.  On ``cpu`` the same calls are the identity.
 """
 from __future__ import annotations
 
@@ -42,15 +51,16 @@ class Backend:
     elementwise: ModuleType
     treefold: ModuleType
     rng: ModuleType
+    arrays: ModuleType  # where the step's tensors live, and exact copies between layouts
 
 
 def _cpu() -> Backend:
-    from . import rng, treefold
+    from . import arrays, rng, treefold
     from .numerics import elementwise
     from .ops import activations, attention, embedding, linear, loss, norms, optim, quant, rope
 
     return Backend("cpu", embedding, linear, norms, activations, attention, loss, quant, rope,
-                   optim, elementwise, treefold, rng)
+                   optim, elementwise, treefold, rng, arrays)
 
 
 def _cuda() -> Backend:
@@ -61,7 +71,7 @@ def _cuda() -> Backend:
                          f"({type(exc).__name__}: {exc})") from None
     try:
         from cuda_backend._jit import SIMULATOR
-        from cuda_backend.host import numerics, rng, treefold
+        from cuda_backend.host import arrays, numerics, rng, treefold
         from cuda_backend.host.ops import (activations, attention, embedding, linear, loss, norms, optim,
                                            quant, rope)
     except ImportError as exc:
@@ -72,7 +82,7 @@ def _cuda() -> Backend:
                          "(numba.cuda.is_available() is False); set NUMBA_ENABLE_CUDASIM=1 to run "
                          "the same kernels in numba-cuda's simulator (slow)")
     return Backend("cuda", embedding, linear, norms, activations, attention, loss, quant, rope,
-                   optim, numerics, treefold, rng)
+                   optim, numerics, treefold, rng, arrays)
 
 
 _CACHE: dict[str, Backend] = {}

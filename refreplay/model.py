@@ -134,7 +134,7 @@ def add(a: np.ndarray, b: np.ndarray, device=None) -> np.ndarray:
 def _add(ops, a, b):
     if a.shape != b.shape or a.dtype != np.float32 or b.dtype != np.float32:
         raise ValueError(f"add: float32 arrays of one shape expected, got {a.shape} and {b.shape}")
-    return ops.elementwise.add(np.ascontiguousarray(a), np.ascontiguousarray(b))
+    return ops.elementwise.add(ops.arrays.contiguous(a), ops.arrays.contiguous(b))
 
 
 # ---- building blocks: dispatch on the configuration ---------------------------------
@@ -193,19 +193,6 @@ def _lin_bwd(ops, cfg, params, prefix, dy, ctx, B, T, grads):
     return dx
 
 
-def _split_heads(qkv, j, B, T, NH, HS):
-    """[model.forward.c1] part j (0 q, 1 k, 2 v) of qkv [N, 3C] as [B, NH, T, HS]:
-    element [b, h, t, d] = qkv[b*T + t, j*C + h*HS + d] (an exact copy)."""
-    C = NH * HS
-    part = qkv.reshape(B, T, 3 * C)[:, :, j * C:(j + 1) * C].reshape(B, T, NH, HS)
-    return np.ascontiguousarray(part.transpose(0, 2, 1, 3))
-
-
-def _merge_heads(x, B, T, NH, HS):
-    """[B, NH, T, HS] -> [N, C], element [b*T + t, h*HS + d] (an exact copy)."""
-    return np.ascontiguousarray(x.transpose(0, 2, 1, 3)).reshape(B * T, NH * HS)
-
-
 # ---- the model ---------------------------------------------------------------------------
 
 
@@ -223,8 +210,10 @@ class Model:
     def __init__(self, cfg: ModelConfig, device=None):
         self.cfg = cfg.validate()
         self.ops = backends.get(device)  # where the ops run ("cpu", the default, or "cuda")
+        self.arrays = self.ops.arrays  # where the tensors live: the host, or the device
         self.shapes = param_shapes(cfg)
-        self.cos, self.sin = self.ops.rope.rope_tables(cfg.seq_len, cfg.head_size, cfg.rope_theta)
+        self.cos, self.sin = (self.arrays.to_device(t) for t in
+                              self.ops.rope.rope_tables(cfg.seq_len, cfg.head_size, cfg.rope_theta))
 
     def check_params(self, params: dict) -> None:
         if sorted(params) != list(self.shapes):
@@ -239,7 +228,7 @@ class Model:
 
     def forward(self, params: dict, tokens: np.ndarray, targets: np.ndarray):
         """[model.forward.c1] -> (mean loss, logits [N, V], ctx for backward)."""
-        cfg, ops = self.cfg, self.ops
+        cfg, ops, A = self.cfg, self.ops, self.arrays
         B, T = tokens.shape
         if T != cfg.seq_len or targets.shape != (B, T):
             raise ValueError(f"tokens/targets must be [B, {cfg.seq_len}], got {tokens.shape} / {targets.shape}")
@@ -251,12 +240,12 @@ class Model:
             p = _layer(i)
             n1 = _norm_fwd(ops, cfg, params, f"{p}.ln1", h, ctx, f"{p}.ln1")
             qkv = _lin_fwd(ops, cfg, params, f"{p}.attn.qkv", n1, ctx, B, T)
-            q = ops.rope.rope_forward(_split_heads(qkv, 0, B, T, NH, HS), self.cos, self.sin)
-            k = ops.rope.rope_forward(_split_heads(qkv, 1, B, T, NH, HS), self.cos, self.sin)
-            v = _split_heads(qkv, 2, B, T, NH, HS)
+            q = ops.rope.rope_forward(A.split_heads(qkv, 0, B, T, NH, HS), self.cos, self.sin)
+            k = ops.rope.rope_forward(A.split_heads(qkv, 1, B, T, NH, HS), self.cos, self.sin)
+            v = A.split_heads(qkv, 2, B, T, NH, HS)
             o, att = ops.attention.attention_forward(q, k, v)
             ctx.saved[f"{p}.attn"] = (q, k, v, att)
-            a = _lin_fwd(ops, cfg, params, f"{p}.attn.proj", _merge_heads(o, B, T, NH, HS), ctx, B, T)
+            a = _lin_fwd(ops, cfg, params, f"{p}.attn.proj", A.merge_heads([o], B, T, NH, HS), ctx, B, T)
             h = _add(ops, h, a)
             n2 = _norm_fwd(ops, cfg, params, f"{p}.ln2", h, ctx, f"{p}.ln2")
             if cfg.mlp == "gelu":
@@ -284,7 +273,7 @@ class Model:
         parameter names (sorted).  ``grads``: the empty mapping that receives
         each gradient as it is computed (``budget.SpillingDict`` moves them
         to files); a dict by default."""
-        cfg, ops = self.cfg, self.ops
+        cfg, ops, A = self.cfg, self.ops, self.arrays
         tokens = ctx.saved["tokens"]
         B, T = tokens.shape
         NH, HS = cfg.heads, cfg.head_size
@@ -311,11 +300,11 @@ class Model:
             # h = add(h, a)
             do = _lin_bwd(ops, cfg, params, f"{p}.attn.proj", dh, ctx, B, T, grads)
             q, k, v, att = ctx.saved[f"{p}.attn"]
-            do4 = np.ascontiguousarray(do.reshape(B, T, NH, HS).transpose(0, 2, 1, 3))
+            do4 = A.split_heads(do, 0, B, T, NH, HS)
             dq, dk, dv = ops.attention.attention_backward(do4, q, k, v, att)
             dq = ops.rope.rope_backward(dq, self.cos, self.sin)
             dk = ops.rope.rope_backward(dk, self.cos, self.sin)
-            dqkv = np.concatenate([_merge_heads(d, B, T, NH, HS) for d in (dq, dk, dv)], axis=1)
+            dqkv = A.merge_heads([dq, dk, dv], B, T, NH, HS)
             dn1 = _lin_bwd(ops, cfg, params, f"{p}.attn.qkv", dqkv, ctx, B, T, grads)
             dh = _add(ops, dh, _norm_bwd(ops, cfg, params, f"{p}.ln1", dn1, ctx, f"{p}.ln1", grads))
         dwte = ops.embedding.embedding_backward(dh.reshape(B, T, cfg.width), tokens, cfg.vocab)
@@ -328,6 +317,7 @@ class Model:
 
     def loss_and_grads(self, params: dict, tokens: np.ndarray, targets: np.ndarray, grads=None) -> Result:
         """[model.forward.c1] [model.backward.c1] One micro-batch (``grads`` as
-        for ``backward``)."""
+        for ``backward``; gradients where the model's tensors live: device
+        arrays on a device-resident backend)."""
         mean, _, ctx = self.forward(params, tokens, targets)
         return Result(mean, self.backward(params, ctx, grads))

@@ -24,6 +24,7 @@ import numpy as np
 from . import backend as backends
 from . import budget, doctor
 from . import state as statehash
+from .arrays import on_host
 from .data import Stream, inputs_targets
 from .model import Model, init_params, linear_names, param_shapes, quant_steps
 from .ops import optim
@@ -37,7 +38,9 @@ SCHEDULE = "cosine"  # [step.hparams.c1]
 @dataclass
 class TrainState:
     """[step.state.c1] Parameters, AdamW moments, re-pinned quantizer step
-    sizes, the number of steps taken and the data position."""
+    sizes, the number of steps taken and the data position.  The tensors are
+    host arrays, or device arrays after a step on a device-resident backend
+    (``refreplay.backend``); ``tensors()`` and ``copy()`` give host arrays."""
     step: int
     params: dict
     m: dict
@@ -46,14 +49,15 @@ class TrainState:
     data_position: tuple[int, int]
 
     def tensors(self) -> dict:
-        """[step.state.c1] The flat dict that is hashed and checkpointed."""
+        """[step.state.c1] The flat dict that is hashed and checkpointed (host
+        arrays: a device-resident state crosses to the host here)."""
         out = {}
         for name in sorted(self.params):
-            out[f"param/{name}"] = self.params[name]
-            out[f"adam.m/{name}"] = self.m[name]
-            out[f"adam.v/{name}"] = self.v[name]
+            out[f"param/{name}"] = on_host(self.params[name])
+            out[f"adam.m/{name}"] = on_host(self.m[name])
+            out[f"adam.v/{name}"] = on_host(self.v[name])
         for name in sorted(self.qsteps):
-            out[f"quant.step/{name}"] = self.qsteps[name]
+            out[f"quant.step/{name}"] = on_host(self.qsteps[name])
         out["train.step"] = np.array([self.step], dtype=np.int64)
         out["data.position"] = np.array(self.data_position, dtype=np.int64)
         return {k: out[k] for k in sorted(out)}
@@ -68,10 +72,10 @@ class TrainState:
         return self.digest().root
 
     def copy(self, keep=None) -> "TrainState":
-        """A deep copy; ``keep`` (``budget.Memory.keep``) decides where each
-        copied tensor lives."""
+        """A deep copy on the host; ``keep`` (``budget.Memory.keep``) decides
+        where each copied tensor lives."""
         keep = keep or np.copy
-        cp = lambda d: {k: keep(d[k]) for k in sorted(d)}  # noqa: E731
+        cp = lambda d: {k: keep(on_host(d[k])) for k in sorted(d)}  # noqa: E731
         return TrainState(self.step, cp(self.params), cp(self.m), cp(self.v), cp(self.qsteps),
                           self.data_position)
 
@@ -188,7 +192,9 @@ class Trainer:
         M, B = cfg.micro_batches, cfg.micro_batch_size
         batch = self.stream.batch(n)  # [data.stream.c1]
         data_hash = hashlib.sha256(token_bytes(batch)).hexdigest()  # [data.hash.c1]
-        params = st.params
+        A = self.model.arrays  # where the tensors live: host, or the device for the whole step
+        on_dev = lambda d: {k: A.to_device(d[k]) for k in sorted(d)}  # noqa: E731
+        params = on_dev(st.params)
 
         mem = self.memory
 
@@ -196,23 +202,25 @@ class Trainer:
             x, y = inputs_targets(batch[mb * B:(mb + 1) * B])  # [data.batch.c1]
             res = self.model.loss_and_grads(params, x, y, budget.SpillingDict(mem) if mem.mapped else None)
             out = dict(res.grads)
-            out[LOSS] = np.array([res.loss], dtype=np.float32)
+            out[LOSS] = A.to_device(np.array([res.loss], dtype=np.float32))
             return out
 
         ops = self.ops
         folded = launcher.fold(leaf, M, self._merge)  # [fold.tree.c1] [fold.ranks.c1]
         mean = self._scale(folded, M)  # [fold.scale.c1]
         del folded
-        loss = np.float32(mean.pop(LOSS)[0])
+        loss = np.float32(A.to_host(mean.pop(LOSS))[0])
         ops.optim.clip_grad_norm(mean, cfg.clip_norm)  # [optim.clip.c1]
         lr = ops.optim.lr_at(n, cfg.warmup_steps, cfg.schedule_steps, cfg.lr, cfg.min_lr, SCHEDULE)
-        new = st.copy(mem.keep)
-        new.step = n
-        no_decay = no_decay_names(new.params)
-        if not mem.mapped:
+        if not mem.mapped:  # copied where the tensors live (st stays unmodified)
+            cp = lambda d: {k: A.copy(d[k]) for k in sorted(d)}  # noqa: E731
+            new = TrainState(n, cp(params), cp(on_dev(st.m)), cp(on_dev(st.v)), {}, st.data_position)
             ops.optim.adamw_step(new.params, mean, new.m, new.v, step=n, lr=lr, hp=self.adam,
-                                 no_decay=no_decay)  # [optim.adamw.c1]
-        else:  # the same update tensor by tensor (it is elementwise), each released after
+                                 no_decay=no_decay_names(new.params))  # [optim.adamw.c1]
+        else:  # in mapped files, the same update tensor by tensor (it is elementwise), each released after
+            new = st.copy(mem.keep)
+            new.step = n
+            no_decay = no_decay_names(new.params)
             for k in sorted(new.params):
                 one = lambda d: {k: d[k]}  # noqa: E731
                 ops.optim.adamw_step(one(new.params), one(mean), one(new.m), one(new.v), step=n, lr=lr,

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .arrays import on_host
 from .data import inputs_targets
 from . import untrusted
 from .errors import InputError
@@ -31,7 +32,7 @@ def _digest(value) -> str:
     h = hashlib.sha256()
     items = value if isinstance(value, tuple) else (value,)
     for a in items:
-        a = np.ascontiguousarray(np.asarray(a))
+        a = np.ascontiguousarray(np.asarray(on_host(a)))  # a device-resident step's tensors too
         h.update(f"{a.dtype.str}{a.shape}".encode())
         h.update(a.tobytes())
     return h.hexdigest()

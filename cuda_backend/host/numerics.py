@@ -9,7 +9,7 @@ from numba import cuda
 
 from .. import numerics as N
 from .. import transcendental as TR
-from ._common import THREADS, _scalar_or_array, blocks
+from ._common import THREADS, _dev, _ret, _scalar_or_array, blocks, device_aware
 
 
 def _elementwise(k, out_dtype, *xs):
@@ -18,16 +18,17 @@ def _elementwise(k, out_dtype, *xs):
     for x in xs[1:]:
         if x.shape != shape:
             raise ValueError(f"shapes differ: {shape} vs {x.shape}")
-    flat = [cuda.to_device(x.reshape(-1)) for x in xs]
+    flat = [_dev(x.reshape(-1)) for x in xs]
     n = int(np.prod(shape, dtype=np.int64))
     out = cuda.device_array(n, dtype=out_dtype)
     if n:
         k[blocks(n), THREADS](*flat, out)
-    res = out.copy_to_host().reshape(shape)
+    res = _ret(out).reshape(shape)
     return res[()] if res.ndim == 0 else res
 
 
 def _unary(kernel, name, doc, out_dtype=np.float32):
+    @device_aware
     def op(x):
         return _elementwise(kernel, out_dtype, _scalar_or_array("x", x))
     op.__name__, op.__doc__ = name, doc
@@ -35,6 +36,7 @@ def _unary(kernel, name, doc, out_dtype=np.float32):
 
 
 def _binary(kernel, name, doc):
+    @device_aware
     def op(a, b):
         return _elementwise(kernel, np.float32, _scalar_or_array("a", a), _scalar_or_array("b", b))
     op.__name__, op.__doc__ = name, doc
@@ -61,6 +63,7 @@ sin = _unary(TR.sin_k, "sin", "[num.sincos.c1] sine elementwise (|x| <= 2^14, Na
 cos = _unary(TR.cos_k, "cos", "[num.sincos.c1] cosine elementwise (|x| <= 2^14, NaN outside).")
 
 
+@device_aware
 def mul_add(a, b, c):
     """[num.nofma.c1] add(mul(a, b), c) elementwise: two roundings."""
     return _elementwise(N.mul_add_k, np.float32, _scalar_or_array("a", a),

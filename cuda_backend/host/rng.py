@@ -6,7 +6,7 @@ import numpy as np
 from numba import cuda
 
 from .. import rng as R
-from ._common import THREADS, _scalar_or_array, blocks
+from ._common import THREADS, _dev, _ret, _scalar_or_array, blocks, device_aware
 from .numerics import _elementwise
 
 
@@ -30,6 +30,7 @@ def _scale(a):
     return a32
 
 
+@device_aware
 def philox4x32(counter, key, rounds=R.ROUNDS):
     """[rng.philox.c1] Philox4x32 of counters (4 words, or N×4) under a 2-word key -> uint32."""
     c = np.asarray(counter)
@@ -43,16 +44,18 @@ def philox4x32(counter, key, rounds=R.ROUNDS):
     cs = np.ascontiguousarray(c.reshape(-1, 4), dtype=np.uint32)
     out = cuda.device_array(cs.shape, dtype=np.uint32)
     if cs.shape[0]:
-        R.philox_k[blocks(cs.shape[0]), THREADS](cuda.to_device(cs), cuda.to_device(k.astype(np.uint32)),
+        R.philox_k[blocks(cs.shape[0]), THREADS](_dev(cs), _dev(k.astype(np.uint32)),
                                                  int(rounds), out)
-    return out.copy_to_host().reshape(c.shape)
+    return _ret(out).reshape(c.shape)
 
 
+@device_aware
 def philox4x32_10(counter, key):
     """[rng.philox.c1] Philox4x32-10."""
     return philox4x32(counter, key, R.ROUNDS)
 
 
+@device_aware
 def words(seed, stream, sub, count, start=0):
     """[rng.counter.c1] Words start .. start+count-1 of stream (seed, stream, sub), uint32 (count,)."""
     k0, k1 = _key(seed)
@@ -64,14 +67,16 @@ def words(seed, stream, sub, count, start=0):
     if c:
         nblocks = (int(s0) % 4 + c + 3) // 4
         R.words_k[blocks(nblocks), THREADS](k0, k1, sb, st, s0, out)
-    return out.copy_to_host()
+    return _ret(out)
 
 
+@device_aware
 def unit(w):
     """[rng.unit.c1] uint32 word(s) -> float32 in [0, 1)."""
     return _elementwise(R.unit_k, np.float32, _scalar_or_array("w", w, np.uint32))
 
 
+@device_aware
 def symmetric(w, a):
     """[rng.symmetric.c1] uint32 word(s) -> float32 uniform in [-a, a)."""
     a32 = _scale(a)
@@ -79,11 +84,12 @@ def symmetric(w, a):
     flat = x.reshape(-1)
     out = cuda.device_array(flat.size, dtype=np.float32)
     if flat.size:
-        R.symmetric_k[blocks(flat.size), THREADS](cuda.to_device(flat), a32, out)
-    res = out.copy_to_host().reshape(x.shape)
+        R.symmetric_k[blocks(flat.size), THREADS](_dev(flat), a32, out)
+    res = _ret(out).reshape(x.shape)
     return res[()] if res.ndim == 0 else res
 
 
+@device_aware
 def init_uniform(seed, name, shape, a):
     """[rng.init.c1] Initial value of parameter ``name`` (float32 of ``shape``)."""
     from refreplay.rng import name_tag
@@ -96,4 +102,4 @@ def init_uniform(seed, name, shape, a):
     out = cuda.device_array(n, dtype=np.float32)
     if n:
         R.init_uniform_k[blocks((n + 3) // 4), THREADS](k0, k1, tag, _scale(a), out)
-    return out.copy_to_host().reshape(dims)
+    return _ret(out).reshape(dims)

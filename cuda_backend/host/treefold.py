@@ -6,10 +6,11 @@ import numpy as np
 from numba import cuda
 
 from .. import treefold as T
-from ._common import THREADS, _array, blocks
+from ._common import THREADS, _array, _dev, _ret, blocks, device_aware
 from .numerics import add
 
 
+@device_aware
 def fold_rows(leaves, ranks=1):
     """[fold.tree.c1] [fold.final.c1] [fold.ranks.c1] TreeFold of the M rows of an
     M×N float32 array split over ``ranks`` ranks -> (N,) unscaled sum."""
@@ -19,10 +20,11 @@ def fold_rows(leaves, ranks=1):
         raise ValueError(f"fold_rows: need 1 <= ranks <= M = {M}, got {ranks!r}")
     out = cuda.device_array(n, dtype=np.float32)
     if n:
-        T.fold_rows_k[blocks(n), THREADS](cuda.to_device(X), int(ranks), out)
-    return out.copy_to_host()
+        T.fold_rows_k[blocks(n), THREADS](_dev(X), int(ranks), out)
+    return _ret(out)
 
 
+@device_aware
 def merge(left, right):
     """[fold.tree.c1] One tree node: add(left, right) elementwise (dicts name by name)."""
     if isinstance(left, dict):
@@ -32,6 +34,7 @@ def merge(left, right):
     return add(_array("left", left), _array("right", right))
 
 
+@device_aware
 def scale(value, m):
     """[fold.scale.c1] Every element times recip(f32(M))."""
     if not isinstance(m, (int, np.integer)) or m < 1:
@@ -42,5 +45,5 @@ def scale(value, m):
     flat = x.reshape(-1)
     out = cuda.device_array(flat.size, dtype=np.float32)
     if flat.size:
-        T.scale_k[blocks(flat.size), THREADS](cuda.to_device(flat), int(m), out)
-    return out.copy_to_host().reshape(x.shape)
+        T.scale_k[blocks(flat.size), THREADS](_dev(flat), int(m), out)
+    return _ret(out).reshape(x.shape)

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError, VerificationFailure
+from ..arrays import on_host
 from ..treefold import Block, fold_blocks, fold_local, rank_ranges
 
 TAG_HEADER, TAG_BLOCK, TAG_RESULT, TAG_CHECK = 11, 12, 13, 14
@@ -66,7 +67,7 @@ def relaunch(ranks: int, argv: list[str]) -> int:
 
 def _pack(value: dict) -> np.ndarray:
     """Tensors in sorted name order, each flattened row-major (exact copies)."""
-    return np.concatenate([value[k].reshape(-1) for k in sorted(value)])
+    return np.concatenate([on_host(value[k]).reshape(-1) for k in sorted(value)])
 
 
 def _unpack(buf: np.ndarray, template: dict) -> dict:
