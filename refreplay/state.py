@@ -46,7 +46,7 @@ TENSOR_NODE = b"\x03"
 STATE_ROOT = b"\x04"
 CHAIN_LINK = b"\x05"
 
-GENESIS = "00" * 32  # [state.chain.c1] the link before step 1
+GENESIS = "00" * 32  # [state.chain.c2] the link before step 1
 
 
 def dtype_name(dtype) -> str:
@@ -351,7 +351,7 @@ def _hex32(value, what: str) -> str:
 
 
 def chain_link(prev_link: str, state_root: str, data_hash: str, recipe_hash: str, loss: str) -> str:
-    """[state.chain.c1] link_n = SHA-256(0x05 || link_{n-1} || state root ||
+    """[state.chain.c2] link_n = SHA-256(0x05 || link_{n-1} || state root ||
     data hash || recipe hash || u32(loss bits)), the hashes as 32 raw bytes
     each and the step's binary32 loss, given as "0x" and 8 upper-case hex
     digits, as its 4 bytes little-endian; link_0 = GENESIS."""

@@ -231,5 +231,5 @@ class Trainer:
         new.data_position = self.data_position(n)
         digest = new.digest()
         loss_bits = f"0x{int(np.array([loss], np.float32).view(np.uint32)[0]):08X}"
-        link = statehash.chain_link(prev_link, digest.root, data_hash, self.recipe_hash, loss_bits)  # [state.chain.c1]
+        link = statehash.chain_link(prev_link, digest.root, data_hash, self.recipe_hash, loss_bits)  # [state.chain.c2]
         return new, StepRecord(n, digest.root, data_hash, link, loss, digest)

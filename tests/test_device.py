@@ -11,7 +11,7 @@ layer, T = 4) and one step; the `gpu` test trains the `tiny` preset on a GPU.
 Clauses exercised end to end on the device: [model.forward.c1]
 [model.backward.c1] [model.residual.c1] [fold.tree.c1] [fold.ranks.c1]
 [fold.scale.c1] [optim.clip.c1] [optim.adamw.c1] [model.init.c1]
-[state.chain.c1].
+[state.chain.c2].
 """
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ evidence from the simulator: untested on a real GPU.
 
 Clauses exercised on the device path: [model.forward.c1] [model.backward.c1]
 [fold.tree.c1] [fold.ranks.c1] [fold.scale.c1] [optim.clip.c1]
-[optim.adamw.c1] [state.chain.c1].
+[optim.adamw.c1] [state.chain.c2].
 """
 from __future__ import annotations
 

@@ -199,7 +199,7 @@ def test_digest_round_trips_through_json_form():
 
 
 def test_chain_link_layout_and_propagation():
-    """[state.chain.c1] link_n = H(0x05 || prev || root || data || recipe ||
+    """[state.chain.c2] link_n = H(0x05 || prev || root || data || recipe ||
     u32(loss bits)); a change at step 2 (of a state or of a loss) changes every
     later link."""
     roots = [hashlib.sha256(bytes([i])).hexdigest() for i in range(4)]

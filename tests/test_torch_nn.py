@@ -264,7 +264,7 @@ def test_load_state_refuses_other_names_and_shapes():
 
 
 def test_chain_link_is_refreplays_own_with_the_loss_bits(monkeypatch):
-    """[state.chain.c1] rt.chain_link forwards to refreplay.state.chain_link
+    """[state.chain.c2] rt.chain_link forwards to refreplay.state.chain_link
     with the loss's bits as 0x and 8 upper-case hex digits; another loss gives
     another link."""
     from refreplay import state as statehash

@@ -79,7 +79,7 @@ def test_ragged_ranks_other_architecture(tmp_path):
 
 
 def test_run_directory_reads_back_and_replays(tiny_run):
-    """[step.record.c1] [step.state.c1] [state.chain.c1] [data.hash.c1] the run
+    """[step.record.c1] [step.state.c1] [state.chain.c2] [data.hash.c1] the run
     opens with every field checked; a checkpoint's state replays the next
     step to the published record; the data of a step is rebuilt exactly."""
     r = run.open_run(tiny_run)

@@ -7,7 +7,7 @@ order ([model.forward.c1], [model.backward.c1]), the data stream
 ([data.stream.c1]), TreeFold over micro-batches and ranks ([fold.tree.c1],
 [fold.ranks.c1]), clipping and AdamW ([optim.clip.c1], [optim.adamw.c1]),
 re-pinned int8 step sizes ([model.quant.c1]) and the state hash and chain
-([state.root.c1], [state.chain.c1]).  A training stack that claims to
+([state.root.c1], [state.chain.c2]).  A training stack that claims to
 implement the spec reproduces every record from the case's configuration and
 samples alone.
 

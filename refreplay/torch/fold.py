@@ -166,7 +166,7 @@ def load_state(state: TrainState, named_parameters, optimizer) -> None:
 
 
 def chain_link(prev_link: str, state_root: str, data_hash: str, recipe_hash: str, loss) -> str:
-    """[state.chain.c1] The chain link of a step: refreplay's own
+    """[state.chain.c2] The chain link of a step: refreplay's own
     ``state.chain_link`` (the one place a torch loop computes it), with
     ``loss`` the step's binary32 loss (``GradFold.mean()``) bound into the
     link by its bits."""
