@@ -156,20 +156,16 @@ def _check_layout(entries: dict, data_len: int, fail) -> None:
         fail(f"tensors cover {pos} bytes of a {data_len}-byte data section")
 
 
-def load(path) -> tuple[dict[str, np.ndarray], str | None]:
-    """[state.fileread.c1] Read a tensor file, validating it first.
-
-    Returns (name -> array in name order, metadata string or None).  Arrays
-    are little-endian, C-contiguous and writable.  Raises ``InputError``
-    naming the file for anything that is not a well-formed refreplay tensor
-    file; never reads outside the file.
-    """
+def _read(path, mapped: bool) -> tuple[dict[str, np.ndarray], str | None]:
+    """[state.fileread.c1] The one validating reader behind ``load`` and
+    ``load_mapped``: header and layout are checked before any tensor byte is
+    read; the data section is then read into memory or mapped read-only."""
     path = Path(path)
 
     def fail(msg):
         raise InputError(f"{path}: {msg}")
 
-    if not path.is_file():  # a FIFO or device would block or never end
+    if path.exists() and not path.is_file():  # a FIFO or device would block or never end
         fail("not a regular file")
     try:
         f = open(path, "rb")
@@ -190,18 +186,31 @@ def load(path) -> tuple[dict[str, np.ndarray], str | None]:
         entries, metadata = _parse_header(raw, fail)
         data_len = size - 8 - hlen
         _check_layout(entries, data_len, fail)
-        data = bytearray(data_len)
-        if f.readinto(data) != data_len:
-            fail("file shrank while being read")
+        if mapped and data_len:
+            data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + hlen, shape=(data_len,))
+        else:
+            data = np.frombuffer(bytearray(data_len), np.uint8)
+            if f.readinto(data) != data_len:
+                fail("file shrank while being read")
     tensors = {}
     for name in sorted(entries, key=lambda n: n.encode("utf-8")):
         dtype, shape, begin, end = entries[name]
-        dt = DTYPES[dtype][1]
-        arr = np.frombuffer(data, dtype=dt, count=(end - begin) // dt.itemsize, offset=begin)
+        arr = data[begin:end].view(DTYPES[dtype][1]).view(np.ndarray)
         if not arr.flags.aligned:  # compiled kernels want aligned data
             arr = arr.copy()
         tensors[name] = arr.reshape(shape)
     return tensors, metadata
+
+
+def load(path) -> tuple[dict[str, np.ndarray], str | None]:
+    """[state.fileread.c1] Read a tensor file, validating it first.
+
+    Returns (name -> array in name order, metadata string or None).  Arrays
+    are little-endian, C-contiguous and writable.  Raises ``InputError``
+    naming the file for anything that is not a well-formed refreplay tensor
+    file; never reads outside the file.
+    """
+    return _read(path, mapped=False)
 
 
 def load_mapped(path) -> tuple[dict[str, np.ndarray], str | None]:
@@ -209,40 +218,4 @@ def load_mapped(path) -> tuple[dict[str, np.ndarray], str | None]:
     are read-only views of the file mapped into memory instead of copies: a
     state larger than the machine's memory can be read (``refreplay.budget``).
     A tensor whose offset does not suit its dtype's alignment is copied."""
-    path = Path(path)
-
-    def fail(msg):
-        raise InputError(f"{path}: {msg}")
-
-    if not path.is_file():  # a FIFO or device would block or never end
-        fail("not a regular file")
-    try:
-        f = open(path, "rb")
-    except OSError as exc:
-        raise InputError(f"{path}: cannot open ({exc.strerror})") from None
-    with f:
-        size = os.fstat(f.fileno()).st_size
-        if size < 8:
-            fail(f"truncated: {size} bytes, shorter than the 8-byte header length")
-        (hlen,) = struct.unpack("<Q", f.read(8))
-        if hlen > size - 8:
-            fail(f"header length {hlen} exceeds the {size - 8} bytes that follow it (truncated or corrupt)")
-        if hlen > MAX_HEADER:
-            fail(f"header length {hlen} exceeds the limit of {MAX_HEADER} bytes")
-        raw = f.read(hlen)
-        if len(raw) != hlen:
-            fail("file shrank while being read")
-    entries, metadata = _parse_header(raw, fail)
-    data_len = size - 8 - hlen
-    _check_layout(entries, data_len, fail)
-    if data_len == 0:
-        return load(path)
-    body = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + hlen, shape=(data_len,))
-    tensors = {}
-    for name in sorted(entries, key=lambda n: n.encode("utf-8")):
-        dtype, shape, begin, end = entries[name]
-        arr = body[begin:end].view(DTYPES[dtype][1]).view(np.ndarray)
-        if not arr.flags.aligned:  # compiled kernels want aligned data
-            arr = arr.copy()
-        tensors[name] = arr.reshape(shape)
-    return tensors, metadata
+    return _read(path, mapped=True)

@@ -2,7 +2,6 @@
 case ids in case.json and case.txt, a timeout that kills the whole process
 group, deaths by signal named, the stderr tail and skip reasons reported,
 and output floods bounded."""
-import json
 import sys
 import textwrap
 import time

@@ -1,6 +1,7 @@
 """Tensor files: deterministic layout [state.file.c1] and the validating
 reader [state.fileread.c1]."""
 import json
+import os
 import struct
 
 import numpy as np
@@ -197,3 +198,26 @@ def test_header_dtype_of_another_json_type_is_refused(tmp_path, dtype):
     p.write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * 4)
     with pytest.raises(InputError, match="unknown dtype"):
         tensorio.load(p)
+
+
+@pytest.mark.parametrize("loader", [tensorio.load, tensorio.load_mapped])
+def test_a_fifo_or_directory_is_refused_without_blocking(tmp_path, loader):
+    """[state.fileread.c1] Opening a FIFO for reading would block forever."""
+    fifo = tmp_path / "ckpt.safetensors"
+    os.mkfifo(fifo)
+    with pytest.raises(InputError, match="not a regular file"):
+        loader(fifo)
+    with pytest.raises(InputError, match="not a regular file"):
+        loader(tmp_path)
+
+
+def test_mapped_and_read_loads_agree(tmp_path):
+    """[state.fileread.c1] One validating reader: the same tensors, mapped read-only or read writable."""
+    t = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.array([1, 2], np.int64),
+         "c": np.zeros((0,), np.float32)}
+    tensorio.save(tmp_path / "x", t, "m")
+    (r, m), (q, n) = tensorio.load(tmp_path / "x"), tensorio.load_mapped(tmp_path / "x")
+    assert m == n == "m" and list(r) == list(q) == sorted(t)
+    for k in t:
+        assert r[k].dtype == q[k].dtype and np.array_equal(r[k], q[k]) and np.array_equal(r[k], t[k])
+        assert r[k].flags.writeable and not q[k].flags.writeable

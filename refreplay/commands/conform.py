@@ -31,7 +31,7 @@ def run(args) -> int:
     from pathlib import Path
 
     from .. import spec
-    from ..conformance import kernels, report, runner, store
+    from ..conformance import kernels, runner, store
     from ..errors import InputError
 
     if args.shape or args.shapes:
@@ -63,10 +63,18 @@ def run(args) -> int:
         results = [r for r in results if r.case.op not in declined]
         if declined:
             print(f"(kernel {args.kernel} does not implement: {', '.join(declined)})")
+    return 0 if publish(args, manifest, results).conformant else 1
+
+
+def publish(args, manifest, results):
+    """Print the report of ``results`` and write the --json/--junit files;
+    returns the summary (committed and live cases alike)."""
+    from ..conformance import report
+
     summary = report.summarize(args.kernel, manifest, results)
     print(report.text(summary, args.verbose))
     if args.json:
         report.write_json(summary, args.json)
     if args.junit:
         report.write_junit(summary, args.junit)
-    return 0 if summary.conformant else 1
+    return summary

@@ -52,7 +52,8 @@ def _wanted(args, bound) -> list[tuple[str, dict, str]]:
 
 def run_live(args) -> int:
     from .. import spec
-    from ..conformance import kernels, live, report, runner
+    from ..conformance import kernels, live, runner
+    from .conform import publish
 
     if args.vectors:
         raise InputError("--vectors replays stored cases; --shape/--shapes build live ones: give one or the other")
@@ -70,12 +71,7 @@ def run_live(args) -> int:
         cases.append(case)
         results += runner.run(kernel, [case], xfail)
     manifest = {"spec_version": spec.version(), "generator_version": live.GENERATOR_VERSION}
-    summary = report.summarize(args.kernel, manifest, results)
-    print(report.text(summary, args.verbose))
-    if args.json:
-        report.write_json(summary, args.json)
-    if args.junit:
-        report.write_junit(summary, args.junit)
+    summary = publish(args, manifest, results)
     if args.save:
         live.save(cases, args.save, seed)
         print(f"saved {len(cases)} live cases to {args.save} (replay: refreplay conform KERNEL --vectors {args.save})")

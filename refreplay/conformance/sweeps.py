@@ -16,7 +16,6 @@ output; inputs are redrawn until they do (``builders.separating``).
 """
 from __future__ import annotations
 
-import numpy as np
 
 from . import builders as Bld, values as V
 
