@@ -15,8 +15,10 @@ import numpy as np
 
 def _pairwise(X):
     """Sum each row of X (R x N) as (left half) + (right half), recursively;
-    the left half has N // 2 terms."""
+    the left half has N // 2 terms; a sum of no terms is +0."""
     n = X.shape[1]
+    if n == 0:
+        return np.zeros(X.shape[0], np.float32)
     if n == 1:
         return X[:, 0].copy()
     h = n // 2
