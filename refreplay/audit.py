@@ -160,6 +160,7 @@ class RunFacts:
     recipe_sha256: str
     spec_version: str
     checkpoints: frozenset
+    spec_sha256: str | None = None  # None: the running spec is of another version
 
 
 def run_facts(run) -> RunFacts:
@@ -168,8 +169,11 @@ def run_facts(run) -> RunFacts:
     published = {rec.step: {"state_root": rec.state_root, "data_hash": rec.data_hash,
                             "chain_link": rec.chain_link} for rec in run.records}
     present = frozenset(k for k in run.checkpoints if (run.path / CKPT_DIR / checkpoint_name(k)).is_file())
+    from . import spec
+
+    same = run.recipe.spec_version == spec.version()
     return RunFacts(run.head["chain_link"], run.recipe.steps, published, run.recipe_sha256,
-                    run.recipe.spec_version, present)
+                    run.recipe.spec_version, present, spec.spec_sha256() if same else None)
 
 
 _KEYS = {"format", "run", "step", "verdict", "replayed", "published", "sampling", "auditor", "spec",
@@ -246,6 +250,9 @@ def _structure(cert, facts: RunFacts):
     _need(cert["spec"]["version"] == facts.spec_version,
           f"spec.version {cert['spec']['version']!r} is not the run's spec version {facts.spec_version!r}")
     _text(cert["spec"]["sha256"], "spec.sha256", _HEX64)
+    _need(facts.spec_sha256 is None or cert["spec"]["sha256"] == facts.spec_sha256,
+          f"spec.sha256 {cert['spec']['sha256']} is not the SHA-256 of spec {facts.spec_version}'s text "
+          f"({facts.spec_sha256})")
     _text(cert["auditor"], "auditor", AUDITOR_RE)
     _text(cert["refreplay_version"], "refreplay_version")
     _platform(cert["platform"])

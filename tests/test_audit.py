@@ -178,6 +178,19 @@ def test_every_certificate_field_is_validated(path, value, needle):
     assert not chk.ok and any(needle in p for p in chk.problems), chk.problems
 
 
+def test_a_certificate_must_name_the_text_of_the_runs_spec_version():
+    """[step.verified.c1] where the run's spec version is the running one, the
+    certificate's spec.sha256 must be that text's SHA-256, not any 64 hex digits."""
+    import dataclasses
+
+    facts = dataclasses.replace(FACTS, spec_sha256="5" * 64)
+    assert audit.check_certificate(_cert("01"), facts).ok
+    other = _resealed(_cert("01"), ("spec", "sha256"), "6" * 64)
+    assert audit.check_certificate(other, FACTS).ok  # another version's text: not comparable
+    chk = audit.check_certificate(other, facts)
+    assert not chk.ok and any("is not the SHA-256 of spec" in p for p in chk.problems), chk.problems
+
+
 def test_a_verified_certificate_must_list_its_checkpoints():
     good = _cert("01", step=10)  # replayed from 5: lists checkpoints 5 (start) and 10
     assert [a["step"] for a in good["checked"]["checkpoints"]] == [5, 10]
