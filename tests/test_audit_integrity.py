@@ -4,7 +4,6 @@ refusal, and damage is attributed to the steps that read it
 ([step.verified.c1], [state.untrusted.c1])."""
 import contextlib
 import dataclasses
-import io
 import json
 import os
 import shutil
@@ -17,7 +16,8 @@ import zstandard
 
 from refreplay import audit, presets, tensorio, train
 from refreplay import state as sh
-from refreplay.cli import main
+
+from cli_helpers import run_cli as _cli
 from refreplay.data import SHARD_SAMPLES
 from refreplay.launch.inproc import InProcess
 from refreplay.run import open_run
@@ -52,12 +52,6 @@ def copy(run0, tmp_path):
     shutil.copytree(run0, dst)
     return dst
 
-
-def _cli(*args):
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = main([str(a) for a in args])
-    return subprocess.CompletedProcess(args, rc, out.getvalue(), err.getvalue())
 
 
 def _secret_for(path, step):

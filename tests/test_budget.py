@@ -3,7 +3,6 @@ memory-mapped files give the same bits ([step.order.c1], [state.fileread.c1]),
 and ``--estimate`` reports without running."""
 import mmap
 
-import numba
 import numpy as np
 import pytest
 
@@ -16,12 +15,7 @@ from refreplay.train import train
 BYTE_CAP = 1 << 15
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    keep = numba.get_num_threads()
-    numba.set_num_threads(1)
-    yield
-    numba.set_num_threads(keep)
+pytestmark = pytest.mark.usefixtures("one_numba_thread")
 
 
 def _mapped(a) -> bool:

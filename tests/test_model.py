@@ -4,7 +4,6 @@ against an independent float64 PyTorch transcription of the same decoder."""
 import dataclasses
 import math
 
-import numba
 import numpy as np
 import pytest
 import torch
@@ -17,14 +16,7 @@ from torch_oracle import rel_err
 F32 = np.float32
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Bits never depend on the thread count; one thread avoids the threading
-    # overhead of tiny kernels on a shared machine.
-    keep = numba.get_num_threads()
-    numba.set_num_threads(1)
-    yield
-    numba.set_num_threads(keep)
+pytestmark = pytest.mark.usefixtures("one_numba_thread")
 
 
 def _cfg(**kw):

@@ -1,9 +1,7 @@
 """Replay and audit end to end (issue 6): every step of published runs
 replays as verified, and each kind of tampering is caught at the right step,
 localised, and never reported as verified."""
-import contextlib
 import dataclasses
-import io
 import json
 import shutil
 import subprocess
@@ -14,7 +12,8 @@ import pytest
 import zstandard
 
 from refreplay import presets, train
-from refreplay.cli import main
+
+from cli_helpers import run_cli as _cli
 from refreplay.launch.inproc import InProcess
 from refreplay.replay import replay
 from refreplay.run import open_run
@@ -52,13 +51,6 @@ def copy(run1, tmp_path):
     shutil.copytree(run1, dst)
     return dst
 
-
-def _cli(*args):
-    """The command line, in this process (compiled code already loaded)."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = main([str(a) for a in args])
-    return subprocess.CompletedProcess(args, rc, out.getvalue(), err.getvalue())
 
 
 @pytest.mark.parametrize("which", ["run1", "run3"])

@@ -5,7 +5,6 @@ downloaded."""
 import hashlib
 import json
 
-import numba
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -21,12 +20,7 @@ V = 300  # a small true vocabulary: the model's is 320
 T = 32  # the tiny preset's sequence length
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    keep = numba.get_num_threads()
-    numba.set_num_threads(1)
-    yield
-    numba.set_num_threads(keep)
+pytestmark = pytest.mark.usefixtures("one_numba_thread")
 
 
 def _ids(n, vocab=V, seed=0):

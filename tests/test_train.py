@@ -7,7 +7,6 @@ import hashlib
 import json
 import shutil
 
-import numba
 import numpy as np
 import pytest
 
@@ -18,12 +17,7 @@ from refreplay.train import train
 BYTE_CAP = 1 << 16  # 64 KiB of the default corpus: ~2000 samples of the tiny preset
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    keep = numba.get_num_threads()
-    numba.set_num_threads(1)
-    yield
-    numba.set_num_threads(keep)
+pytestmark = pytest.mark.usefixtures("one_numba_thread")
 
 
 def _train(out, ranks, model=None, tcfg=None, steps=4, every=2, preset="tiny"):

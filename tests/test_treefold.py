@@ -1,7 +1,6 @@
 """TreeFold ([fold.leaves.c1], [fold.tree.c1], [fold.final.c1], [fold.ranks.c1],
 [fold.scale.c1]) against an oracle written from the spec text: a recursive
 evaluation of the tree in float64-free NumPy float32 arithmetic."""
-import numba
 import numpy as np
 import pytest
 
@@ -10,13 +9,7 @@ from refreplay import treefold
 F32 = np.float32
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Thousands of merges of 5-element leaves: thread start-up would dominate.
-    keep = numba.get_num_threads()
-    numba.set_num_threads(1)
-    yield
-    numba.set_num_threads(keep)
+pytestmark = pytest.mark.usefixtures("one_numba_thread")
 
 
 def _oracle_add(a, b):
