@@ -98,7 +98,8 @@ def parse(spec_dir: Path = SPEC_DIR) -> dict[str, Clause]:
 # ---- worked examples ---------------------------------------------------------
 
 _DTYPES = {"f32": np.float32, "i8": np.int8, "i32": np.int32, "i64": np.int64,
-           "u32": np.uint32, "u64": np.uint64, "u8": np.uint8, "u16": np.uint16}
+           "u32": np.uint32, "u64": np.uint64, "u8": np.uint8, "u16": np.uint16,
+           "bf16": np.uint16}
 _BITS = {"f32": np.uint32}
 
 
