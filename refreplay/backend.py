@@ -52,15 +52,16 @@ class Backend:
     treefold: ModuleType
     rng: ModuleType
     arrays: ModuleType  # where the step's tensors live, and exact copies between layouts
+    bf16: ModuleType  # round_f32 / round_inplace of the bf16 profile ([bf16.round.c1])
 
 
 def _cpu() -> Backend:
     from . import arrays, rng, treefold
-    from .numerics import elementwise
+    from .numerics import bf16, elementwise
     from .ops import activations, attention, embedding, linear, loss, norms, optim, quant, rope
 
     return Backend("cpu", embedding, linear, norms, activations, attention, loss, quant, rope,
-                   optim, elementwise, treefold, rng, arrays)
+                   optim, elementwise, treefold, rng, arrays, bf16)
 
 
 def _cuda() -> Backend:
@@ -71,7 +72,7 @@ def _cuda() -> Backend:
                          f"({type(exc).__name__}: {exc})") from None
     try:
         from cuda_backend._jit import SIMULATOR
-        from cuda_backend.host import arrays, numerics, rng, treefold
+        from cuda_backend.host import arrays, bf16, numerics, rng, treefold
         from cuda_backend.host.ops import (activations, attention, embedding, linear, loss, norms, optim,
                                            quant, rope)
     except ImportError as exc:
@@ -82,7 +83,7 @@ def _cuda() -> Backend:
                          "(numba.cuda.is_available() is False); set NUMBA_ENABLE_CUDASIM=1 to run "
                          "the same kernels in numba-cuda's simulator (slow)")
     return Backend("cuda", embedding, linear, norms, activations, attention, loss, quant, rope,
-                   optim, numerics, treefold, rng, arrays)
+                   optim, numerics, treefold, rng, arrays, bf16)
 
 
 _CACHE: dict[str, Backend] = {}

@@ -12,7 +12,12 @@ Shapes (spec letters): tokens, targets [B, T] int32; the residual stream
 * [model.forward.c1] the forward pass, op by op;
 * [model.backward.c1] the backward pass: the forward in reverse, with every
   gradient sum (residual, tied weights, SwiGLU branches) in a stated order;
-* [model.quant.c1]  int8-QAT linears and their re-pinned step sizes.
+* [model.quant.c1]  int8-QAT linears and their re-pinned step sizes;
+* [bf16.tensors.c1] [bf16.ops.c1] under precision "bf16": the forward reads
+  the parameters' working copies (``Model.working_params``, made once per
+  step), and every activation and every gradient of an activation is rounded
+  to bf16 where the op that makes it returns it (``_h``); parameter
+  gradients, saved statistics and the loss stay binary32.
 """
 from __future__ import annotations
 
@@ -140,6 +145,12 @@ def _add(ops, a, b):
 # ---- building blocks: dispatch on the configuration ---------------------------------
 
 
+def _h(ops, cfg, x):
+    """[bf16.ops.c1] An op's output that the profile makes bf16 ([bf16.tensors.c1]),
+    rounded once, in place ([bf16.round.c1]); unchanged in binary32."""
+    return ops.bf16.round_inplace(x) if cfg.precision == "bf16" else x
+
+
 class _Ctx:
     """What one forward pass keeps for its backward (one entry per op)."""
 
@@ -154,7 +165,7 @@ def _norm_fwd(ops, cfg, params, prefix, x, ctx, key):
     else:
         out, mean, rstd = ops.norms.layernorm_forward(x, params[f"{prefix}.w"], params[f"{prefix}.b"], cfg.norm_eps)
         ctx.saved[key] = (x, mean, rstd)
-    return out
+    return _h(ops, cfg, out)
 
 
 def _norm_bwd(ops, cfg, params, prefix, dout, ctx, key, grads):
@@ -166,7 +177,7 @@ def _norm_bwd(ops, cfg, params, prefix, dout, ctx, key, grads):
         dx, dw, db = ops.norms.layernorm_backward(dout, x, params[f"{prefix}.w"], mean, rstd)
         grads[f"{prefix}.b"] = db
     grads[f"{prefix}.w"] = dw
-    return dx
+    return _h(ops, cfg, dx)
 
 
 def _lin_fwd(ops, cfg, params, prefix, x, ctx, B, T):
@@ -176,7 +187,7 @@ def _lin_fwd(ops, cfg, params, prefix, x, ctx, B, T):
     ctx.saved[prefix] = x
     if cfg.linear == "int8":
         return ops.quant.qlinear_forward(x.reshape(B, T, -1), w, b).reshape(B * T, -1)
-    return ops.linear.linear_forward(x, w, b)
+    return _h(ops, cfg, ops.linear.linear_forward(x, w, b))
 
 
 def _lin_bwd(ops, cfg, params, prefix, dy, ctx, B, T, grads):
@@ -190,7 +201,7 @@ def _lin_bwd(ops, cfg, params, prefix, dy, ctx, B, T, grads):
     grads[f"{prefix}.w"] = dw
     if cfg.bias:
         grads[f"{prefix}.b"] = db
-    return dx
+    return _h(ops, cfg, dx)
 
 
 # ---- the model ---------------------------------------------------------------------------
@@ -226,8 +237,19 @@ class Model:
                 raise ValueError(f"parameter {k}: expected float32 {shape}, got "
                                  f"{getattr(a, 'dtype', type(a).__name__)} {getattr(a, 'shape', '')}")
 
+    def working_params(self, params: dict, keep=None) -> dict:
+        """[bf16.tensors.c1] The parameters the forward reads: under "bf16" a
+        new dict of their bf16 working copies, each rounded once from its
+        binary32 master ([bf16.round.c1]; ``keep``, when given, decides where
+        each copy lives); in binary32 ``params`` itself."""
+        if self.cfg.precision != "bf16":
+            return params
+        keep = keep or (lambda a: a)
+        return {k: keep(self.ops.bf16.round_f32(params[k])) for k in sorted(params)}
+
     def forward(self, params: dict, tokens: np.ndarray, targets: np.ndarray):
-        """[model.forward.c1] -> (mean loss, logits [N, V], ctx for backward)."""
+        """[model.forward.c1] -> (mean loss, logits [N, V], ctx for backward).
+        Under "bf16", ``params`` are the working copies (``working_params``)."""
         cfg, ops, A = self.cfg, self.ops, self.arrays
         B, T = tokens.shape
         if T != cfg.seq_len or targets.shape != (B, T):
@@ -235,33 +257,35 @@ class Model:
         NH, HS = cfg.heads, cfg.head_size
         ctx = _Ctx()
         ctx.saved["tokens"] = tokens
-        h = ops.embedding.embedding_forward(params["wte"], tokens).reshape(B * T, cfg.width)
+        r = lambda x: _h(ops, cfg, x)  # noqa: E731  [bf16.ops.c1]
+        h = r(ops.embedding.embedding_forward(params["wte"], tokens).reshape(B * T, cfg.width))
         for i in range(cfg.layers):
             p = _layer(i)
             n1 = _norm_fwd(ops, cfg, params, f"{p}.ln1", h, ctx, f"{p}.ln1")
             qkv = _lin_fwd(ops, cfg, params, f"{p}.attn.qkv", n1, ctx, B, T)
-            q = ops.rope.rope_forward(A.split_heads(qkv, 0, B, T, NH, HS), self.cos, self.sin)
-            k = ops.rope.rope_forward(A.split_heads(qkv, 1, B, T, NH, HS), self.cos, self.sin)
-            v = A.split_heads(qkv, 2, B, T, NH, HS)
+            q = r(ops.rope.rope_forward(A.split_heads(qkv, 0, B, T, NH, HS), self.cos, self.sin))
+            k = r(ops.rope.rope_forward(A.split_heads(qkv, 1, B, T, NH, HS), self.cos, self.sin))
+            v = A.split_heads(qkv, 2, B, T, NH, HS)  # an exact copy: bf16 already
             o, att = ops.attention.attention_forward(q, k, v)
+            o = r(o)
             ctx.saved[f"{p}.attn"] = (q, k, v, att)
             a = _lin_fwd(ops, cfg, params, f"{p}.attn.proj", A.merge_heads([o], B, T, NH, HS), ctx, B, T)
-            h = _add(ops, h, a)
+            h = r(_add(ops, h, a))
             n2 = _norm_fwd(ops, cfg, params, f"{p}.ln2", h, ctx, f"{p}.ln2")
             if cfg.mlp == "gelu":
                 u = _lin_fwd(ops, cfg, params, f"{p}.mlp.fc", n2, ctx, B, T)
-                g = ops.activations.gelu_forward(u)
+                g = r(ops.activations.gelu_forward(u))
                 ctx.saved[f"{p}.act"] = (u,)
             else:
                 ga = _lin_fwd(ops, cfg, params, f"{p}.mlp.gate", n2, ctx, B, T)
                 up = _lin_fwd(ops, cfg, params, f"{p}.mlp.up", n2, ctx, B, T)
-                g = ops.activations.swiglu_forward(ga, up)
+                g = r(ops.activations.swiglu_forward(ga, up))
                 ctx.saved[f"{p}.act"] = (ga, up)
             m = _lin_fwd(ops, cfg, params, f"{p}.mlp.proj", g, ctx, B, T)
-            h = _add(ops, h, m)
+            h = r(_add(ops, h, m))
         nf = _norm_fwd(ops, cfg, params, "lnf", h, ctx, "lnf")
         head = params["wte"] if cfg.tied else params["head.w"]
-        logits = ops.linear.linear_forward(nf, head)
+        logits = r(ops.linear.linear_forward(nf, head))
         ctx.saved["head"] = nf
         y = targets.reshape(-1)
         _, mean, _ = ops.loss.cross_entropy_forward(logits, y)
@@ -278,10 +302,12 @@ class Model:
         B, T = tokens.shape
         NH, HS = cfg.heads, cfg.head_size
         grads = {} if grads is None else grads
+        r = lambda x: _h(ops, cfg, x)  # noqa: E731  [bf16.ops.c1]: gradients of activations
         logits, y = ctx.saved["logits"]
-        dlogits = ops.loss.cross_entropy_backward(logits, y)
+        dlogits = r(ops.loss.cross_entropy_backward(logits, y))
         head = params["wte"] if cfg.tied else params["head.w"]
         dnf, dhead, _ = ops.linear.linear_backward(dlogits, ctx.saved["head"], head, False)
+        dnf = r(dnf)
         dh = _norm_bwd(ops, cfg, params, "lnf", dnf, ctx, "lnf", grads)
         for i in reversed(range(cfg.layers)):
             p = _layer(i)
@@ -289,26 +315,26 @@ class Model:
             dg = _lin_bwd(ops, cfg, params, f"{p}.mlp.proj", dh, ctx, B, T, grads)
             if cfg.mlp == "gelu":
                 (u,) = ctx.saved[f"{p}.act"]
-                du = ops.activations.gelu_backward(dg, u)
+                du = r(ops.activations.gelu_backward(dg, u))
                 dn2 = _lin_bwd(ops, cfg, params, f"{p}.mlp.fc", du, ctx, B, T, grads)
             else:
                 ga, up = ctx.saved[f"{p}.act"]
-                dga, dup = ops.activations.swiglu_backward(dg, ga, up)
-                dn2 = _add(ops, _lin_bwd(ops, cfg, params, f"{p}.mlp.gate", dga, ctx, B, T, grads),
-                           _lin_bwd(ops, cfg, params, f"{p}.mlp.up", dup, ctx, B, T, grads))
-            dh = _add(ops, dh, _norm_bwd(ops, cfg, params, f"{p}.ln2", dn2, ctx, f"{p}.ln2", grads))
+                dga, dup = (r(d) for d in ops.activations.swiglu_backward(dg, ga, up))
+                dn2 = r(_add(ops, _lin_bwd(ops, cfg, params, f"{p}.mlp.gate", dga, ctx, B, T, grads),
+                             _lin_bwd(ops, cfg, params, f"{p}.mlp.up", dup, ctx, B, T, grads)))
+            dh = r(_add(ops, dh, _norm_bwd(ops, cfg, params, f"{p}.ln2", dn2, ctx, f"{p}.ln2", grads)))
             # h = add(h, a)
             do = _lin_bwd(ops, cfg, params, f"{p}.attn.proj", dh, ctx, B, T, grads)
             q, k, v, att = ctx.saved[f"{p}.attn"]
             do4 = A.split_heads(do, 0, B, T, NH, HS)
-            dq, dk, dv = ops.attention.attention_backward(do4, q, k, v, att)
-            dq = ops.rope.rope_backward(dq, self.cos, self.sin)
-            dk = ops.rope.rope_backward(dk, self.cos, self.sin)
+            dq, dk, dv = (r(d) for d in ops.attention.attention_backward(do4, q, k, v, att))
+            dq = r(ops.rope.rope_backward(dq, self.cos, self.sin))
+            dk = r(ops.rope.rope_backward(dk, self.cos, self.sin))
             dqkv = A.merge_heads([dq, dk, dv], B, T, NH, HS)
             dn1 = _lin_bwd(ops, cfg, params, f"{p}.attn.qkv", dqkv, ctx, B, T, grads)
-            dh = _add(ops, dh, _norm_bwd(ops, cfg, params, f"{p}.ln1", dn1, ctx, f"{p}.ln1", grads))
+            dh = r(_add(ops, dh, _norm_bwd(ops, cfg, params, f"{p}.ln1", dn1, ctx, f"{p}.ln1", grads)))
         dwte = ops.embedding.embedding_backward(dh.reshape(B, T, cfg.width), tokens, cfg.vocab)
-        if cfg.tied:
+        if cfg.tied:  # parameter gradients stay binary32 ([bf16.tensors.c1])
             grads["wte"] = _add(ops, dwte, dhead)
         else:
             grads["wte"] = dwte
@@ -318,6 +344,7 @@ class Model:
     def loss_and_grads(self, params: dict, tokens: np.ndarray, targets: np.ndarray, grads=None) -> Result:
         """[model.forward.c1] [model.backward.c1] One micro-batch (``grads`` as
         for ``backward``; gradients where the model's tensors live: device
-        arrays on a device-resident backend)."""
+        arrays on a device-resident backend; under "bf16", ``params`` are the
+        working copies)."""
         mean, _, ctx = self.forward(params, tokens, targets)
         return Result(mean, self.backward(params, ctx, grads))

@@ -28,6 +28,8 @@ F32 = np.float32
 NORMS = ("rms", "layer")
 MLPS = ("gelu", "swiglu")
 LINEARS = ("fp32", "int8")
+PRECISIONS = ("fp32", "bf16")  # [bf16.precision.c1]
+OPTIONAL = {"precision": "fp32"}  # fields a recipe may leave out, and the value that means
 
 
 def f32_hex(x) -> str:
@@ -68,6 +70,7 @@ class ModelConfig:
     rope_theta: np.float32 = F32(10000.0)
     norm_eps: np.float32 = F32(1e-5)
     init_std: np.float32 = F32(0.02)
+    precision: str = "fp32"  # "fp32" or "bf16": the mixed-precision profile ([bf16.precision.c1])
 
     def validate(self) -> "ModelConfig":
         def need(cond, msg):
@@ -83,6 +86,9 @@ class ModelConfig:
         need(self.norm in NORMS, f"norm must be one of {NORMS}, got {self.norm!r}")
         need(self.mlp in MLPS, f"mlp must be one of {MLPS}, got {self.mlp!r}")
         need(self.linear in LINEARS, f"linear must be one of {LINEARS}, got {self.linear!r}")
+        need(self.precision in PRECISIONS, f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        need(not (self.precision == "bf16" and self.linear == "int8"),
+             'precision "bf16" cannot be combined with linear "int8" ([bf16.ops.c1])')
         need(isinstance(self.tied, bool) and isinstance(self.bias, bool), "tied and bias must be booleans")
         for name in ("rope_theta", "norm_eps", "init_std"):
             v = getattr(self, name)
@@ -161,7 +167,9 @@ def _to_json(cfg) -> dict:
 
 
 def model_to_json(cfg: ModelConfig) -> dict:
-    return _to_json(cfg)
+    """[bf16.precision.c1] A field at its OPTIONAL value is left out, so a
+    binary32 recipe's bytes are those of a recipe that never had it."""
+    return {k: v for k, v in _to_json(cfg).items() if OPTIONAL.get(k, object()) != v}
 
 
 def train_to_json(cfg: TrainConfig) -> dict:
@@ -175,7 +183,7 @@ def _from_json(cls, obj, what: str, partial: bool = False):
     unknown = sorted(set(obj) - set(known))
     if unknown:
         raise InputError(f"{what}: unknown field(s) {', '.join(unknown)}")
-    missing = sorted(set(known) - set(obj))
+    missing = sorted(set(known) - set(obj) - set(OPTIONAL))
     if missing and not partial:
         raise InputError(f"{what}: missing field(s) {', '.join(missing)}")
     kw = {}

@@ -194,7 +194,9 @@ class Trainer:
         data_hash = hashlib.sha256(token_bytes(batch)).hexdigest()  # [data.hash.c1]
         A = self.model.arrays  # where the tensors live: host, or the device for the whole step
         on_dev = lambda d: {k: A.to_device(d[k]) for k in sorted(d)}  # noqa: E731
-        params = on_dev(st.params)
+        masters = on_dev(st.params)
+        # [bf16.tensors.c1] the working copies, rounded once per step (binary32: the masters)
+        params = self.model.working_params(masters, self.memory.keep if self.memory.mapped else None)
 
         mem = self.memory
 
@@ -212,9 +214,10 @@ class Trainer:
         loss = np.float32(A.to_host(mean.pop(LOSS))[0])
         ops.optim.clip_grad_norm(mean, cfg.clip_norm)  # [optim.clip.c1]
         lr = ops.optim.lr_at(n, cfg.warmup_steps, cfg.schedule_steps, cfg.lr, cfg.min_lr, SCHEDULE)
+        # AdamW updates the masters, never the working copies ([bf16.optim.c1])
         if not mem.mapped:  # copied where the tensors live (st stays unmodified)
             cp = lambda d: {k: A.copy(d[k]) for k in sorted(d)}  # noqa: E731
-            new = TrainState(n, cp(params), cp(on_dev(st.m)), cp(on_dev(st.v)), {}, st.data_position)
+            new = TrainState(n, cp(masters), cp(on_dev(st.m)), cp(on_dev(st.v)), {}, st.data_position)
             ops.optim.adamw_step(new.params, mean, new.m, new.v, step=n, lr=lr, hp=self.adam,
                                  no_decay=no_decay_names(new.params))  # [optim.adamw.c1]
         else:  # in mapped files, the same update tensor by tensor (it is elementwise), each released after

@@ -56,9 +56,10 @@ def step_trace(trainer, state) -> dict:
     batch = trainer.stream.batch(n)
     B = cfg.micro_batch_size
     mbs = []
+    params = trainer.model.working_params(state.params)  # [bf16.tensors.c1]
     for m in range(cfg.micro_batches):
         x, y = inputs_targets(batch[m * B:(m + 1) * B])
-        mbs.append(micro_batch_trace(trainer.model, state.params, x, y))
+        mbs.append(micro_batch_trace(trainer.model, params, x, y))
     return {"format": TRACE_FORMAT, "step": n, "micro_batches": mbs}
 
 

@@ -15,6 +15,10 @@ def add_arguments(p):
                    help="save the state every K steps (step 0 and the last step are always saved)")
     p.add_argument("--out", required=True, metavar="RUN", help="run directory to create (must not exist or be empty)")
     p.add_argument("--seed", type=int, default=None, metavar="S", help="override the recipe's seed")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default=None,
+                   help="override the model's precision: fp32 (binary32, the default) or bf16 (the "
+                        "mixed-precision profile of spec chapter 8: bf16 working weights, activations "
+                        "and activation gradients; fp32 masters, moments and parameter gradients)")
     data_src = p.add_mutually_exclusive_group()
     data_src.add_argument("--data", nargs="+", metavar="FILE", default=None,
                           help="build the byte corpus from these files (in order) instead of the Python "
@@ -44,6 +48,7 @@ def _argv(args) -> list[str]:
            "--out", str(args.out)]
     out += ["--preset", args.preset] if args.preset else ["--config", str(args.config)]
     for flag, value in (("--checkpoint-every", args.checkpoint_every), ("--seed", args.seed),
+                        ("--precision", args.precision),
                         ("--max-memory", args.max_memory),
                         ("--byte-cap", args.byte_cap), ("--threads", args.threads),
                         ("--device", args.device)):
@@ -85,6 +90,8 @@ def _configs(args):
         explicit_schedule = "schedule_steps" in obj.get("train", {})
     if args.seed is not None:
         train = dataclasses.replace(train, seed=args.seed)
+    if args.precision is not None:  # [bf16.precision.c1]
+        model = dataclasses.replace(model, precision=args.precision)
     # the learning rate decays over the run's length unless the config says otherwise
     if not explicit_schedule and args.steps > train.warmup_steps:
         train = dataclasses.replace(train, schedule_steps=args.steps)
