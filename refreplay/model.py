@@ -17,7 +17,9 @@ Shapes (spec letters): tokens, targets [B, T] int32; the residual stream
   the parameters' working copies (``Model.working_params``, made once per
   step), and every activation and every gradient of an activation is rounded
   to bf16 where the op that makes it returns it (``_h``); parameter
-  gradients, saved statistics and the loss stay binary32.
+  gradients, saved statistics and the loss stay binary32.  The linear
+  layers' products then have two bf16 factors and are exact
+  ([bf16.matmul.c1]): their bits are decided by chapter 4's accumulation.
 """
 from __future__ import annotations
 

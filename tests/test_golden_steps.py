@@ -30,8 +30,9 @@ def test_regeneration_is_byte_identical():
 def test_every_record_reproduces_with_1_3_and_m_ranks():
     checked, problems = steps.check(PATH, ranks=(1, 3, 6, 8))
     assert problems == []
-    # 4 records per case; tiny (M = 8) with 4 rank counts, the M = 6 case with 3 (R = 8 > M is skipped)
-    assert checked == 4 * 4 + 4 * 3
+    # 4 records per case; tiny and tiny-bf16 (M = 8) with 4 rank counts, the M = 6 case with 3
+    # (R = 8 > M is skipped)
+    assert checked == 4 * 4 + 4 * 3 + 4 * 4
 
 
 def test_cases_cover_what_the_clause_says(committed):
@@ -41,6 +42,9 @@ def test_cases_cover_what_the_clause_says(committed):
     assert (var["norm"], var["mlp"], var["tied"], var["linear"], var["bias"]) == \
         ("layer", "swiglu", False, "int8", True)
     assert cases["layer-swiglu-int8"]["train"]["micro_batches"] == 6
+    # [bf16.precision.c1] the tiny preset in the bf16 profile; the fp32 cases carry no precision field
+    assert cases["tiny-bf16"]["model"] == {**tiny, "precision": "bf16"}
+    assert "precision" not in tiny and "precision" not in var
     for c in committed["cases"]:
         g = c["train"]["micro_batches"] * c["train"]["micro_batch_size"]
         steps_per_epoch = len(c["samples"]) // g
@@ -60,7 +64,7 @@ def test_recipe_hash_is_the_stated_function(committed):
 def test_cli_reports_success(capsys):
     assert cli.main(["vectors", "steps", "--ranks", "1"]) == 0
     out = capsys.readouterr().out
-    assert "8 records of 2 cases" in out and "ops on cpu" in out
+    assert "12 records of 3 cases" in out and "ops on cpu" in out
 
 
 def test_an_altered_record_is_named(tmp_path, committed, capsys):

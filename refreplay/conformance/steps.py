@@ -6,7 +6,8 @@ The op vectors pin every op; these pin their composition: the model's op
 order ([model.forward.c1], [model.backward.c1]), the data stream
 ([data.stream.c1]), TreeFold over micro-batches and ranks ([fold.tree.c1],
 [fold.ranks.c1]), clipping and AdamW ([optim.clip.c1], [optim.adamw.c1]),
-re-pinned int8 step sizes ([model.quant.c1]) and the state hash and chain
+re-pinned int8 step sizes ([model.quant.c1]), the bf16 profile's rounding
+points ([bf16.tensors.c1]) and the state hash and chain
 ([state.root.c1], [state.chain.c2]).  A training stack that claims to
 implement the spec reproduces every record from the case's configuration and
 samples alone.
@@ -55,6 +56,10 @@ def _cases() -> tuple[StepCase, ...]:
         # every other branch: LayerNorm, SwiGLU, untied head, biases, int8 QAT;
         # M = 6 is no power of two, and 24 samples make step 3 start epoch 1
         StepCase("layer-swiglu-int8", variant_m.validate(), variant_t.validate(), 3, 24),
+        # the `tiny` preset in the bf16 profile ([bf16.precision.c1]): bf16 working
+        # copies, activations and activation gradients; binary32 masters and moments
+        StepCase("tiny-bf16", replace(tiny_m, precision="bf16").validate(),
+                 replace(tiny_t, warmup_steps=1, schedule_steps=3).validate(), 3, 40),
     )
 
 
