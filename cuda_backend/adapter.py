@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .host import bf16 as _bf16
 from .host import linalg as _linalg
 from .host import numerics as _numerics
 from .host import rng as _rng
@@ -49,6 +50,8 @@ __all__ = sorted(_FUNCTIONS) + ["EXAMPLE_FUNCTIONS", "OPS", "conform_op"]
 EXAMPLE_FUNCTIONS = {f"{prefix}.{name}": f for prefix, module in _MODULES.items()
                      for name, f in _public(module).items()}
 EXAMPLE_FUNCTIONS.update({f"numerics.elementwise.{name}": f for name, f in _public(_numerics).items()})
+# the bf16 conversions ([bf16.round.c1]): by their full name only (``load`` is also numerics.load)
+EXAMPLE_FUNCTIONS.update({f"numerics.bf16.{name}": f for name, f in _public(_bf16).items()})
 
 
 def _dot(x, y):

@@ -505,10 +505,53 @@ def _check_softmax(rng, large):
     return out
 
 
+def bf16_rounding_grid() -> np.ndarray:
+    """binary32 inputs at and beside every kind of bf16 tie: every exponent
+    field, kept fractions 0x00, 0x01, 0x7F, low halves 0x7FFF, 0x8000, 0x8001
+    (even and odd kept bits, carries into the exponent and to infinity), both
+    signs."""
+    g = np.array([(s << 31) | (e << 23) | (k << 16) | low for s in (0, 1) for e in range(256)
+                  for k in (0x00, 0x01, 0x7F) for low in (0x7FFF, 0x8000, 0x8001)], dtype=np.uint64)
+    return f32(g)
+
+
+def bf16_edge_bits() -> np.ndarray:
+    """bf16 patterns of every exponent class with fractions 0x00, 0x01, 0x2A,
+    0x40, 0x7E, 0x7F, both signs (subnormals, infinities and NaNs with
+    payloads among them)."""
+    return np.array([(s << 15) | (e << 7) | f for s in (0, 1) for e in range(256)
+                     for f in (0x00, 0x01, 0x2A, 0x40, 0x7E, 0x7F)], dtype=np.uint16)
+
+
+def _check_bf16(rng, large):
+    """[bf16.round.c1] [bf16.widen.c1] [bf16.load.c1]: the device conversions
+    against ``refreplay.numerics.bf16``; round_inplace on a device array."""
+    from numba import cuda
+
+    from refreplay.numerics import bf16 as ref
+    from .host import bf16 as dev
+    n = 1 << 16 if large else 512
+    xs = [("bf16 rounding grid", bf16_rounding_grid()), ("random bits", random_bits(rng, n)),
+          ("edge", edge())]
+    hs = [("bf16 edge", bf16_edge_bits()),
+          ("bf16 patterns", np.arange(1 << 16, dtype=np.uint32).astype(np.uint16) if large
+           else rng.integers(0, 1 << 16, n, dtype=np.uint32).astype(np.uint16))]
+    out = [(f"encode {c}", ref.encode(x), dev.encode(x)) for c, x in xs]
+    out += [(f"round_f32 {c}", ref.round_f32(x), dev.round_f32(x)) for c, x in xs]
+    out += [(f"decode {c}", ref.decode(h), dev.decode(h)) for c, h in hs]
+    out += [(f"load {c}", ref.load(h), dev.load(h)) for c, h in hs]
+    x = bf16_rounding_grid().reshape(-1, 6)
+    d = cuda.to_device(x)
+    dev.round_inplace(d)
+    out.append(("round_inplace on the device", ref.round_f32(x), d.copy_to_host()))
+    return out
+
+
 # ---- the spec's worked examples, evaluated with the device functions -------------
 
 _DTYPES = {"f32": np.float32, "i8": np.int8, "i32": np.int32, "i64": np.int64,
-           "u32": np.uint32, "u64": np.uint64, "u8": np.uint8, "u16": np.uint16}
+           "u32": np.uint32, "u64": np.uint64, "u8": np.uint8, "u16": np.uint16,
+           "bf16": np.uint16}  # [bf16.format.c1] bf16 tensors are their bit patterns
 
 
 def _example_value(node, functions):
@@ -606,6 +649,7 @@ CHECKS: dict[str, tuple[tuple[str, ...], Callable]] = {
     "softmax": (("softmax.fwd.c1", "softmax.bwd.c1", "softmax.log.c1", "softmax.log.bwd.c1"),
                 _check_softmax),
     "rng": (("rng.philox.c1", "rng.counter.c1", "rng.unit.c1", "rng.symmetric.c1", "rng.init.c1"), _check_rng),
+    "bf16": (("bf16.round.c1", "bf16.widen.c1", "bf16.load.c1"), _check_bf16),
     "spec_examples": ((), _check_examples),
 }
 
