@@ -53,6 +53,7 @@ KERNEL_MODULES = (
     "cuda_backend.ops.activations",
     "cuda_backend.ops.softmax",
     "cuda_backend.arrays",
+    "cuda_backend.bf16",
 )
 
 FLOAT_TYPES = {"f16", "f16x2", "bf16", "bf16x2", "f32", "f64"}
