@@ -308,3 +308,27 @@ def test_a_bit_flipped_bf16_checkpoint_is_a_mismatch(runs, tmp_path):
     res = run_cli("replay", run, "--step", 1)
     assert res.returncode == 1 and "VERIFIED" not in res.stdout, res.stdout + res.stderr
     assert "first divergence at step 1" in res.stdout, res.stdout
+
+
+def test_a_bf16_trace_is_taken_on_the_working_copies(runs, tmp_path):
+    """The op-level trace of a bf16 step hashes the forward on the working
+    copies ([bf16.tensors.c1]): what the first norm saves is the bf16
+    embedding of the working wte (the masters would give other bits), and
+    replay with the trace published verifies."""
+    from refreplay import trace
+
+    run = tmp_path / "run"
+    shutil.copytree(runs[0], run)
+    res = run_cli("trace", run, "--step", 1)
+    assert res.returncode == 0, res.stdout + res.stderr
+    r = open_run(run)
+    t = trace.load_trace(r, 1)
+    trainer = r.trainer()
+    st = r.load_checkpoint(0)
+    x, _ = trace.inputs_targets(trainer.stream.batch(1)[:trainer.cfg.micro_batch_size])
+    work = trainer.model.working_params(st.params)
+    emb = B.round_f32(np.ascontiguousarray(work["wte"][x].reshape(-1, trainer.model.cfg.width)))
+    first = dict(t["micro_batches"][0])["forward/h.00.ln1"]  # what the first norm saves: (x, rrms)
+    assert trace._digest((emb, trainer.model.ops.norms.rmsnorm_forward(emb, work["h.00.ln1.w"])[1])) == first
+    res = run_cli("replay", run, "--step", 1)
+    assert res.returncode == 0 and "VERIFIED: step 1" in res.stdout, res.stdout + res.stderr
