@@ -332,3 +332,14 @@ def test_a_bf16_trace_is_taken_on_the_working_copies(runs, tmp_path):
     assert trace._digest((emb, trainer.model.ops.norms.rmsnorm_forward(emb, work["h.00.ln1.w"])[1])) == first
     res = run_cli("replay", run, "--step", 1)
     assert res.returncode == 0 and "VERIFIED: step 1" in res.stdout, res.stdout + res.stderr
+
+
+def test_a_bf16_run_replays_with_every_tensor_in_mapped_files(runs):
+    """Under a memory budget the working copies live in mapped files too
+    (``working_params(keep=...)``) and the bits are the same."""
+    from refreplay import budget
+    from refreplay.replay import replay
+
+    mem = budget.Memory(True, min_bytes=0)
+    res = replay(open_run(runs[0], strict=False), STEPS, memory=mem)
+    assert res.verified and mem.files > 0
