@@ -77,12 +77,14 @@ def choose_start(run, target: int, device=None, memory=None) -> Start:
     return Start(0, run.trainer(device, memory).initial_state(), (), tuple(notes), True)
 
 
-def initial_state_divergence(run, start: Start, device=None):
+def initial_state_divergence(run, start: Start, device=None, memory=None):
     """(kind, summary, details) when state 0 is not the recipe's initial state
-    ([model.init.c1]); None when it is, or when the replay does not start at 0."""
+    ([model.init.c1]); None when it is, or when the replay does not start at 0.
+    The recomputed state is placed as ``memory`` says (mapped files under a
+    budget: it is as large as the checkpoint)."""
     if start.step != 0:
         return None
-    ours = start.state if start.from_seed else run.trainer(device).initial_state()
+    ours = start.state if start.from_seed else run.trainer(device, memory).initial_state()
     root = ours.root()
     if root != run.records[0].state_root:
         return ("state", "the published root of step 0 is not the root of the recipe's initial state",

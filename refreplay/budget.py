@@ -66,6 +66,14 @@ class Memory:
         release(out)
         return out.view(np.ndarray)  # a plain ndarray over the mapping, as kernels expect
 
+    def zeros(self, shape, dtype) -> np.ndarray:
+        """A new array of +0 bits: a mapped file (zero-filled by the kernel,
+        no page written) when the policy says so."""
+        a = np.zeros(0, dtype)
+        if not self.mapped or int(np.prod(shape)) * a.itemsize < self.min_bytes:
+            return np.zeros(shape, dtype)
+        return self._file_array(tuple(shape), dtype).view(np.ndarray)
+
     def keep_dict(self, d: dict) -> dict:
         return {k: self.keep(d[k]) for k in sorted(d)}
 

@@ -100,10 +100,12 @@ def init_weight(seed: int, name: str, count: int, init_std) -> np.ndarray:
     return backends.get("cpu").rng.init_uniform(seed, name, (count,), init_scale(init_std))
 
 
-def init_params(cfg: ModelConfig, seed: int, device=None) -> dict[str, np.ndarray]:
+def init_params(cfg: ModelConfig, seed: int, device=None, keep=None) -> dict[str, np.ndarray]:
     """[model.init.c1] Norm weights +1, biases (".b") +0, every other tensor
     (embedding, linear weights, head) uniform in [-a, a) from its own Philox
-    stream [rng.init.c1]."""
+    stream [rng.init.c1].  ``keep`` (``budget.Memory.keep``), when given,
+    places each tensor as soon as it is drawn, so that no more than one
+    sits in RAM."""
     cfg.validate()
     shapes = param_shapes(cfg)
     rng = backends.get(device).rng
@@ -117,6 +119,8 @@ def init_params(cfg: ModelConfig, seed: int, device=None) -> dict[str, np.ndarra
             params[name] = np.ones(shape, np.float32)
         else:
             params[name] = np.ascontiguousarray(rng.init_uniform(seed, name, shape, a))
+        if keep is not None:
+            params[name] = keep(params[name])
     return params
 
 

@@ -134,7 +134,7 @@ def replay(run, target: int, progress=None, device=None, memory=None) -> ReplayR
 def _replay_from(run, target: int, progress, device=None, memory=None) -> ReplayResult:
     start = artifacts.choose_start(run, target, device, memory)
     res = ReplayResult(target, start.step, [], None, list(start.checked), list(start.notes))
-    bad0 = artifacts.initial_state_divergence(run, start, device)
+    bad0 = artifacts.initial_state_divergence(run, start, device, memory)
     if bad0 is not None:
         res.divergence = Divergence(0, *bad0)
         return res

@@ -174,8 +174,13 @@ class Trainer:
 
     def initial_state(self) -> TrainState:
         """[model.init.c1] [optim.state.c1] State 0."""
-        params = init_params(self.model.cfg, self.cfg.seed, self.ops)
-        m, v = optim.adamw_init(params)  # zeros
+        mem = self.memory
+        if not mem.mapped:
+            params = init_params(self.model.cfg, self.cfg.seed, self.ops)
+            m, v = optim.adamw_init(params)  # zeros
+        else:  # each tensor in a mapped file as it is made; the moments are files of zeros
+            params = init_params(self.model.cfg, self.cfg.seed, self.ops, mem.keep)
+            m, v = ({k: mem.zeros(params[k].shape, params[k].dtype) for k in sorted(params)} for _ in range(2))
         return TrainState(0, params, m, v, quant_steps(self.model.cfg, params, self.ops), self.data_position(0))
 
     def initial_record(self, st: TrainState) -> StepRecord:
