@@ -150,9 +150,12 @@ def recipe_from_json(obj, where: str = RECIPE_FILE, on_edited=None) -> Recipe:
     hashed = _obj(obj, "recipe", where)
     _exact_keys(hashed, ("spec_version", "model", "train", "data"), f"{where}: recipe")
     sv = hashed["spec_version"]
-    _need(sv == spec.version(), f"{where}: the run was made under spec {sv!r}; this refreplay "
-                                f"implements spec {spec.version()!r}")
+    _need(sv in spec.replayed_versions(), f"{where}: the run was made under spec {sv!r}; this refreplay "
+                                           f"implements spec {spec.version()!r} and replays runs of "
+                                           f"{', '.join(spec.replayed_versions())}")
     model = model_from_json(_obj(hashed, "model", where), f"{where}: recipe.model")
+    _need(sv == spec.version() or model.precision == "fp32",
+          f"{where}: recipe.model.precision is a field of spec {spec.version()}, not of {sv} ([conv.version.c1])")
     train = train_from_json(_obj(hashed, "train", where), f"{where}: recipe.train")
     dat = _obj(hashed, "data", where)
     _exact_keys(dat, ("manifest_sha256", "samples", "sample_tokens"), f"{where}: recipe.data")

@@ -63,6 +63,17 @@ def version(spec_dir: Path = SPEC_DIR) -> str:
     return (spec_dir / "VERSION").read_text().strip()
 
 
+# [conv.version.c1] Earlier versions whose runs this version replays: their
+# clauses that a run's arithmetic depends on are unchanged here.
+EARLIER_REPLAYED = ("0.2.0",)
+
+
+def replayed_versions(spec_dir: Path = SPEC_DIR) -> tuple[str, ...]:
+    """[conv.version.c1] The spec versions whose runs this implementation
+    replays: its own, then the earlier ones it keeps unchanged."""
+    return (version(spec_dir),) + EARLIER_REPLAYED
+
+
 def spec_sha256(spec_dir: Path = SPEC_DIR) -> str:
     """SHA-256 over VERSION and every chapter (name and bytes, sorted)."""
     h = hashlib.sha256()
