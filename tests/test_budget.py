@@ -144,3 +144,21 @@ def test_cost_counts():
     assert budget.Memory.for_budget(10 << 30, xl.peak_ram).mapped
     assert not budget.Memory.for_budget(None, xl.peak_ram).mapped
     assert not budget.Memory.for_budget(100 << 30, xl.peak_ram).mapped
+
+
+def test_state_zero_from_the_recipe_is_built_in_mapped_files(tiny_run):
+    """Under a mapped budget, state 0 recomputed from the recipe (to check a
+    published step 0, or to start from) lives in mapped files tensor by
+    tensor, with the same bits as in RAM; the moments are files of +0."""
+    out, _ = tiny_run
+    r = run.open_run(out, strict=False)
+    mem = budget.Memory(True, min_bytes=0)
+    mapped, plain = r.trainer(None, mem).initial_state(), r.trainer().initial_state()
+    assert mapped.root() == plain.root() == r.records[0].state_root
+    for group in ("params", "m", "v"):
+        for k, v in getattr(mapped, group).items():
+            assert _mapped(v), (group, k)
+            assert v.tobytes() == getattr(plain, group)[k].tobytes()
+    assert not np.any(mapped.m["wte"].view(np.uint32)) and not np.any(mapped.v["wte"].view(np.uint32))
+    z = budget.Memory(True, min_bytes=1 << 30).zeros((3, 2), np.float32)  # below min_bytes: RAM
+    assert not _mapped(z) and z.shape == (3, 2) and not np.any(z)
