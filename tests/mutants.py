@@ -910,7 +910,8 @@ def k_bf16_attention_forward(q, k, v, round_p=False):
 
 def k_bf16_linear_backward(dy, x, W, dw_bf16=False):
     """[bf16.ops.c1] refreplay's binary32 linear_backward between the
-    conversions (the op is used, not mutated); ``dw_bf16``: dW kept in bf16."""
+    conversions (the op is used, not mutated); ``dw_bf16``: dW kept in bf16,
+    where [bf16.tensors.c1] keeps the gradients of parameters binary32."""
     from refreplay.ops import linear
 
     dx, dW, db = linear.linear_backward(h_load(dy), h_load(x), h_load(W), True)

@@ -27,6 +27,9 @@ def _diagnosis(report, op=None):
 # ---- storage ------------------------------------------------------------------------------------
 
 def test_vectors_store_bf16_as_BF16_with_manifest_dtype_bf16():
+    """[bf16.format.c1] bf16 tensors are BF16 in the file, uint16 bits in
+    memory, dtype bf16 in the manifest; the binary32 outputs of
+    [bf16.tensors.c1] (dW, db) stay f32."""
     m = store.read_manifest()
     cases = [c for c in m["cases"] if c["op"] == "bf16_add"]
     assert cases and all(t["dtype"] == "bf16" for c in cases for t in c["inputs"] + c["outputs"])
@@ -182,3 +185,42 @@ def test_torch_native_bf16_ops_fail_with_their_cause():
     assert "subnormal inputs not zeroed" in _diagnosis(report, "bf16_embedding_forward")
     for op in ops:
         assert _diagnosis(report, op), op
+
+
+def test_a_probe_that_does_not_isolate_is_refused():
+    """[bf16.probes.c1] The generator's check: a rounding probe of exact bf16
+    sums, an accumulation probe whose partial sums are bf16 values, and an
+    intermediate probe whose rounding changes nothing are refused."""
+    from refreplay.conformance import bf16_ops
+    from refreplay.conformance.builders import ProbeError
+
+    def check(op, family, inputs):
+        opdef = OPS[op]
+        raw = [np.ascontiguousarray(inputs[n]) for n in opdef.inputs]
+        outputs = dict(zip(opdef.outputs, (lambda o: o if isinstance(o, tuple) else (o,))(opdef.reference(*raw))))
+        bf16_ops.check_probe(opdef, family, raw, outputs)
+
+    ones = np.full(4, 0x3F80, np.uint16)
+    ties = {"a": np.array([0x3F80, 0x3F81], np.uint16), "b": np.full(2, 0x3B80, np.uint16)}
+    check("bf16_add", "bf16_rounding", ties)  # + 2^-8: ties with even (away differs) and odd (truncation differs) bits
+    with pytest.raises(ProbeError, match="truncation"):
+        check("bf16_add", "bf16_rounding", {"a": ones, "b": ones})  # 1 + 1 = 2: nothing to round
+    with pytest.raises(ProbeError, match="accumulates in bf16"):
+        check("bf16_matmul", "bf16_accumulation", {"A": np.full((1, 4), 0x3F80, np.uint16),
+                                                   "B": np.full((4, 1), 0x3F80, np.uint16)})  # 1+1+1+1
+    with pytest.raises(ProbeError, match="rounds an intermediate"):
+        check("bf16_softmax_forward", "bf16_intermediate", {"x": np.zeros((1, 4), np.uint16)})  # e = 1: exact
+
+
+def test_exec_output_of_the_wrong_width_fails_the_case(tmp_path):
+    """A bf16 output written as 4-byte floats is the wrong size: the case errs, never passes."""
+    prog = tmp_path / "wide"
+    prog.write_text(f"#!{sys.executable}\n" + textwrap.dedent("""
+        import sys, numpy as np
+        d = sys.argv[1]
+        np.fromfile(d + "/in_x.bin", "<f4").tofile(d + "/out_out.bin")
+    """))
+    prog.chmod(0o755)
+    report = rc.check(f"exec:{prog}", ops=["bf16_encode"])
+    assert not report.conformant and report.counts["error"] == 5
+    assert "bytes, expected" in report.cases[0]["message"]

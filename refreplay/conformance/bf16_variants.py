@@ -115,7 +115,8 @@ def keeping_subnormals(op, inputs):
 
 def rounding_f32_outputs(op, inputs):
     """Every output rounded to bf16, the binary32 ones too (a kernel that
-    stores a bare matmul product or a statistic in bf16)."""
+    stores a bare matmul product or a statistic in bf16, where
+    [bf16.tensors.c1] keeps them binary32)."""
     return _profile(op, inputs, round_f=rne) if _has(op, 1, "f") else None
 
 

@@ -363,6 +363,7 @@ def _bf16_findings(op, results) -> tuple[list[Finding], set]:
         by_family.setdefault(r.case.family, []).append(r)
     sample = [r for rs in by_family.values() for r in rs[:BF16_CASES]]
     explained: set = set()
+    hits_of = []
     for m in BV.MISREADINGS:
         hits = []
         for r in sample:
@@ -374,9 +375,14 @@ def _bf16_findings(op, results) -> tuple[list[Finding], set]:
             if BV.matches(actual[id(r)], got) and not BV.matches(tuple(r.case.outputs.values()), got):
                 hits.append(r)
         if hits:
-            fams = sorted({r.case.family for r in hits})
-            out.append(Finding(op.name, f"{m.name} — reproduces {len(hits)} of the {len(sample)} failing cases "
-                                        f"re-evaluated ({', '.join(fams)}; first {hits[0].case.id})",
-                               list(m.clauses)))
-            explained |= {id(r) for r in hits}
+            hits_of.append((m, hits))
+    for m, hits in hits_of:
+        ids = {id(r) for r in hits}
+        # a misreading whose matches another one's cover, and more, is a coincidence of small cases
+        if any(ids < {id(r) for r in other} for _, other in hits_of):
+            continue
+        fams = sorted({r.case.family for r in hits})
+        out.append(Finding(op.name, f"{m.name} — reproduces {len(hits)} of the {len(sample)} failing cases "
+                                    f"re-evaluated ({', '.join(fams)}; first {hits[0].case.id})", list(m.clauses)))
+        explained |= ids
     return out, explained
