@@ -224,3 +224,24 @@ def test_exec_output_of_the_wrong_width_fails_the_case(tmp_path):
     report = rc.check(f"exec:{prog}", ops=["bf16_encode"])
     assert not report.conformant and report.counts["error"] == 5
     assert "bytes, expected" in report.cases[0]["message"]
+
+
+def test_bf16_variant_models_give_the_reference_bits():
+    """[conf.diagnosis.r1] The binary32 op models of ``variants`` between the
+    conversions give every committed bf16 case's bits with the spec's parts,
+    so a variant the diagnosis names differs from the spec by its one part."""
+    from refreplay.conformance import variants as Vr
+    from refreplay.conformance.cases import load_inputs
+
+    ops = [o for o in Vr.MODELS if o.startswith("bf16_")]
+    assert len(ops) >= 14
+    _, cases = store.load_cases(ops=set(ops))
+    checked = 0
+    for c in cases:
+        if c.family == "sweep":
+            continue
+        outs = Vr.evaluate(c.op, load_inputs(list(c.inputs.values())))
+        exp = [BV.widen(e) if f"out/{n}" in c.bf16 else e for n, e in c.outputs.items()]
+        assert Vr.distance(outs, exp)[0] == 0, c.id
+        checked += 1
+    assert checked >= 90
