@@ -13,6 +13,7 @@ import numpy as np
 from ..errors import InputError
 from ..numerics.bf16 import as_bits
 from . import fp
+from .bf16_variants import widen
 from .cases import Case, dtype_name
 from .kernels import Kernel, KernelError, Unsupported
 
@@ -97,7 +98,7 @@ def compare(expected: np.ndarray, actual: np.ndarray, name: str, bf16: bool = Fa
     idx = tuple(int(i) for i in np.unravel_index(first, expected.shape))
     if e.dtype == np.float32 or bf16:
         # [bf16.widen.c1] a bf16 is the binary32 of its bits << 16: one bf16 position is 2^16 binary32 ones
-        ew, aw = (bf16_widen(e[diff]), bf16_widen(a[diff])) if bf16 else (e[diff], a[diff])
+        ew, aw = (widen(e[diff]), widen(a[diff])) if bf16 else (e[diff], a[diff])
         d = fp.ulp_distance(ew, aw)
         d = np.where(d > 0, d >> 16, d) if bf16 else d
         ulp = int(d[0])
@@ -109,11 +110,6 @@ def compare(expected: np.ndarray, actual: np.ndarray, name: str, bf16: bool = Fa
     return Mismatch(name, int(diff.sum()), e.size, idx, _hex(e[first], bf16), _hex(a[first], bf16),
                     None if ulp < 0 else ulp, hist)
 
-
-def bf16_widen(h: np.ndarray) -> np.ndarray:
-    """bf16 bits as the binary32 they denote, payloads kept (to describe a
-    difference, not to compute: [bf16.widen.c1])."""
-    return (h.astype(np.uint32) << np.uint32(16)).view(np.float32)
 
 
 def run_case(kernel: Kernel, case: Case) -> Result:
