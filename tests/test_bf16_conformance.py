@@ -245,3 +245,37 @@ def test_bf16_variant_models_give_the_reference_bits():
         assert Vr.distance(outs, exp)[0] == 0, c.id
         checked += 1
     assert checked >= 90
+
+
+def test_pytest_plugin_runs_bf16_cases(tmp_path):
+    """The pytest plugin hands bf16 tensors to a kernel module as uint16 bits:
+    a NumPy decode passes case by case; a truncating encode fails its
+    bf16_rounding case with the diagnosis in the failure text."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    (tmp_path / "bf16k.py").write_text(textwrap.dedent("""
+        import numpy as np
+
+        def bf16_decode(x):
+            e, f = x & 0x7F80, x & 0x7F
+            h = np.where(e == 0, x & 0x8000, np.where((e == 0x7F80) & (f != 0), 0x7FC0, x))
+            return (h.astype(np.uint32) << 16).view(np.float32)
+
+        def bf16_encode(x):
+            u = x.view(np.uint32)
+            sub = (u & 0x7F800000) == 0
+            nan = np.isnan(x)
+            return np.where(nan, 0x7FC0, np.where(sub, (u >> 16) & 0x8000, u >> 16)).astype(np.uint16)
+    """))
+    env = dict(os.environ, PYTHONPATH=f"{Path(__file__).resolve().parent.parent}{os.pathsep}{tmp_path}",
+               PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
+    p = subprocess.run([sys.executable, "-m", "pytest", "-p", "refreplay.pytest_plugin", "-q", "-rA",
+                        "-p", "no:cacheprovider", "--refreplay-kernel", "bf16k", "--refreplay-op", "bf16_decode",
+                        "--refreplay-op", "bf16_encode"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 1, p.stdout[-3000:]
+    assert "PASSED bf16k::bf16_decode-bf16_input_zeroing-00" in p.stdout
+    assert "FAILED bf16k::bf16_encode-bf16_rounding-00" in p.stdout
+    assert "rounds to bf16 by truncation" in p.stdout
