@@ -863,13 +863,15 @@ def k_bf16_add(a, b, mode="even", zero=True):
     return h_round(add(h_load(a, zero), h_load(b, zero)), mode)
 
 
-def k_bf16_matmul(A, B, acc_bf16=False, zero=True):
+def k_bf16_matmul(A, B, acc_bf16=False, zero=True, fused=False):
     """[bf16.matmul.c1] exact products summed in binary32, k increasing from -0;
-    ``acc_bf16``: the accumulator rounded to bf16 after every addition."""
+    ``acc_bf16``: the accumulator rounded to bf16 after every addition;
+    ``fused``: a*b + acc rounded once ([num.nofma.c1], [bf16.exact.r1])."""
     A, B = h_load(A, zero), h_load(B, zero)  # not k_matmul: its [num.load.c1] would zero them again
     acc = np.full((A.shape[0], B.shape[1]), F32(-0.0))
     for k in range(A.shape[1]):
-        acc = add(acc, mul(A[:, k:k + 1], B[k:k + 1, :]))
+        a, b = A[:, k:k + 1], B[k:k + 1, :]
+        acc = fma(a, b, acc) if fused else add(acc, mul(a, b))
         acc = h_load(h_round(acc)) if acc_bf16 else acc
     return np.where(np.asarray(A.shape[1] == 0), F32(0), acc).astype(F32)
 
@@ -941,6 +943,8 @@ MUTANTS.update({
     "bf16 add ties away": ("bf16_add", P(k_bf16_add, mode="away"), "bf16.round.c1", "rounds half away from zero"),
     "bf16 matmul keeps subnormals": ("bf16_matmul", P(k_bf16_matmul, zero=False), "bf16.load.c1",
                                      "bf16 subnormal inputs not zeroed"),
+    "bf16 matmul fused multiply-add": ("bf16_matmul", P(k_bf16_matmul, fused=True), "num.nofma.c1",
+                                       "exact bf16 products, but a product below 2^-126 is added unflushed"),
     "bf16 matmul accumulates in bf16": ("bf16_matmul", P(k_bf16_matmul, acc_bf16=True), "bf16.matmul.c1",
                                         "the accumulator rounded to bf16 after every addition"),
     "bf16 linear rounds x·Wᵀ before the bias": ("bf16_linear_forward", P(k_bf16_linear_forward, round_product=True),

@@ -279,3 +279,17 @@ def test_pytest_plugin_runs_bf16_cases(tmp_path):
     assert "PASSED bf16k::bf16_decode-bf16_input_zeroing-00" in p.stdout
     assert "FAILED bf16k::bf16_encode-bf16_rounding-00" in p.stdout
     assert "rounds to bf16 by truncation" in p.stdout
+
+
+def test_a_fused_bf16_matmul_is_diagnosed_as_contracting():
+    """[bf16.exact.r1] bf16 products are exact, yet the fma probes (a product
+    below 2^-126) catch a fused multiply-add, and the diagnosis says so."""
+    import mutants as M
+
+    def bf16_matmul(A, B):
+        return M.k_bf16_matmul(A, B, fused=True)
+
+    report = rc.check(bf16_matmul, ops=["bf16_matmul"])
+    failed = {c["family"] for c in report.cases if c["status"] == "fail"}
+    assert failed == {"fma"}, failed
+    assert "contracts multiply-add" in _diagnosis(report)

@@ -250,6 +250,25 @@ def _intermediate(op, rng):
     return [({"x": _enc(V.random_f32(rng, (3, 33), -4, 3))}, "N,V=3,33: the sum of binary32 exponentials")]
 
 
+def _fma(op, rng):
+    """[bf16.exact.r1] bf16 products are exact, so a fused multiply-add
+    changes a sum only through a product below 2^-126: per row a product
+    2^-126 or 2^-125, then one of magnitude 2^-127 d positions later; the
+    separate multiply flushes it ([num.flush.c1]), a fused one adds it."""
+    out = []
+    for i, k, j in ((2, 4, 3), (4, 33, 2)):
+        A = np.zeros((i, k), F32)
+        for r in range(i):
+            k0 = int(rng.integers(0, k - 1))
+            d = int(rng.integers(1, k - k0))
+            A[r, k0] = F32(2.0 ** (-63 + r % 2))
+            A[r, k0 + d] = F32(2.0 ** -64) * (F32(-1) if rng.random() < 0.5 else F32(1))
+        B = np.full((k, j), F32(2.0 ** -63))
+        out.append(("fma", {n: _enc(x) for n, x in _layout(_kind(op), A, B).items()},
+                    f"I,K,J={i},{k},{j}; a product below 2^-126 after 2^-126 or 2^-125"))
+    return out
+
+
 PROBES = {"bf16_rounding": _rounding, "bf16_accumulation": _accumulation, "bf16_input_zeroing": _zeroing,
           "bf16_intermediate": _intermediate}
 
@@ -308,6 +327,8 @@ def _register(op):
         cases += _sweeps(op, rng, entry)
         for family, probe in PROBES.items():
             cases += [(family, d, note) for d, note in probe(op, rng)]
+        if _kind(op):
+            cases += _fma(op, rng)
         if _kind(op):  # the order probes of [conf.probes.c1] with bf16 values: products exact
             for i, k, j in ((2, 9, 3), (3, 33, 2), (2, 257, 2), (1, 1024, 2)):
                 A = V.random_f32(rng, (i, k), -24, 24, mant_bits=7)
