@@ -119,7 +119,7 @@ def _edges(op, rng, randoms):
     out = []
     kin = _ops().PROFILE[op][0]
     for name, k in zip(OPS[op].inputs, kin):
-        if k != "h" or name in ("mean", "rstd", "rrms", "att", "y"):
+        if k != "h" or name == "y":  # a softmax backward's y comes from the forward (_derive)
             continue
         fits = [c for c in randoms if c[name].size >= grid.size]
         base = dict(min(fits, key=lambda c: c[name].size) if fits else max(randoms, key=lambda c: c[name].size))

@@ -171,7 +171,12 @@ def diagnose(op_name: str, results) -> list[Finding]:
     if errors:
         out.append(Finding(op_name, f"the kernel failed to run on {len(errors)} cases "
                                     f"(first: {errors[0].case.id}: {errors[0].message})", ["conv.conformance.c1"]))
-    if "fma" in failing:
+    if "fma" in failing and op.bf16:  # [bf16.exact.r1] only a product below 2^-126 can tell, and both keep it
+        out.append(Finding(op_name, f"keeps a product below 2^-126 that the spec flushes: a fused multiply-add or "
+                                    f"unflushed (gradual-underflow) products, which bf16's exact products make "
+                                    f"indistinguishable — {_count(fam, 'fma')}",
+                           ["num.nofma.c1", "num.flush.c1", "bf16.exact.r1"]))
+    elif "fma" in failing:
         out.append(Finding(op_name, f"contracts multiply-add (a*b + c rounded once) — {_count(fam, 'fma')}",
                            ["num.nofma.c1"]))
     f = _order_finding(op, fam)
