@@ -294,3 +294,18 @@ def test_a_fused_bf16_matmul_is_diagnosed_as_contracting():
     failed = {c["family"] for c in report.cases if c["status"] == "fail"}
     assert failed == {"fma"}, failed
     assert "a fused multiply-add or unflushed (gradual-underflow) products" in _diagnosis(report)
+
+
+def test_fuzz_finds_torch_bf16_matmul_and_saves_a_bf16_case(tmp_path, capsys):
+    """`refreplay fuzz` on a bf16 op: a difference is shrunk, diagnosed and
+    saved with its BF16 tensors, and the saved case replays as vectors."""
+    pytest.importorskip("torch")
+    pytest.importorskip("hypothesis")
+    from refreplay import cli
+
+    save = tmp_path / "fz"
+    assert cli.main(["fuzz", "torch", "--op", "bf16_matmul", "--examples", "20", "--save", str(save)]) == 1
+    assert "A: uint16[" in capsys.readouterr().out
+    m = json.loads((save / "manifest.json").read_text())
+    assert {t["dtype"] for t in m["cases"][0]["inputs"]} == {"bf16"}
+    assert rc.check("reference", vectors=save).conformant
