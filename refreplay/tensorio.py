@@ -29,6 +29,10 @@ METADATA = "__metadata__"
 METADATA_KEY = "refreplay"  # the one key __metadata__ may hold
 MAX_HEADER = 100 << 20  # far above any refreplay header; refuse before reading
 _ENTRY_KEYS = {"data_offsets", "dtype", "shape"}
+# [bf16.format.c1] safetensors' BF16: bfloat16 bit patterns, held in memory as
+# uint16.  Only golden vectors use it (``bf16=`` below); a state file never
+# does, so that its dtypes stay those of [state.dtypes.c1].
+BF16 = "BF16"
 
 
 def _header_bytes(entries: dict, metadata: str | None) -> bytes:
@@ -41,8 +45,9 @@ def _header_bytes(entries: dict, metadata: str | None) -> bytes:
     return text + b" " * (-len(text) % 8)
 
 
-def _layout(tensors: dict, metadata: str | None) -> tuple[bytes, list[np.ndarray]]:
-    """[state.file.c1] The file's first 8 + L bytes and the arrays whose bytes follow."""
+def _layout(tensors: dict, metadata: str | None, bf16=frozenset()) -> tuple[bytes, list[np.ndarray]]:
+    """[state.file.c1] The file's first 8 + L bytes and the arrays whose bytes
+    follow; the uint16 tensors named in ``bf16`` get the dtype BF16."""
     if not isinstance(tensors, dict):
         raise TypeError(f"tensors must be a dict name -> array, got {type(tensors).__name__}")
     if metadata is not None and not isinstance(metadata, str):
@@ -53,7 +58,12 @@ def _layout(tensors: dict, metadata: str | None) -> tuple[bytes, list[np.ndarray
     arrays = [canonical(n, tensors[n]) for n in names]
     entries, offset = {}, 0
     for name, arr in zip(names, arrays):
-        entries[name] = {"dtype": dtype_name(arr.dtype), "shape": list(arr.shape),
+        dtype = dtype_name(arr.dtype)
+        if name in bf16:
+            if dtype != "U16":
+                raise TypeError(f"tensor {name!r}: bf16 is carried as uint16 bits, got {arr.dtype}")
+            dtype = BF16
+        entries[name] = {"dtype": dtype, "shape": list(arr.shape),
                          "data_offsets": [offset, offset + arr.nbytes]}
         offset += arr.nbytes
     header = _header_bytes(entries, metadata)
@@ -80,14 +90,15 @@ def save(path, tensors: dict, metadata: str | None = None) -> None:
         raise
 
 
-def file_bytes(metadata: str, *names_and_values) -> str:
+def file_bytes(metadata: str, *names_and_values, bf16=frozenset()) -> str:
     """[state.file.c1] Hex of the whole file that ``save`` writes for the tensors
     given as alternating name, value arguments (the spec's worked examples
-    use this form; files of real size are written by ``save``)."""
+    use this form; files of real size are written by ``save``).  ``bf16``:
+    names of uint16 tensors written with the dtype BF16 (golden vectors)."""
     if len(names_and_values) % 2:
         raise TypeError("file_bytes takes a metadata string, then name, value pairs")
     tensors = dict(zip(names_and_values[0::2], names_and_values[1::2]))
-    head, arrays = _layout(tensors, metadata)
+    head, arrays = _layout(tensors, metadata, bf16)
     return (head + b"".join(a.tobytes() for a in arrays)).hex()
 
 
@@ -95,9 +106,11 @@ def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _parse_header(raw: bytes, fail) -> tuple[dict, str | None]:
+def _parse_header(raw: bytes, fail, bf16: bool = False) -> tuple[dict, str | None]:
     """[state.fileread.c1] The header as {name: (dtype, shape, begin, end)} and
-    the metadata string; ``fail(msg)`` raises."""
+    the metadata string; ``fail(msg)`` raises.  ``bf16``: accept the dtype
+    BF16 (read as uint16 bits)."""
+    dtypes = {**DTYPES, BF16: (None, np.dtype("<u2"))} if bf16 else DTYPES
     try:
         obj = untrusted.parse_json(raw, "header", max_bytes=MAX_HEADER)
     except InputError as exc:
@@ -119,9 +132,9 @@ def _parse_header(raw: bytes, fail) -> tuple[dict, str | None]:
         if not isinstance(e, dict) or set(e) != _ENTRY_KEYS:
             fail(f"{where}: entry must have exactly the keys {sorted(_ENTRY_KEYS)}")
         dtype, shape, offs = e["dtype"], e["shape"], e["data_offsets"]
-        if not isinstance(dtype, str) or dtype not in DTYPES:
-            hint = " (bfloat16 is stored as U16 bits)" if dtype == "BF16" else ""
-            fail(f"{where}: unknown dtype {dtype!r}{hint}; known: {', '.join(DTYPES)}")
+        if not isinstance(dtype, str) or dtype not in dtypes:
+            hint = " (bfloat16 is stored as U16 bits)" if dtype == BF16 else ""
+            fail(f"{where}: unknown dtype {dtype!r}{hint}; known: {', '.join(dtypes)}")
         if not (isinstance(shape, list) and len(shape) <= 255 and all(_is_int(d) and d >= 0 for d in shape)):
             fail(f"{where}: shape must be a list of at most 255 non-negative integers, got {shape!r}")
         if not (isinstance(offs, list) and len(offs) == 2 and all(_is_int(o) for o in offs)
@@ -130,7 +143,7 @@ def _parse_header(raw: bytes, fail) -> tuple[dict, str | None]:
         count = 1
         for d in shape:
             count *= d
-        nbytes = count * DTYPES[dtype][1].itemsize
+        nbytes = count * dtypes[dtype][1].itemsize
         if offs[1] - offs[0] != nbytes:
             fail(f"{where}: shape {shape} of {dtype} needs {nbytes} bytes but data_offsets "
                  f"{offs} span {offs[1] - offs[0]}")
@@ -156,7 +169,7 @@ def _check_layout(entries: dict, data_len: int, fail) -> None:
         fail(f"tensors cover {pos} bytes of a {data_len}-byte data section")
 
 
-def _read(path, mapped: bool) -> tuple[dict[str, np.ndarray], str | None]:
+def _read(path, mapped: bool, bf16: bool = False) -> tuple[dict[str, np.ndarray], str | None, frozenset]:
     """[state.fileread.c1] The one validating reader behind ``load`` and
     ``load_mapped``: header and layout are checked before any tensor byte is
     read; the data section is then read into memory or mapped read-only."""
@@ -183,7 +196,7 @@ def _read(path, mapped: bool) -> tuple[dict[str, np.ndarray], str | None]:
         raw = f.read(hlen)
         if len(raw) != hlen:
             fail("file shrank while being read")
-        entries, metadata = _parse_header(raw, fail)
+        entries, metadata = _parse_header(raw, fail, bf16)
         data_len = size - 8 - hlen
         _check_layout(entries, data_len, fail)
         if mapped and data_len:
@@ -195,11 +208,11 @@ def _read(path, mapped: bool) -> tuple[dict[str, np.ndarray], str | None]:
     tensors = {}
     for name in sorted(entries, key=lambda n: n.encode("utf-8")):
         dtype, shape, begin, end = entries[name]
-        arr = data[begin:end].view(DTYPES[dtype][1]).view(np.ndarray)
+        arr = data[begin:end].view(np.dtype("<u2") if dtype == BF16 else DTYPES[dtype][1]).view(np.ndarray)
         if not arr.flags.aligned:  # compiled kernels want aligned data
             arr = arr.copy()
         tensors[name] = arr.reshape(shape)
-    return tensors, metadata
+    return tensors, metadata, frozenset(n for n, e in entries.items() if e[0] == BF16)
 
 
 def load(path) -> tuple[dict[str, np.ndarray], str | None]:
@@ -210,7 +223,7 @@ def load(path) -> tuple[dict[str, np.ndarray], str | None]:
     naming the file for anything that is not a well-formed refreplay tensor
     file; never reads outside the file.
     """
-    return _read(path, mapped=False)
+    return _read(path, mapped=False)[:2]
 
 
 def load_mapped(path) -> tuple[dict[str, np.ndarray], str | None]:
@@ -218,4 +231,11 @@ def load_mapped(path) -> tuple[dict[str, np.ndarray], str | None]:
     are read-only views of the file mapped into memory instead of copies: a
     state larger than the machine's memory can be read (``refreplay.budget``).
     A tensor whose offset does not suit its dtype's alignment is copied."""
-    return _read(path, mapped=True)
+    return _read(path, mapped=True)[:2]
+
+
+def load_vectors(path) -> tuple[dict[str, np.ndarray], str | None, frozenset]:
+    """[state.fileread.c1] As ``load``, for golden vectors: the dtype BF16 is
+    accepted too ([bf16.format.c1]); its tensors are uint16 bit patterns and
+    their names are returned as the third item."""
+    return _read(path, mapped=False, bf16=True)

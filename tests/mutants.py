@@ -825,3 +825,136 @@ EQUIVALENT = {
                           "[quant.ste.c1] dy * 1 is exact for every loaded dy (-0, inf, canonical NaN; "
                           "subnormals are zeroed on loading)"),
 }
+
+
+# ---- the bf16 profile (spec/08-bf16.txt): transcriptions and wrong readings ------------------------
+
+def h_load(h, zero=True, canon=True):
+    """[bf16.load.c1] [bf16.widen.c1] bf16 bits -> binary32: subnormals zeroed, NaN canonical."""
+    h = np.asarray(h, np.uint16)
+    e, f = h & 0x7F80, h & 0x007F
+    if zero:
+        h = np.where(e == 0, h & 0x8000, h)
+    if canon:
+        h = np.where((e == 0x7F80) & (f != 0), 0x7FC0, h)
+    return from_bits(np.asarray(h, np.uint32) << 16)
+
+
+def h_round(x, mode="even", nan=0x7FC0):
+    """[bf16.round.c1] binary32 -> bf16 bits; ``mode`` even (the spec), trunc or away;
+    ``nan`` None keeps the upper half of the NaN's bits."""
+    u = bits(finish(x, canon=nan is not None)).astype(np.uint64)
+    step = {"even": 0x7FFF + ((u >> 16) & 1), "trunc": 0, "away": 0x8000}[mode]
+    r = ((u + step) >> 16).astype(np.uint16)
+    if nan is not None:
+        r = np.where(np.isnan(np.asarray(x, F32)), np.uint16(nan), r)
+    return r.astype(np.uint16)
+
+
+def k_bf16_encode(x, mode="even", nan=0x7FC0):
+    return h_round(load(x) if nan is not None else np.asarray(x, F32), mode, nan)
+
+
+def k_bf16_decode(x, zero=True, canon=True):
+    return h_load(x, zero, canon)
+
+
+def k_bf16_add(a, b, mode="even", zero=True):
+    return h_round(add(h_load(a, zero), h_load(b, zero)), mode)
+
+
+def k_bf16_matmul(A, B, acc_bf16=False, zero=True, fused=False):
+    """[bf16.matmul.c1] exact products summed in binary32, k increasing from -0;
+    ``acc_bf16``: the accumulator rounded to bf16 after every addition;
+    ``fused``: a*b + acc rounded once ([num.nofma.c1], [bf16.exact.r1])."""
+    A, B = h_load(A, zero), h_load(B, zero)  # not k_matmul: its [num.load.c1] would zero them again
+    acc = np.full((A.shape[0], B.shape[1]), F32(-0.0))
+    for k in range(A.shape[1]):
+        a, b = A[:, k:k + 1], B[k:k + 1, :]
+        acc = fma(a, b, acc) if fused else add(acc, mul(a, b))
+        acc = h_load(h_round(acc)) if acc_bf16 else acc
+    return np.where(np.asarray(A.shape[1] == 0), F32(0), acc).astype(F32)
+
+
+def k_bf16_linear_forward(x, W, b, round_product=False, mode="even"):
+    """[bf16.ops.c1] y = round(x·Wᵀ + b), one rounding; ``round_product``: x·Wᵀ
+    rounded to bf16 before the bias is added."""
+    y = k_linear_forward(h_load(x), h_load(W), np.full(np.shape(b), F32(-0.0)))  # + (-0): the bare sum
+    if round_product:
+        y = h_load(h_round(y))
+    return h_round(add(y, h_load(b)), mode)
+
+
+def k_bf16_softmax_forward(x, round_exp=False):
+    """[bf16.ops.c1] softmax of the widened row, rounded once; ``round_exp``: the
+    exponentials rounded to bf16 before they are summed and scaled."""
+    x = h_load(x)
+    if not round_exp:
+        return h_round(_softmax_rows(x))
+    m = seq_max(x)
+    e = h_load(h_round(exp_(sub(x, m[:, None]))))
+    return h_round(mul(e, recip(seq_rows(e))[:, None]))
+
+
+def k_bf16_attention_forward(q, k, v, round_p=False):
+    """[bf16.ops.c1] attention of the widened q, k, v: out rounded once, att binary32;
+    ``round_p``: the probabilities rounded to bf16 before att·v (flash style)."""
+    q, k, v = h_load(q), h_load(k), h_load(v)
+    out, att = k_attention_forward(q, k, v)
+    if round_p:
+        p = h_load(h_round(att))
+        T = att.shape[-1]
+        for t in range(T):
+            out[..., t, :] = seq_rows(np.swapaxes(mul(p[..., t, :t + 1, None], v[..., :t + 1, :]), -1, -2)
+                                      .reshape(-1, t + 1)).reshape(out[..., t, :].shape)
+    return h_round(out), att
+
+
+def k_bf16_linear_backward(dy, x, W, dw_bf16=False):
+    """[bf16.ops.c1] refreplay's binary32 linear_backward between the
+    conversions (the op is used, not mutated); ``dw_bf16``: dW kept in bf16,
+    where [bf16.tensors.c1] keeps the gradients of parameters binary32."""
+    from refreplay.ops import linear
+
+    dx, dW, db = linear.linear_backward(h_load(dy), h_load(x), h_load(W), True)
+    return h_round(dx), (h_load(h_round(dW)) if dw_bf16 else dW), db
+
+
+CORRECT.update({
+    "bf16_encode": k_bf16_encode, "bf16_decode": k_bf16_decode, "bf16_add": k_bf16_add,
+    "bf16_matmul": k_bf16_matmul, "bf16_linear_forward": k_bf16_linear_forward,
+    "bf16_softmax_forward": k_bf16_softmax_forward, "bf16_attention_forward": k_bf16_attention_forward,
+    "bf16_linear_backward": k_bf16_linear_backward,
+})
+MUTANTS.update({
+    "bf16 encode by truncation": ("bf16_encode", P(k_bf16_encode, mode="trunc"), "bf16.round.c1",
+                                  "drops the low 16 bits"),
+    "bf16 encode ties away": ("bf16_encode", P(k_bf16_encode, mode="away"), "bf16.round.c1",
+                              "rounds half away from zero"),
+    "bf16 encode NaN 0xFFC0": ("bf16_encode", P(k_bf16_encode, nan=0xFFC0), "bf16.round.c1",
+                               "x86's default NaN, upper half"),
+    "bf16 encode NaN payload kept": ("bf16_encode", P(k_bf16_encode, nan=None), "bf16.round.c1",
+                                     "the upper half of the NaN's bits"),
+    "bf16 decode keeps subnormals": ("bf16_decode", P(k_bf16_decode, zero=False), "bf16.load.c1",
+                                     "no input zeroing"),
+    "bf16 decode keeps NaN payloads": ("bf16_decode", P(k_bf16_decode, canon=False), "bf16.load.c1",
+                                       "NaN inputs widened as they are"),
+    "bf16 add by truncation": ("bf16_add", P(k_bf16_add, mode="trunc"), "bf16.round.c1", "drops the low 16 bits"),
+    "bf16 add ties away": ("bf16_add", P(k_bf16_add, mode="away"), "bf16.round.c1", "rounds half away from zero"),
+    "bf16 matmul keeps subnormals": ("bf16_matmul", P(k_bf16_matmul, zero=False), "bf16.load.c1",
+                                     "bf16 subnormal inputs not zeroed"),
+    "bf16 matmul fused multiply-add": ("bf16_matmul", P(k_bf16_matmul, fused=True), "num.nofma.c1",
+                                       "exact bf16 products, but a product below 2^-126 is added unflushed"),
+    "bf16 matmul accumulates in bf16": ("bf16_matmul", P(k_bf16_matmul, acc_bf16=True), "bf16.matmul.c1",
+                                        "the accumulator rounded to bf16 after every addition"),
+    "bf16 linear rounds x·Wᵀ before the bias": ("bf16_linear_forward", P(k_bf16_linear_forward, round_product=True),
+                                                "bf16.ops.c1", "two roundings: the product, then the sum"),
+    "bf16 linear ties away": ("bf16_linear_forward", P(k_bf16_linear_forward, mode="away"), "bf16.round.c1",
+                              "rounds half away from zero"),
+    "bf16 softmax rounds exponentials": ("bf16_softmax_forward", P(k_bf16_softmax_forward, round_exp=True),
+                                         "bf16.ops.c1", "exp(x - m) stored in bf16 before the sum"),
+    "bf16 attention rounds probabilities": ("bf16_attention_forward", P(k_bf16_attention_forward, round_p=True),
+                                            "bf16.ops.c1", "att rounded to bf16 before att·v"),
+    "bf16 linear backward keeps dW in bf16": ("bf16_linear_backward", P(k_bf16_linear_backward, dw_bf16=True),
+                                              "bf16.tensors.c1", "dW rounded to bf16"),
+})

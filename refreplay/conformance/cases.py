@@ -42,6 +42,16 @@ FAMILIES = {
               "softmax, tiling) passes the short cases and fails here", ()),
     "tf32": ("fp32 inputs with low significand bits: rounding them to TF32 (10 bits) or "
              "bfloat16 (7 bits) inside the matmul changes the output", ("num.format.c1",)),
+    # [bf16.probes.c1]: each checked against its misreading by bf16_ops.check_probe
+    "bf16_rounding": ("binary32 results at and beside ties: truncation and ties away from zero give "
+                      "other bf16 bits than round to nearest even", ("bf16.round.c1", "bf16.probes.c1")),
+    "bf16_accumulation": ("sums of exact bf16 products, exact in binary32 in every order, whose partial "
+                          "sums are not bf16 values: an accumulator rounded to bf16 gives other bits",
+                          ("bf16.matmul.c1", "bf16.probes.c1")),
+    "bf16_input_zeroing": ("bf16 subnormal inputs whose zeroing changes the result",
+                           ("bf16.load.c1", "bf16.probes.c1")),
+    "bf16_intermediate": ("an internal value (probability, normalised value, exponential) rounded to bf16 "
+                          "before use changes the result", ("bf16.ops.c1", "bf16.probes.c1")),
 }
 
 
@@ -54,11 +64,21 @@ class Case:
     clauses: list[str]
     inputs: dict[str, np.ndarray]
     outputs: dict[str, np.ndarray] = field(default_factory=dict)
+    # tensors ("in/NAME", "out/NAME") that hold bf16 bit patterns as uint16 ([bf16.format.c1])
+    bf16: frozenset[str] = frozenset()
+
+    def dtype(self, key: str) -> str:
+        """The dtype name of tensor ``key`` ("in/NAME" or "out/NAME"): "bf16"
+        for a bf16 tensor, else the name of its array's dtype."""
+        kind, _, name = key.partition("/")
+        a = (self.inputs if kind == "in" else self.outputs)[name]
+        return BF16 if key in self.bf16 else dtype_name(a)
 
 
 DTYPE_NAMES = {np.dtype(np.float32): "f32", np.dtype(np.int8): "i8", np.dtype(np.int32): "i32",
                np.dtype(np.uint16): "u16", np.dtype(np.int64): "i64", np.dtype(np.uint32): "u32"}
-DTYPES = {v: k for k, v in DTYPE_NAMES.items()}
+BF16 = "bf16"  # carried as uint16 bit patterns; a tensor's dtype name says which uint16 tensors are bf16
+DTYPES = {**{v: k for k, v in DTYPE_NAMES.items()}, BF16: np.dtype(np.uint16)}
 
 
 def dtype_name(a: np.ndarray) -> str:

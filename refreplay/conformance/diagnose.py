@@ -161,13 +161,22 @@ def _nan_patterns(fam):
 def diagnose(op_name: str, results) -> list[Finding]:
     op = OPS[op_name]
     fam = _explain_away(op, _by_family(results))
-    failing = {f for f, (bad, good) in fam.items() if bad}
     out: list[Finding] = []
+    if op.bf16:  # [bf16.probes.c1] a profile misreading explains its cases away from the binary32 probes
+        found, explained = _bf16_findings(op, results)
+        out += found
+        fam = {f: ([r for r in bad if id(r) not in explained], good) for f, (bad, good) in fam.items()}
+    failing = {f for f, (bad, good) in fam.items() if bad}
     errors = [r for r in results if r.status == "error"]
     if errors:
         out.append(Finding(op_name, f"the kernel failed to run on {len(errors)} cases "
                                     f"(first: {errors[0].case.id}: {errors[0].message})", ["conv.conformance.c1"]))
-    if "fma" in failing:
+    if "fma" in failing and op.bf16:  # [bf16.exact.r1] only a product below 2^-126 can tell, and both keep it
+        out.append(Finding(op_name, f"keeps a product below 2^-126 that the spec flushes: a fused multiply-add or "
+                                    f"unflushed (gradual-underflow) products, which bf16's exact products make "
+                                    f"indistinguishable — {_count(fam, 'fma')}",
+                           ["num.nofma.c1", "num.flush.c1", "bf16.exact.r1"]))
+    elif "fma" in failing:
         out.append(Finding(op_name, f"contracts multiply-add (a*b + c rounded once) — {_count(fam, 'fma')}",
                            ["num.nofma.c1"]))
     f = _order_finding(op, fam)
@@ -262,6 +271,21 @@ def _tf32_finding(op, fam):
 VARIANT_CASES = 3  # failing cases re-evaluated per op, smallest first
 
 
+def _stored(r, n):
+    """Output ``n`` of the kernel as stored (a bf16 output as uint16 bits)."""
+    from ..numerics.bf16 import as_bits
+
+    a = np.asarray(r.actual[n])
+    return as_bits(a) if f"out/{n}" in r.case.bf16 else a
+
+
+def _as_f32(r, n):
+    """Output ``n`` as binary32 (a bf16 output widened: the variants' form)."""
+    from .bf16_variants import widen
+
+    return widen(_stored(r, n)) if f"out/{n}" in r.case.bf16 else _stored(r, n)
+
+
 def _variant_finding(op, results):
     """[conf.diagnosis.r1] Which variant of the op's algorithm reproduces the
     kernel (``variants.explain``) on its smallest failing cases."""
@@ -269,16 +293,18 @@ def _variant_finding(op, results):
         return None
     # sweep cases are long rows: re-evaluating every variant on them would take minutes
     bad = [r for r in results if r.status in ("fail", "xfail") and r.case.family != "sweep" and r.actual and all(
-        n in r.actual and np.asarray(r.actual[n]).shape == e.shape and np.asarray(r.actual[n]).dtype == e.dtype
+        n in r.actual and _stored(r, n).shape == e.shape and _stored(r, n).dtype == e.dtype
         for n, e in r.case.outputs.items())]  # a wrong shape or dtype is no arithmetic variant
     if not bad:
         return None
     # random cases first: they hold the op's arithmetic at ordinary values, where the variants differ;
     # the edge and empty cases are small but hold specials on which many variants agree
     bad.sort(key=lambda r: (r.case.family != "random", sum(x.size for x in r.case.inputs.values())))
-    cases = [(load_inputs(list(r.case.inputs.values())), [np.asarray(r.actual[n]) for n in r.case.outputs])
+    cases = [(load_inputs(list(r.case.inputs.values())), [_as_f32(r, n) for n in r.case.outputs])
              for r in bad[:VARIANT_CASES]]
     ex = variants.explain(op.name, cases)
+    if ex.spec_differ == 0:  # the spec's arithmetic reproduces them: NaN payloads only, found elsewhere
+        return None
     on = f"on the {ex.cases} smallest failing case{'s' if ex.cases > 1 else ''}"
     if ex.matches:
         names = [variants.name(v) for v in ex.matches]
@@ -298,3 +324,70 @@ def _variant_finding(op, results):
         devs = []
     clauses = list(dict.fromkeys(list(op.clauses) + [c for d in devs for c in d.clauses]))
     return Finding(op.name, msg, clauses)
+
+
+BF16_CASES = 4  # failing cases per family re-evaluated under each bf16 misreading, smallest first
+
+
+def _bf16_actual(r) -> tuple | None:
+    """The kernel's outputs in stored form (bf16 as uint16 bits), or None if a
+    shape or dtype differs (no arithmetic misreading explains that)."""
+    from ..numerics.bf16 import as_bits
+
+    out = []
+    for n, e in r.case.outputs.items():
+        a = np.asarray(r.actual.get(n, np.zeros(0)))
+        a = as_bits(a) if f"out/{n}" in r.case.bf16 else a
+        if a.shape != e.shape or a.dtype != e.dtype:
+            return None
+        out.append(a)
+    return tuple(out)
+
+
+def _bf16_findings(op, results) -> tuple[list[Finding], set]:
+    """[conf.diagnosis.r1] [bf16.probes.c1] The misreadings of the bf16 profile
+    (``bf16_variants``) that reproduce failing cases bit for bit (NaN payloads
+    aside) where they differ from the spec, non-canonical bf16 NaNs, and the
+    ids of the results a misreading explains."""
+    from . import bf16_variants as BV
+
+    bad = [r for r in results if r.status in ("fail", "xfail") and r.actual]
+    actual = {id(r): _bf16_actual(r) for r in bad}
+    bad = [r for r in bad if actual[id(r)] is not None]
+    out = []
+    nans = set()
+    for r in bad:
+        for n, a in zip(r.case.outputs, actual[id(r)]):
+            if a.dtype == np.uint16 and f"out/{n}" in r.case.bf16:
+                nans |= {f"0x{int(b):04X}" for b in a.ravel()[((a.ravel() & 0x7FFF) > 0x7F80) & (a.ravel() != 0x7FC0)][:50]}
+    if nans:
+        out.append(Finding(op.name, f"non-canonical bf16 NaN ({', '.join(sorted(nans)[:4])} where 0x7FC0 is "
+                                    f"required)", ["bf16.round.c1", "bf16.load.c1", "num.nan.c1"]))
+    by_family: dict[str, list] = {}
+    for r in sorted(bad, key=_size):
+        by_family.setdefault(r.case.family, []).append(r)
+    sample = [r for rs in by_family.values() for r in rs[:BF16_CASES]]
+    explained: set = set()
+    hits_of = []
+    for m in BV.MISREADINGS:
+        hits = []
+        for r in sample:
+            inputs = [np.ascontiguousarray(x) for x in r.case.inputs.values()]
+            try:
+                got = m.fn(op, inputs)
+            except Exception:  # noqa: BLE001  a fault in a diagnostic aid never hides the mismatch
+                continue
+            if BV.matches(actual[id(r)], got) and not BV.matches(tuple(r.case.outputs.values()), got):
+                hits.append(r)
+        if hits:
+            hits_of.append((m, hits))
+    for m, hits in hits_of:
+        ids = {id(r) for r in hits}
+        # a misreading whose matches another one's cover, and more, is a coincidence of small cases
+        if any(ids < {id(r) for r in other} for _, other in hits_of):
+            continue
+        fams = sorted({r.case.family for r in hits})
+        out.append(Finding(op.name, f"{m.name} — reproduces {len(hits)} of the {len(sample)} failing cases "
+                                    f"re-evaluated ({', '.join(fams)}; first {hits[0].case.id})", list(m.clauses)))
+        explained |= ids
+    return out, explained

@@ -16,8 +16,9 @@ directory appended as the last argument).  The program writes each output
 as ``out_<name>.bin`` in the same raw format and exits 0.  Exit status 3
 means "op not implemented" (the case is skipped); any other non-zero status,
 a death by signal, a missing output or one of the wrong size fails the case.
-dtypes: f32 (binary32), i8, i32, u16, u32, i64.  Inputs are exactly the
-stored vectors, subnormals and NaN payloads included.
+dtypes: f32 (binary32), i8, i32, u16, u32, i64, and bf16 (2 bytes: the
+upper half of the binary32 bit pattern, [bf16.format.c1]).  Inputs are
+exactly the stored vectors, subnormals and NaN payloads included.
 
 The program is treated as untrusted: it runs in a process group of its own,
 and the whole group is killed when it exceeds the timeout (default
@@ -40,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError
-from .cases import DTYPES, dtype_name
+from .cases import BF16, DTYPES, dtype_name
 from .kernels import Kernel, KernelError, Unsupported
 from .registry import OPS
 
@@ -58,8 +59,9 @@ def write_case(directory: Path, op_name: str, case_id: str, inputs: list[np.ndar
     for name, a in zip(op.inputs, inputs):
         fname = f"in_{name}.bin"
         (directory / fname).write_bytes(np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<")).tobytes())
-        desc["inputs"].append({"name": name, "dtype": dtype_name(a), "shape": list(a.shape), "file": fname})
-        lines.append(f"input {name} {dtype_name(a)} {a.ndim} {' '.join(map(str, a.shape))} {fname}".replace("  ", " "))
+        dt = BF16 if f"in/{name}" in op.bf16 else dtype_name(a)
+        desc["inputs"].append({"name": name, "dtype": dt, "shape": list(a.shape), "file": fname})
+        lines.append(f"input {name} {dt} {a.ndim} {' '.join(map(str, a.shape))} {fname}".replace("  ", " "))
     for name, (dt, shape) in out_specs.items():
         fname = f"out_{name}.bin"
         desc["outputs"].append({"name": name, "dtype": dt, "shape": list(shape), "file": fname})

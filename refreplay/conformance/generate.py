@@ -41,7 +41,7 @@ def build_op(name: str) -> list[Case]:
         prop, extra = FAMILIES[family]
         clauses = list(dict.fromkeys(op.clauses + extra))
         cases.append(Case(f"{name}-{family}-{idx:02d}", name, family, f"{prop} ({note})", clauses,
-                          dict(zip(op.inputs, raw)), outputs))
+                          dict(zip(op.inputs, raw)), outputs, op.bf16))
     if counters.get("order") and op.terms is not None:
         missing = builders.MUST_DISTINGUISH - distinguished
         if missing:
@@ -51,6 +51,10 @@ def build_op(name: str) -> list[Case]:
 
 def _check_probe(op, family, raw, outputs, distinguished):
     first = next(iter(outputs.values()))
+    if family.startswith("bf16_"):
+        from .bf16_ops import check_probe
+
+        check_probe(op, family, raw, outputs)
     if family == "input_zeroing":
         unloaded = as_outputs(op.reference(*raw), op.outputs)
         if not any(builders.differs(outputs[k], unloaded[k]).any() for k in outputs):

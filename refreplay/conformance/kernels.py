@@ -123,6 +123,78 @@ def _torch_table():
         "matmul_tn": lambda A, B: n(t(A).T @ t(B)),
         "matmul_i8": lambda A, B: n((t(A).long() @ t(B).long()).int()),
         **_torch_model_ops(torch),
+        **_torch_bf16_ops(torch),
+    }
+
+
+def _torch_bf16_ops(torch):
+    """PyTorch's native bfloat16 ops under the bf16 profile's calling
+    conventions ([bf16.ops.c1]): bf16 tensors in, bf16 (or, where the
+    profile has binary32, the result widened to float32) out.  Negative
+    controls: a bf16 matmul rounds its binary32 accumulator to bf16, the
+    ops use PyTorch's own exp/tanh and orders."""
+    import torch.nn.functional as F
+
+    bf = torch.bfloat16
+
+    def h(x):
+        return torch.from_numpy(np.ascontiguousarray(x).view(np.int16)).view(bf)
+
+    def bits(x):
+        return x.detach().contiguous().view(torch.int16).numpy().view(np.uint16)
+
+    def f(x):
+        return x.detach().float().numpy()
+
+    def mm(a, b):
+        return f(a @ b)
+
+    def layernorm(x, w, b):
+        out, mean, rstd = torch.native_layer_norm(h(x), (x.shape[1],), h(w), h(b), 1e-5)
+        return bits(out), f(mean).reshape(-1), f(rstd).reshape(-1)
+
+    def attention(q, k, v):
+        Q, K, V = h(q), h(k), h(v)
+        T = Q.shape[-2]
+        out = F.scaled_dot_product_attention(Q, K, V, is_causal=True)
+        s = (Q @ K.transpose(-1, -2)).float() / float(np.sqrt(Q.shape[-1]))
+        att = torch.softmax(s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")), -1)
+        return bits(out), f(att)
+
+    def cross_entropy(logits, targets):
+        y = torch.from_numpy(targets).long()
+        losses = F.cross_entropy(h(logits), y, ignore_index=-1, reduction="none")
+        return f(losses), f(F.cross_entropy(h(logits), y, ignore_index=-1).reshape(1))
+
+    def cross_entropy_backward(logits, targets):
+        L = h(logits).clone().requires_grad_(True)
+        F.cross_entropy(L, torch.from_numpy(targets).long(), ignore_index=-1).backward()
+        return bits(L.grad)
+
+    def grad(fn, dout, x):
+        X = h(x).clone().requires_grad_(True)
+        (fn(X) * h(dout)).sum().backward()
+        return bits(X.grad)
+
+    gelu = lambda x: F.gelu(x, approximate="tanh")  # noqa: E731
+    return {
+        "bf16_matmul": lambda A, B: mm(h(A), h(B)),
+        "bf16_matmul_nt": lambda A, B: mm(h(A), h(B).T),
+        "bf16_matmul_tn": lambda A, B: mm(h(A).T, h(B)),
+        "bf16_linear_forward": lambda x, W, b: bits(F.linear(h(x), h(W), h(b))),
+        "bf16_layernorm_forward": layernorm,
+        "bf16_gelu_forward": lambda x: bits(gelu(h(x))),
+        "bf16_gelu_backward": lambda dout, x: grad(gelu, dout, x),
+        "bf16_silu_forward": lambda x: bits(F.silu(h(x))),
+        "bf16_softmax_forward": lambda x: bits(torch.softmax(h(x), 1)),
+        "bf16_log_softmax_forward": lambda x: bits(torch.log_softmax(h(x), 1)),
+        "bf16_attention_forward": attention,
+        "bf16_cross_entropy_forward": cross_entropy,
+        "bf16_cross_entropy_backward": cross_entropy_backward,
+        "bf16_embedding_forward": lambda wte, tokens: bits(F.embedding(torch.from_numpy(tokens).long(), h(wte))),
+        "bf16_add": lambda a, b: bits(h(a) + h(b)),
+        "bf16_encode": lambda x: bits(torch.from_numpy(x).to(bf)),
+        "bf16_decode": lambda x: f(h(x)),
     }
 
 

@@ -235,6 +235,27 @@ def _fq_in(src, d):
     return {"x": x, "s": _step(x) * np.float32(1.5)}
 
 
+def _bf16(op, base):
+    """[bf16.ops.c1] The live form of bf16_<op>: the binary32 op's inputs
+    rounded to bf16, statistics from the bf16 forward (``bf16_ops.to_profile``)."""
+    def make(src, d):
+        from .bf16_ops import to_profile
+
+        return to_profile(op, base.make(src, d), lambda shape: src.f32(shape, -4, 3))
+    return LiveOp(base.letters, base.tensors, make, base.minimum, base.check)
+
+
+def _bf16_live():
+    from ..ops.bf16 import PROFILE
+
+    for op in PROFILE:
+        if op in LIVE:
+            LIVE[f"bf16_{op}"] = _bf16(op, LIVE[op])
+    LIVE["bf16_encode"] = LiveOp(("N",), (("N",),) * 2, lambda src, d: {"x": src.f32(d["N"], -130, 127)})
+    LIVE["bf16_decode"] = LiveOp(("N",), (("N",),) * 2,
+                                 lambda src, d: {"x": src.ints(d["N"], 0, 1 << 16).astype(np.uint16)})
+
+
 LIVE["quant_step_size"] = LiveOp(("N",), (("N",),), lambda src, d: {"x": src.f32(d["N"], -4, 2)})
 LIVE["fake_quantize"] = LiveOp(("N",), (("N",), ("N",)), _fq_in)
 LIVE["fake_quantize_backward"] = LiveOp(("N",), (("N",),) * 3, lambda src, d: {"dy": src.f32(d["N"], -3, 1), **_fq_in(src, d)})
@@ -242,6 +263,9 @@ LIVE["adamw_update"] = LiveOp(("N",), (("N",),) * 7, lambda src, d: {
     "p": src.f32(d["N"], -3, 0), "g": src.f32(d["N"], -8, -2), "m": src.f32(d["N"], -10, -4),
     "v": src.f32(d["N"], -20, -10, positive=True), "step": src.ints(1, 1, 1000),
     "lr": src.f32(1, -12, -8, positive=True)})
+
+
+_bf16_live()
 
 
 # ---- shapes ------------------------------------------------------------------------------
@@ -322,7 +346,7 @@ def make_case(op: str, inputs: dict, case_id: str, note: str, family: str = "ran
     prop, extra = FAMILIES[family]
     raw = {n: np.ascontiguousarray(inputs[n]) for n in opdef.inputs}
     return Case(case_id, op, family, f"live: {note}", list(dict.fromkeys(opdef.clauses + extra)), raw,
-                expected(op, raw))
+                expected(op, raw), opdef.bf16)
 
 
 def rng_for(op: str, dims: dict, seed: int) -> np.random.Generator:

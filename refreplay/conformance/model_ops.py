@@ -35,6 +35,10 @@ def _entry(name, clauses, signature, inputs, outputs, reference, make, shapes, *
         return [("random", make(rng, *s), f"shape {s}") for s in shapes] + [c for e in extra for c in e(rng)]
 
     OPS[name] = OpDef(name, tuple(clauses), signature, inputs, outputs, reference, build)
+    RANDOM[name] = (make, shapes)
+
+
+RANDOM: dict = {}  # op -> (make(rng, *shape) -> inputs, shapes): the random cases, reused by bf16_ops
 
 
 # ---- activations ------------------------------------------------------------------

@@ -31,6 +31,7 @@ class OpDef:
     reference: Callable             # (*inputs) -> output(s); inputs already loaded
     build: Callable                 # (op, rng) -> [(family, {name: array}, note)]
     terms: Callable | None = None   # inputs -> (a, b): R sums of N terms (b None: plain sums)
+    bf16: frozenset[str] = frozenset()  # "in/NAME", "out/NAME": tensors of bf16 bits ([bf16.format.c1])
 
 
 def _linalg():
@@ -161,3 +162,4 @@ _unary("cos", ("num.sincos.c1", "num.trans.c1"), Bld.transcendental_sampler(-100
 
 
 from . import model_ops, rng_ops  # noqa: E402,F401  (register the transformer and random-number ops)
+from . import bf16_ops  # noqa: E402,F401  (the ops of the bf16 profile, built on the binary32 entries)

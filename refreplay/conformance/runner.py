@@ -11,7 +11,9 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError
+from ..numerics.bf16 import as_bits
 from . import fp
+from .bf16_variants import widen
 from .cases import Case, dtype_name
 from .kernels import Kernel, KernelError, Unsupported
 
@@ -47,10 +49,12 @@ class Result:
         return self.status in ("fail", "error")
 
 
-def _hex(a: np.ndarray) -> str:
+def _hex(a: np.ndarray, bf16: bool = False) -> str:
     width = a.dtype.itemsize * 2
     if a.dtype == np.float32:
         return f"0x{int(a.view(np.uint32)):08X}"
+    if bf16:
+        return f"bf16(0x{int(a):04X})"
     return f"{int(a)} (0x{int(a.astype(np.int64)) & ((1 << (4 * width)) - 1):0{width}X})"
 
 
@@ -74,10 +78,15 @@ def histogram(d: np.ndarray) -> dict[str, int]:
     return out
 
 
-def compare(expected: np.ndarray, actual: np.ndarray, name: str) -> Mismatch | None:
+def compare(expected: np.ndarray, actual: np.ndarray, name: str, bf16: bool = False) -> Mismatch | None:
+    """``bf16``: the tensors hold bf16 bits ([bf16.format.c1]); an ml_dtypes
+    bfloat16 ``actual`` is read as its bits, and ulp distances count bf16
+    positions."""
+    if bf16:
+        actual = as_bits(actual)
     if actual.dtype != expected.dtype or actual.shape != expected.shape:
         return Mismatch(name, expected.size, expected.size, (),
-                        f"{dtype_name(expected)}{list(expected.shape)}",
+                        f"{'bf16' if bf16 else dtype_name(expected)}{list(expected.shape)}",
                         f"{actual.dtype}{list(actual.shape)}", None, shape_mismatch=True)
     e = expected.reshape(-1)
     a = actual.reshape(-1)
@@ -87,27 +96,32 @@ def compare(expected: np.ndarray, actual: np.ndarray, name: str) -> Mismatch | N
         return None
     first = int(np.argmax(diff))
     idx = tuple(int(i) for i in np.unravel_index(first, expected.shape))
-    if e.dtype == np.float32:
-        d = fp.ulp_distance(e[diff], a[diff])
-        ulp = int(fp.ulp_distance(e[first:first + 1], a[first:first + 1])[0])
+    if e.dtype == np.float32 or bf16:
+        # [bf16.widen.c1] a bf16 is the binary32 of its bits << 16: one bf16 position is 2^16 binary32 ones
+        ew, aw = (widen(e[diff]), widen(a[diff])) if bf16 else (e[diff], a[diff])
+        d = fp.ulp_distance(ew, aw)
+        d = np.where(d > 0, d >> 16, d) if bf16 else d
+        ulp = int(d[0])
         hist = histogram(d)
     else:
         d = np.abs(e[diff].astype(np.int64) - a[diff].astype(np.int64))
         ulp = int(abs(int(e[first]) - int(a[first])))
         hist = histogram(d)
-    return Mismatch(name, int(diff.sum()), e.size, idx, _hex(e[first]), _hex(a[first]),
+    return Mismatch(name, int(diff.sum()), e.size, idx, _hex(e[first], bf16), _hex(a[first], bf16),
                     None if ulp < 0 else ulp, hist)
 
 
+
 def run_case(kernel: Kernel, case: Case) -> Result:
-    out_specs = {n: (dtype_name(a), a.shape) for n, a in case.outputs.items()}
+    out_specs = {n: (case.dtype(f"out/{n}"), a.shape) for n, a in case.outputs.items()}
     try:
         actual = kernel.run(case.op, list(case.inputs.values()), out_specs, case.id)
     except Unsupported as exc:
         return Result(case, "skip", str(exc))
     except KernelError as exc:
         return Result(case, "error", str(exc))
-    mism = [m for n, e in case.outputs.items() if (m := compare(e, np.asarray(actual[n]), n))]
+    mism = [m for n, e in case.outputs.items()
+            if (m := compare(e, np.asarray(actual[n]), n, f"out/{n}" in case.bf16))]
     return Result(case, "fail" if mism else "pass", mismatches=mism, actual=actual)
 
 

@@ -25,7 +25,7 @@ import numpy as np
 from .. import untrusted
 from ..errors import InputError
 from ..resources import data_dir
-from .cases import DTYPES, Case, dtype_name
+from .cases import BF16, DTYPES, Case, dtype_name
 
 VECTOR_DIR = data_dir("vectors")
 MANIFEST = "manifest.json"
@@ -52,16 +52,17 @@ def encode_file(cases: list[Case]) -> bytes:
     from .. import tensorio
 
     pairs = []
+    bf16 = frozenset(f"{c.id}/{k}" for c in cases for k in c.bf16)
     for c in cases:
         for n, a in c.inputs.items():
             pairs += [f"{c.id}/in/{n}", _le(a)]
         for n, a in c.outputs.items():
             pairs += [f"{c.id}/out/{n}", _le(a)]
-    return bytes.fromhex(tensorio.file_bytes(FORMAT, *pairs))
+    return bytes.fromhex(tensorio.file_bytes(FORMAT, *pairs, bf16=bf16))
 
 
-def _tensor_entry(name, a, with_sha):
-    e = {"name": name, "dtype": dtype_name(a), "shape": list(a.shape)}
+def _tensor_entry(case, kind, name, a, with_sha):
+    e = {"name": name, "dtype": case.dtype(f"{kind}/{name}"), "shape": list(a.shape)}
     if with_sha:
         e["sha256"] = tensor_sha(a)
     return e
@@ -82,8 +83,8 @@ def encode(cases: list[Case], spec_version: str, generator_version: str, seed: i
         "cases": [{
             "id": c.id, "op": c.op, "file": f"{c.op}.safetensors", "family": c.family,
             "probes": c.probes, "clauses": [f"[{lb}]" for lb in c.clauses],
-            "inputs": [_tensor_entry(n, a, False) for n, a in c.inputs.items()],
-            "outputs": [_tensor_entry(n, a, True) for n, a in c.outputs.items()],
+            "inputs": [_tensor_entry(c, "in", n, a, False) for n, a in c.inputs.items()],
+            "outputs": [_tensor_entry(c, "out", n, a, True) for n, a in c.outputs.items()],
         } for c in cases],
     }
     files[MANIFEST] = (json.dumps(manifest, indent=1, ensure_ascii=False) + "\n").encode()
@@ -160,9 +161,10 @@ def _check_case(c, files, ids, bad) -> None:
             bad(f"case {c['id']}: bad sha256 for output {t['name']}")
 
 
-def read_file(directory: Path, name: str, entry: dict) -> dict[str, np.ndarray]:
-    """The tensors of one vector file, after checking its sha256; the file is
-    then parsed by the validating reader ([state.fileread.c1])."""
+def read_file(directory: Path, name: str, entry: dict) -> tuple[dict[str, np.ndarray], frozenset]:
+    """The tensors of one vector file, after checking its sha256, and the
+    names of its BF16 tensors; the file is then parsed by the validating
+    reader ([state.fileread.c1])."""
     from .. import tensorio
 
     path = directory / name
@@ -175,10 +177,10 @@ def read_file(directory: Path, name: str, entry: dict) -> dict[str, np.ndarray]:
         raise InputError(f"{path}: sha256 {sha256(data)[:16]}... does not match the manifest "
                          f"({str(entry.get('sha256'))[:16]}...): the file is corrupt or was edited; "
                          f"`refreplay vectors verify` names the differing cases")
-    tensors, metadata = tensorio.load(path)
+    tensors, metadata, bf16 = tensorio.load_vectors(path)
     if metadata != FORMAT:
         raise InputError(f"{path}: metadata {metadata!r} is not {FORMAT!r}")
-    return tensors
+    return tensors, bf16
 
 
 def load_cases(directory: Path = VECTOR_DIR, ops=None) -> tuple[dict, list[Case]]:
@@ -191,15 +193,17 @@ def load_cases(directory: Path = VECTOR_DIR, ops=None) -> tuple[dict, list[Case]
     for c in wanted:
         if c["file"] not in files:
             files[c["file"]] = read_file(directory, c["file"], m["files"][c["file"]])
-        tensors = files[c["file"]]
+        tensors, bf16 = files[c["file"]]
 
         def get(kind, t):
             key = f"{c['id']}/{kind}/{t['name']}"
             if key not in tensors:
                 raise InputError(f"{directory / c['file']}: tensor {key} missing")
             a = tensors[key]
-            if dtype_name(a) != t["dtype"] or list(a.shape) != t["shape"]:
-                raise InputError(f"{directory / c['file']}: {key} is {dtype_name(a)}{list(a.shape)}, "
+            # [bf16.format.c1] a BF16 tensor of the file is dtype bf16 in the manifest, and only it
+            dt = BF16 if key in bf16 else dtype_name(a)
+            if dt != t["dtype"] or list(a.shape) != t["shape"]:
+                raise InputError(f"{directory / c['file']}: {key} is {dt}{list(a.shape)}, "
                                  f"the manifest says {t['dtype']}{t['shape']}")
             if kind == "out" and tensor_sha(a) != t["sha256"]:
                 raise InputError(f"{directory / c['file']}: {key} does not match its sha256 in the manifest")
@@ -207,5 +211,7 @@ def load_cases(directory: Path = VECTOR_DIR, ops=None) -> tuple[dict, list[Case]
 
         out.append(Case(c["id"], c["op"], c["family"], c["probes"], [lb.strip("[]") for lb in c["clauses"]],
                         {t["name"]: get("in", t) for t in c["inputs"]},
-                        {t["name"]: get("out", t) for t in c["outputs"]}))
+                        {t["name"]: get("out", t) for t in c["outputs"]},
+                        frozenset(f"{kind}/{t['name']}" for kind, ts in (("in", c["inputs"]), ("out", c["outputs"]))
+                                  for t in ts if t["dtype"] == BF16)))
     return m, out

@@ -539,6 +539,27 @@ MODELS = {
 }
 
 
+def _bf16_model(op: str, model: Model) -> Model:
+    """[bf16.ops.c1] bf16_<op>: the binary32 model between the conversions
+    (bf16 inputs widened after loading, bf16 outputs rounded and held in
+    binary32), so every deviation of the binary32 op is tried in the profile."""
+    from ..ops.bf16 import PROFILE
+    from .bf16_variants import loaded, round_f32
+
+    kin, kout = PROFILE[op]
+
+    def fn(*args):
+        *inputs, p = args
+        out = model.fn(*[loaded(x) if k == "h" else x for k, x in zip(kin, inputs)], p)
+        outs = tuple(round_f32(np.asarray(o, F32)) if k == "h" else o
+                     for k, o in zip(kout, out if isinstance(out, tuple) else (out,)))
+        return outs if len(outs) > 1 else outs[0]
+    return Model(fn, model.parts, model.pair_only)
+
+
+MODELS.update({f"bf16_{op}": _bf16_model(op, m) for op, m in list(MODELS.items())})
+
+
 # ---- deviations: one part swapped ---------------------------------------------------------
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ def _tensors(data: bytes):
         path = Path(d) / "v.safetensors"
         path.write_bytes(data)
         try:
-            return tensorio.load(path)[0]
+            return tensorio.load_vectors(path)[0]
         except InputError:
             return None
 
