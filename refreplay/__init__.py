@@ -2,4 +2,4 @@
 training arithmetic.  See ``spec/`` for the normative text."""
 from . import _env  # noqa: F401  (must run before anything imports numba)
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"

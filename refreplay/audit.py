@@ -153,7 +153,9 @@ class RunFacts:
     """What a certificate is checked against: the run's chain head, step
     count, published hashes, recipe hash, spec version and the steps whose
     checkpoints the run publishes; ``spec_sha256``: the SHA-256 of the spec
-    text of the running refreplay."""
+    text of the running refreplay when it is of the run's version;
+    ``later``: (version, SHA-256) of later spec versions that replay the
+    run's ([conv.version.c1]), whose certificates also cover it."""
     chain_head: str
     n_steps: int
     published: dict  # step -> {state_root, data_hash, chain_link}
@@ -161,6 +163,7 @@ class RunFacts:
     spec_version: str
     checkpoints: frozenset
     spec_sha256: str | None = None  # None: the running spec is of another version
+    later: tuple = ()
 
 
 def run_facts(run) -> RunFacts:
@@ -172,8 +175,9 @@ def run_facts(run) -> RunFacts:
     from . import spec
 
     same = run.recipe.spec_version == spec.version()
+    later = () if same else ((spec.version(), spec.spec_sha256()),)  # the run opened: this version replays it
     return RunFacts(run.head["chain_link"], run.recipe.steps, published, run.recipe_sha256,
-                    run.recipe.spec_version, present, spec.spec_sha256() if same else None)
+                    run.recipe.spec_version, present, spec.spec_sha256() if same else None, later)
 
 
 _KEYS = {"format", "run", "step", "verdict", "replayed", "published", "sampling", "auditor", "spec",
@@ -247,12 +251,14 @@ def _structure(cert, facts: RunFacts):
     _hashes(cert["published"], "published", False)
     _hashes(cert["replayed"], "replayed", not verified)
     _keys(cert["spec"], ("version", "sha256"), "spec")
-    _need(cert["spec"]["version"] == facts.spec_version,
-          f"spec.version {cert['spec']['version']!r} is not the run's spec version {facts.spec_version!r}")
+    cv, later = cert["spec"]["version"], dict(facts.later)
+    _need(cv == facts.spec_version or cv in later,
+          f"spec.version {cv!r} is not the run's spec version {facts.spec_version!r}"
+          + (f" nor one that replays it ({', '.join(later)})" if later else ""))
     _text(cert["spec"]["sha256"], "spec.sha256", _HEX64)
-    _need(facts.spec_sha256 is None or cert["spec"]["sha256"] == facts.spec_sha256,
-          f"spec.sha256 {cert['spec']['sha256']} is not the SHA-256 of spec {facts.spec_version}'s text "
-          f"({facts.spec_sha256})")
+    want = facts.spec_sha256 if cv == facts.spec_version else later.get(cv)
+    _need(want is None or cert["spec"]["sha256"] == want,
+          f"spec.sha256 {cert['spec']['sha256']} is not the SHA-256 of spec {cv}'s text ({want})")
     _text(cert["auditor"], "auditor", AUDITOR_RE)
     _text(cert["refreplay_version"], "refreplay_version")
     _platform(cert["platform"])

@@ -191,6 +191,30 @@ def test_a_certificate_must_name_the_text_of_the_runs_spec_version():
     assert not chk.ok and any("is not the SHA-256 of spec" in p for p in chk.problems), chk.problems
 
 
+def test_a_later_version_that_replays_the_run_may_certify_it():
+    """[conv.version.c1] a certificate made under a later spec version that
+    replays the run's version covers the run, with that later text's SHA-256;
+    any other version does not."""
+    import dataclasses
+
+    facts = dataclasses.replace(FACTS, later=(("0.3.0", "7" * 64),))
+    later = _cert("01")
+    for path, value in ((("spec", "version"), "0.3.0"), (("spec", "sha256"), "7" * 64),
+                        (("platform", "spec_version"), "0.3.0"), (("platform", "spec_sha256"), "7" * 64)):
+        if path[0] == "spec" or path[1] in later["platform"]:
+            later = _resealed(later, path, value)
+    assert audit.check_certificate(later, facts).ok
+    assert not audit.check_certificate(later, FACTS).ok  # no later version replays the run
+    wrong_text = _resealed(later, ("spec", "sha256"), "8" * 64)
+    chk = audit.check_certificate(wrong_text, facts)
+    assert not chk.ok and any("is not the SHA-256 of spec 0.3.0" in p for p in chk.problems), chk.problems
+    other = _resealed(later, ("spec", "version"), "0.4.0")
+    if "spec_version" in other["platform"]:
+        other = _resealed(other, ("platform", "spec_version"), "0.4.0")
+    chk = audit.check_certificate(other, facts)
+    assert not chk.ok and any("nor one that replays it" in p for p in chk.problems), chk.problems
+
+
 def test_a_verified_certificate_must_list_its_checkpoints():
     good = _cert("01", step=10)  # replayed from 5: lists checkpoints 5 (start) and 10
     assert [a["step"] for a in good["checked"]["checkpoints"]] == [5, 10]
