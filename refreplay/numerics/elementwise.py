@@ -60,27 +60,60 @@ def _binary(name, loop, blocks, a, b):
 
 SIGN = np.uint32(0x80000000)
 
+# Inside the lane forms every operand of an add, sub or mul is finite (the
+# argument is clamped, or the value is bounded by the algorithm; see each
+# form), except in values the final selects discard.  IEEE add, sub and mul
+# give NaN only from a NaN, inf - inf or 0 * inf, so on finite operands the
+# canonicalisation of [num.nan.c1] is the identity and the primitive is its
+# rounding and [num.flush.c1] alone: ``add(a, b) == flush(a + b)`` there.
+# Leaving out the NaN test halves the work that comes on top of each
+# operation (the lane forms are most of the time of GELU, SiLU, softmax).
+
+
+@kernel(inline="always")
+def _add_fin(a, b):
+    """[num.add.c1] add(a, b) for finite a, b."""
+    return core.flush(a + b)
+
+
+@kernel(inline="always")
+def _sub_fin(a, b):
+    """[num.add.c1] sub(a, b) for finite a, b."""
+    return core.flush(a - b)
+
+
+@kernel(inline="always")
+def _mul_fin(a, b):
+    """[num.mul.c1] mul(a, b) for finite a, b."""
+    return core.flush(a * b)
+
 
 @kernel(inline="always")
 def exp_lane(x):
-    """[num.exp.c1] exp(x) as transcendental.exp, branch-free."""
+    """[num.exp.c1] exp(x) as transcendental.exp, branch-free.
+
+    xc is x clamped to [EXP_UNDERFLOW, EXP_OVERFLOW] (NaN to 0): finite, so
+    k is an integer in [-128, 128], and hi, lo, r, q and p are bounded; no
+    operation below sees a non-finite operand.  k * LN2_HI and k * LN2_LO are
+    +-0 or at least LN2_LO in magnitude, never subnormal, so their flush is
+    the identity too and they are plain products."""
     xc = min(max(x if x == x else core.ZERO, tr.EXP_UNDERFLOW), tr.EXP_OVERFLOW)  # identity where used
-    kx = core.mul(xc, tr.INV_LN2)
+    kx = _mul_fin(xc, tr.INV_LN2)
     # [num.rint.c1] for |kx| < 2^23: (|kx| + 2^23) - 2^23, sign of kx put back
     kr = (abs(kx) + core.RINT_MAGIC) - core.RINT_MAGIC
     k = -kr if f32_bits(kx) >= SIGN else kr
-    hi = core.sub(xc, core.mul(k, tr.LN2_HI))
-    lo = core.mul(k, tr.LN2_LO)
-    r = core.sub(hi, lo)
-    q = core.add(tr.EXP_C5, core.mul(r, tr.EXP_C6))
-    q = core.add(tr.EXP_C4, core.mul(r, q))
-    q = core.add(tr.EXP_C3, core.mul(r, q))
-    q = core.add(tr.EXP_C2, core.mul(r, q))
-    p = core.add(core.ONE, core.add(hi, core.sub(core.mul(core.mul(r, r), q), lo)))
+    hi = _sub_fin(xc, k * tr.LN2_HI)
+    lo = k * tr.LN2_LO
+    r = _sub_fin(hi, lo)
+    q = _add_fin(tr.EXP_C5, _mul_fin(r, tr.EXP_C6))
+    q = _add_fin(tr.EXP_C4, _mul_fin(r, q))
+    q = _add_fin(tr.EXP_C3, _mul_fin(r, q))
+    q = _add_fin(tr.EXP_C2, _mul_fin(r, q))
+    p = _add_fin(core.ONE, _add_fin(hi, _sub_fin(_mul_fin(_mul_fin(r, r), q), lo)))
     ki = np.int32(k)
     k1 = ki >> 1
     k2 = ki - k1
-    y = core.mul(core.mul(p, bits_f32(np.uint32((k1 + 127) << 23))), bits_f32(np.uint32((k2 + 127) << 23)))
+    y = _mul_fin(_mul_fin(p, bits_f32(np.uint32((k1 + 127) << 23))), bits_f32(np.uint32((k2 + 127) << 23)))
     y = core.ZERO if x < tr.EXP_UNDERFLOW else y
     y = tr.INF if x > tr.EXP_OVERFLOW else y
     return tr.NAN if x != x else y
@@ -88,17 +121,22 @@ def exp_lane(x):
 
 @kernel(inline="always")
 def tanh_lane(x):
-    """[num.tanh.c1] tanh(x) as transcendental.tanh, branch-free."""
+    """[num.tanh.c1] tanh(x) as transcendental.tanh, branch-free.
+
+    The polynomial is selected only for |x| < 0.75 (finite operands); the
+    other branch sees e = exp(2|x|) in [1, inf] (NaN only for a NaN x, which
+    the last select replaces), so e + 1, its reciprocal and 1 - 2/(e + 1)
+    have no NaN operand and no inf - inf."""
     a = abs(x)
-    z = core.mul(a, a)
-    p = core.add(tr.TANH_T5, core.mul(z, tr.TANH_T6))
-    p = core.add(tr.TANH_T4, core.mul(z, p))
-    p = core.add(tr.TANH_T3, core.mul(z, p))
-    p = core.add(tr.TANH_T2, core.mul(z, p))
-    p = core.add(tr.TANH_T1, core.mul(z, p))
-    small = core.add(a, core.mul(a, core.mul(z, p)))
-    e = exp_lane(core.add(a, a))
-    large = core.sub(core.ONE, core.mul(core.TWO, core.recip(core.add(e, core.ONE))))
+    z = _mul_fin(a, a)
+    p = _add_fin(tr.TANH_T5, _mul_fin(z, tr.TANH_T6))
+    p = _add_fin(tr.TANH_T4, _mul_fin(z, p))
+    p = _add_fin(tr.TANH_T3, _mul_fin(z, p))
+    p = _add_fin(tr.TANH_T2, _mul_fin(z, p))
+    p = _add_fin(tr.TANH_T1, _mul_fin(z, p))
+    small = _add_fin(a, _mul_fin(a, _mul_fin(z, p)))
+    e = exp_lane(_add_fin(a, a))
+    large = _sub_fin(core.ONE, _mul_fin(core.TWO, core.flush(core.ONE / _add_fin(e, core.ONE))))
     y = small if a < tr.TANH_SMALL else large
     y = -y if f32_bits(x) >= SIGN else y
     return tr.NAN if x != x else y
@@ -107,11 +145,13 @@ def tanh_lane(x):
 @kernel(inline="always")
 def sigmoid_lane(x):
     """[num.sigmoid.c1] sigmoid(x) as transcendental.sigmoid, branch-free: both
-    branches need exp of w = -x (x >= 0) or x (x < 0), one exp_lane serves both."""
+    branches need exp of w = -x (x >= 0) or x (x < 0), one exp_lane serves both.
+    w <= 0, so t = exp(w) is in [0, 1] (NaN only for a NaN x, replaced by the
+    last select): every operation below has finite operands."""
     pos = x >= core.ZERO  # includes -0, as the clause's branch does
     t = exp_lane(-x if pos else x)
-    d = core.recip(core.add(core.ONE, t))
-    y = d if pos else core.sub(t, core.mul(t, core.mul(t, d)))
+    d = core.flush(core.ONE / _add_fin(core.ONE, t))
+    y = d if pos else _sub_fin(t, _mul_fin(t, _mul_fin(t, d)))
     return tr.NAN if x != x else y
 
 
