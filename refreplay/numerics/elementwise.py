@@ -60,31 +60,37 @@ def _binary(name, loop, blocks, a, b):
 
 SIGN = np.uint32(0x80000000)
 
-# Inside the lane forms every operand of an add, sub or mul is finite (the
-# argument is clamped, or the value is bounded by the algorithm; see each
-# form), except in values the final selects discard.  IEEE add, sub and mul
-# give NaN only from a NaN, inf - inf or 0 * inf, so on finite operands the
-# canonicalisation of [num.nan.c1] is the identity and the primitive is its
-# rounding and [num.flush.c1] alone: ``add(a, b) == flush(a + b)`` there.
-# Leaving out the NaN test halves the work that comes on top of each
-# operation (the lane forms are most of the time of GELU, SiLU, softmax).
+# add_flush, sub_flush and mul_flush are the primitives without their NaN
+# canonicalisation: IEEE rounding and [num.flush.c1] alone.  Two cases make
+# them exact stand-ins for add, sub and mul ([num.nan.c1]):
+#   * finite operands: IEEE add, sub and mul give NaN only from a NaN,
+#     inf - inf or 0 * inf, so there the canonicalisation is the identity.
+#     Inside the lane forms every operand is finite (the argument is clamped,
+#     or bounded by the algorithm; see each form), except in values that the
+#     final selects discard.
+#   * a chain of adds and multiplies whose result is canonicalised once at
+#     its end (the clause allows it: a NaN anywhere in the chain reaches
+#     the end), as the activation kernels do.
+# Leaving out the NaN test removes a third of the work each rounded operation
+# costs in vector code (the lane forms are most of the time of GELU, SiLU
+# and softmax).
 
 
 @kernel(inline="always")
-def _add_fin(a, b):
-    """[num.add.c1] add(a, b) for finite a, b."""
+def add_flush(a, b):
+    """[num.add.c1] add(a, b) without the NaN canonicalisation (see above)."""
     return core.flush(a + b)
 
 
 @kernel(inline="always")
-def _sub_fin(a, b):
-    """[num.add.c1] sub(a, b) for finite a, b."""
+def sub_flush(a, b):
+    """[num.add.c1] sub(a, b) without the NaN canonicalisation (see above)."""
     return core.flush(a - b)
 
 
 @kernel(inline="always")
-def _mul_fin(a, b):
-    """[num.mul.c1] mul(a, b) for finite a, b."""
+def mul_flush(a, b):
+    """[num.mul.c1] mul(a, b) without the NaN canonicalisation (see above)."""
     return core.flush(a * b)
 
 
@@ -98,22 +104,22 @@ def exp_lane(x):
     +-0 or at least LN2_LO in magnitude, never subnormal, so their flush is
     the identity too and they are plain products."""
     xc = min(max(x if x == x else core.ZERO, tr.EXP_UNDERFLOW), tr.EXP_OVERFLOW)  # identity where used
-    kx = _mul_fin(xc, tr.INV_LN2)
+    kx = mul_flush(xc, tr.INV_LN2)
     # [num.rint.c1] for |kx| < 2^23: (|kx| + 2^23) - 2^23, sign of kx put back
     kr = (abs(kx) + core.RINT_MAGIC) - core.RINT_MAGIC
     k = -kr if f32_bits(kx) >= SIGN else kr
-    hi = _sub_fin(xc, k * tr.LN2_HI)
+    hi = sub_flush(xc, k * tr.LN2_HI)
     lo = k * tr.LN2_LO
-    r = _sub_fin(hi, lo)
-    q = _add_fin(tr.EXP_C5, _mul_fin(r, tr.EXP_C6))
-    q = _add_fin(tr.EXP_C4, _mul_fin(r, q))
-    q = _add_fin(tr.EXP_C3, _mul_fin(r, q))
-    q = _add_fin(tr.EXP_C2, _mul_fin(r, q))
-    p = _add_fin(core.ONE, _add_fin(hi, _sub_fin(_mul_fin(_mul_fin(r, r), q), lo)))
+    r = sub_flush(hi, lo)
+    q = add_flush(tr.EXP_C5, mul_flush(r, tr.EXP_C6))
+    q = add_flush(tr.EXP_C4, mul_flush(r, q))
+    q = add_flush(tr.EXP_C3, mul_flush(r, q))
+    q = add_flush(tr.EXP_C2, mul_flush(r, q))
+    p = add_flush(core.ONE, add_flush(hi, sub_flush(mul_flush(mul_flush(r, r), q), lo)))
     ki = np.int32(k)
     k1 = ki >> 1
     k2 = ki - k1
-    y = _mul_fin(_mul_fin(p, bits_f32(np.uint32((k1 + 127) << 23))), bits_f32(np.uint32((k2 + 127) << 23)))
+    y = mul_flush(mul_flush(p, bits_f32(np.uint32((k1 + 127) << 23))), bits_f32(np.uint32((k2 + 127) << 23)))
     y = core.ZERO if x < tr.EXP_UNDERFLOW else y
     y = tr.INF if x > tr.EXP_OVERFLOW else y
     return tr.NAN if x != x else y
@@ -128,15 +134,15 @@ def tanh_lane(x):
     the last select replaces), so e + 1, its reciprocal and 1 - 2/(e + 1)
     have no NaN operand and no inf - inf."""
     a = abs(x)
-    z = _mul_fin(a, a)
-    p = _add_fin(tr.TANH_T5, _mul_fin(z, tr.TANH_T6))
-    p = _add_fin(tr.TANH_T4, _mul_fin(z, p))
-    p = _add_fin(tr.TANH_T3, _mul_fin(z, p))
-    p = _add_fin(tr.TANH_T2, _mul_fin(z, p))
-    p = _add_fin(tr.TANH_T1, _mul_fin(z, p))
-    small = _add_fin(a, _mul_fin(a, _mul_fin(z, p)))
-    e = exp_lane(_add_fin(a, a))
-    large = _sub_fin(core.ONE, _mul_fin(core.TWO, core.flush(core.ONE / _add_fin(e, core.ONE))))
+    z = mul_flush(a, a)
+    p = add_flush(tr.TANH_T5, mul_flush(z, tr.TANH_T6))
+    p = add_flush(tr.TANH_T4, mul_flush(z, p))
+    p = add_flush(tr.TANH_T3, mul_flush(z, p))
+    p = add_flush(tr.TANH_T2, mul_flush(z, p))
+    p = add_flush(tr.TANH_T1, mul_flush(z, p))
+    small = add_flush(a, mul_flush(a, mul_flush(z, p)))
+    e = exp_lane(add_flush(a, a))
+    large = sub_flush(core.ONE, mul_flush(core.TWO, core.flush(core.ONE / add_flush(e, core.ONE))))
     y = small if a < tr.TANH_SMALL else large
     y = -y if f32_bits(x) >= SIGN else y
     return tr.NAN if x != x else y
@@ -150,8 +156,8 @@ def sigmoid_lane(x):
     last select): every operation below has finite operands."""
     pos = x >= core.ZERO  # includes -0, as the clause's branch does
     t = exp_lane(-x if pos else x)
-    d = core.flush(core.ONE / _add_fin(core.ONE, t))
-    y = d if pos else _sub_fin(t, _mul_fin(t, _mul_fin(t, d)))
+    d = core.flush(core.ONE / add_flush(core.ONE, t))
+    y = d if pos else sub_flush(t, mul_flush(t, mul_flush(t, d)))
     return tr.NAN if x != x else y
 
 
