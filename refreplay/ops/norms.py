@@ -20,6 +20,7 @@ from numba import prange
 from .._jit import parallel_kernel
 from ..linalg.common import sum_start
 from ..numerics.core import F32, add, mul, recip, sqrt, sub
+from ..numerics.elementwise import add_flush, mul_flush, sub_flush
 from . import check_f32, check_scalar_f32, check_shape
 from .rowblock import RB, lane_sum, lane_vector, load_block, n_blocks, new_block
 
@@ -48,11 +49,11 @@ def layernorm_forward_kernel(out, mean, rstd, x, w, b, eps):
         for r in range(RB):
             mean_b[r] = mul(mean_b[r], inv_C)  # step 2
         q = np.full(RB, start, np.float32)
-        for c in range(C):
+        for c in range(C):  # NaN test left to mul(q, inv_C) below (rowblock.lane_sum_into)
             x_c = X[c]
             for r in range(RB):
-                d = sub(x_c[r], mean_b[r])  # step 3
-                q[r] = add(q[r], mul(d, d))  # step 4
+                d = sub_flush(x_c[r], mean_b[r])  # step 3
+                q[r] = add_flush(q[r], mul_flush(d, d))  # step 4
         for r in range(rows):
             n = i0 + r
             mean_n = mean_b[r]
@@ -83,15 +84,15 @@ def layernorm_backward_dx_kernel(dx, dout, x, w, mean, rstd):
         rstd_b = lane_vector(rstd, i0, rows)
         s_dnorm = np.full(RB, start, np.float32)
         s_dnorm_norm = np.full(RB, start, np.float32)
-        for c in range(C):
+        for c in range(C):  # NaN test left to the mul(., inv_C) below (rowblock.lane_sum_into)
             x_c = X[c]
             dout_c = D[c]
             w_c = w[c]
             for r in range(RB):
-                norm = mul(sub(x_c[r], mean_b[r]), rstd_b[r])  # forward: norm
-                dnorm = mul(dout_c[r], w_c)  # out = norm*w + b
-                s_dnorm[r] = add(s_dnorm[r], dnorm)
-                s_dnorm_norm[r] = add(s_dnorm_norm[r], mul(dnorm, norm))
+                norm = mul_flush(sub_flush(x_c[r], mean_b[r]), rstd_b[r])  # forward: norm
+                dnorm = mul_flush(dout_c[r], w_c)  # out = norm*w + b
+                s_dnorm[r] = add_flush(s_dnorm[r], dnorm)
+                s_dnorm_norm[r] = add_flush(s_dnorm_norm[r], mul_flush(dnorm, norm))
         for r in range(rows):
             n = i0 + r
             x_n = x[n]

@@ -37,7 +37,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._jit import kernel
-from ..numerics.core import add
+from ..numerics.elementwise import add_flush
 
 RB = 32  # rows per block: the SIMD lanes of every lane loop (a [256, 32] tile is 32 KiB)
 CB = 256  # columns per chunk of a long row: a [CB, RB] tile is 32 KiB, it stays in L1
@@ -107,7 +107,8 @@ def lane_vector(v, i0, rows):
 @kernel
 def lane_sum(T, start):
     """[red.sum.c1] acc[r] = sum over c increasing of T[c, r], from start
-    (the caller's sum_start or -0).  T: [C, RB]; a new [RB] array."""
+    (the caller's sum_start or -0).  T: [C, RB]; a new [RB] array, NaN not
+    yet canonical (see lane_sum_into)."""
     acc = np.full(RB, start, np.float32)
     lane_sum_into(T, acc)
     return acc
@@ -116,8 +117,14 @@ def lane_sum(T, start):
 @kernel
 def lane_sum_into(T, acc):
     """[red.sum.c1] acc[r] = add(acc[r], T[c, r]) for c increasing: each
-    lane's chain goes on through the rows of T (one chunk of columns)."""
+    lane's chain goes on through the rows of T (one chunk of columns).
+
+    The adds leave out the NaN test (``add_flush``): a chain may
+    canonicalise once at its end ([num.nan.c1]), and every caller's next
+    step with the sum is a rounded primitive (recip, log, mul, sub) that
+    does.  This shortens each step of the chain, which is what a row sum
+    waits on."""
     for c in range(T.shape[0]):
         t = T[c]
         for r in range(RB):
-            acc[r] = add(acc[r], t[r])
+            acc[r] = add_flush(acc[r], t[r])

@@ -15,8 +15,8 @@ from numba import prange
 
 from .._jit import kernel, parallel_kernel
 from ..linalg.common import NEG_INF, NEG_ZERO
-from ..numerics.core import add, fmax, mul, recip, sub
-from ..numerics.elementwise import exp_lane  # [num.exp.c1]
+from ..numerics.core import fmax, mul, recip, sub
+from ..numerics.elementwise import add_flush, exp_lane, mul_flush  # [num.exp.c1]
 from ..numerics.transcendental import log
 from .rowblock import CB, RB, lane_sum_into, load_chunk, n_blocks, new_tile, store_chunk
 
@@ -63,9 +63,11 @@ def softmax_row(x, n, y):
     # (exp_lane has exp's bits), then summed in order.
     for j in range(n):
         yr[j] = exp_lane(sub(xr[j], m))
+    # The sum leaves out the NaN test (add_flush): recip canonicalises its
+    # end ([num.nan.c1]), and each step of the chain is shorter.
     s = NEG_ZERO
     for j in range(n):
-        s = add(s, yr[j])
+        s = add_flush(s, yr[j])
     r = recip(s)
     for j in range(n):
         yr[j] = mul(yr[j], r)
@@ -78,8 +80,8 @@ def softmax_row_backward(dy, y, n, dx):
         dx[j] = y[j] * (dy[j] - d)
     """
     d = NEG_ZERO
-    for j in range(n):
-        d = add(d, mul(dy[j], y[j]))
+    for j in range(n):  # NaN canonicalised by the sub below ([num.nan.c1])
+        d = add_flush(d, mul_flush(dy[j], y[j]))
     for j in range(n):
         dx[j] = mul(y[j], sub(dy[j], d))
 
@@ -190,7 +192,7 @@ def softmax_backward_kernel(dy, y, dx):
             for r in range(rows):
                 dy_r, y_r = dy[i0 + r, c0:c0 + w], y[i0 + r, c0:c0 + w]
                 for j in range(w):
-                    T[j, r] = mul(dy_r[j], y_r[j])  # the terms, row r in lane r
+                    T[j, r] = mul_flush(dy_r[j], y_r[j])  # the terms, row r in lane r (NaN: see lane_sum_into)
             lane_sum_into(T[:w], d)
         for r in range(rows):
             dy_r, y_r, dx_r, d_r = dy[i0 + r], y[i0 + r], dx[i0 + r], d[r]
