@@ -19,7 +19,7 @@ from numba import prange
 
 from .._jit import parallel_kernel
 from ..linalg.common import sum_start
-from ..numerics.core import F32, add, mul, recip, sqrt, sub
+from ..numerics.core import F32, add, canon, mul, recip, sqrt, sub
 from ..numerics.elementwise import add_flush, mul_flush, sub_flush
 from . import check_f32, check_scalar_f32, check_shape
 from .rowblock import RB, lane_sum, lane_vector, load_block, n_blocks, new_block
@@ -60,9 +60,9 @@ def layernorm_forward_kernel(out, mean, rstd, x, w, b, eps):
             rstd_n = recip(sqrt(add(mul(q[r], inv_C), eps)))  # steps 5, 6
             x_n = x[n]
             out_n = out[n]
-            for c in range(C):
-                norm_c = mul(sub(x_n[c], mean_n), rstd_n)  # steps 3, 7
-                out_n[c] = add(mul(norm_c, w[c]), b[c])  # step 8
+            for c in range(C):  # one chain per element: canonicalised at its end ([num.nan.c1])
+                norm_c = mul_flush(sub_flush(x_n[c], mean_n), rstd_n)  # steps 3, 7
+                out_n[c] = canon(add_flush(mul_flush(norm_c, w[c]), b[c]))  # step 8
             mean[n] = mean_n
             rstd[n] = rstd_n
 
@@ -102,11 +102,11 @@ def layernorm_backward_dx_kernel(dx, dout, x, w, mean, rstd):
             rstd_n = rstd_b[r]
             dnorm_mean = mul(s_dnorm[r], inv_C)
             dnorm_norm_mean = mul(s_dnorm_norm[r], inv_C)
-            for c in range(C):
-                norm_c = mul(sub(x_n[c], mean_n), rstd_n)
-                dnorm_c = mul(dout_n[c], w[c])
-                t = sub(sub(dnorm_c, dnorm_mean), mul(norm_c, dnorm_norm_mean))
-                dx_n[c] = mul(t, rstd_n)
+            for c in range(C):  # one chain per element: canonicalised at its end ([num.nan.c1])
+                norm_c = mul_flush(sub_flush(x_n[c], mean_n), rstd_n)
+                dnorm_c = mul_flush(dout_n[c], w[c])
+                t = sub_flush(sub_flush(dnorm_c, dnorm_mean), mul_flush(norm_c, dnorm_norm_mean))
+                dx_n[c] = canon(mul_flush(t, rstd_n))
 
 
 @parallel_kernel
