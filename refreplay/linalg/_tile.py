@@ -20,7 +20,7 @@ Three variants are built:
 * ``tile_flush``: every product and every partial sum goes through the flush
   of [num.flush.c1] (a subnormal becomes a zero of its sign), written as the
   select ``exponent field == 0 ? sign bit only : x``, which equals
-  ``core.flush`` (``x * 0 if |x| < FLT_MIN else x``) on every input.
+  ``core.flush`` on every input.
 * ``tile_flush_sums``: only the partial sums are flushed, for tiles whose
   products are proved never subnormal.
 * ``tile_plain``: no flush, for tiles in which every flush is proved an

@@ -60,27 +60,66 @@ def _binary(name, loop, blocks, a, b):
 
 SIGN = np.uint32(0x80000000)
 
+# add_flush, sub_flush and mul_flush are the primitives without their NaN
+# canonicalisation: IEEE rounding and [num.flush.c1] alone.  Two cases make
+# them exact stand-ins for add, sub and mul ([num.nan.c1]):
+#   * finite operands: IEEE add, sub and mul give NaN only from a NaN,
+#     inf - inf or 0 * inf, so there the canonicalisation is the identity.
+#     Inside the lane forms every operand is finite (the argument is clamped,
+#     or bounded by the algorithm; see each form), except in values that the
+#     final selects discard.
+#   * a chain of adds and multiplies whose result is canonicalised once at
+#     its end (the clause allows it: a NaN anywhere in the chain reaches
+#     the end), as the activation kernels do.
+# Leaving out the NaN test removes a third of the work each rounded operation
+# costs in vector code (the lane forms are most of the time of GELU, SiLU
+# and softmax).
+
+
+@kernel(inline="always")
+def add_flush(a, b):
+    """[num.add.c1] add(a, b) without the NaN canonicalisation (see above)."""
+    return core.flush(a + b)
+
+
+@kernel(inline="always")
+def sub_flush(a, b):
+    """[num.add.c1] sub(a, b) without the NaN canonicalisation (see above)."""
+    return core.flush(a - b)
+
+
+@kernel(inline="always")
+def mul_flush(a, b):
+    """[num.mul.c1] mul(a, b) without the NaN canonicalisation (see above)."""
+    return core.flush(a * b)
+
 
 @kernel(inline="always")
 def exp_lane(x):
-    """[num.exp.c1] exp(x) as transcendental.exp, branch-free."""
+    """[num.exp.c1] exp(x) as transcendental.exp, branch-free.
+
+    xc is x clamped to [EXP_UNDERFLOW, EXP_OVERFLOW] (NaN to 0): finite, so
+    k is an integer in [-128, 128], and hi, lo, r, q and p are bounded; no
+    operation below sees a non-finite operand.  k * LN2_HI and k * LN2_LO are
+    +-0 or at least LN2_LO in magnitude, never subnormal, so their flush is
+    the identity too and they are plain products."""
     xc = min(max(x if x == x else core.ZERO, tr.EXP_UNDERFLOW), tr.EXP_OVERFLOW)  # identity where used
-    kx = core.mul(xc, tr.INV_LN2)
+    kx = mul_flush(xc, tr.INV_LN2)
     # [num.rint.c1] for |kx| < 2^23: (|kx| + 2^23) - 2^23, sign of kx put back
     kr = (abs(kx) + core.RINT_MAGIC) - core.RINT_MAGIC
     k = -kr if f32_bits(kx) >= SIGN else kr
-    hi = core.sub(xc, core.mul(k, tr.LN2_HI))
-    lo = core.mul(k, tr.LN2_LO)
-    r = core.sub(hi, lo)
-    q = core.add(tr.EXP_C5, core.mul(r, tr.EXP_C6))
-    q = core.add(tr.EXP_C4, core.mul(r, q))
-    q = core.add(tr.EXP_C3, core.mul(r, q))
-    q = core.add(tr.EXP_C2, core.mul(r, q))
-    p = core.add(core.ONE, core.add(hi, core.sub(core.mul(core.mul(r, r), q), lo)))
+    hi = sub_flush(xc, k * tr.LN2_HI)
+    lo = k * tr.LN2_LO
+    r = sub_flush(hi, lo)
+    q = add_flush(tr.EXP_C5, mul_flush(r, tr.EXP_C6))
+    q = add_flush(tr.EXP_C4, mul_flush(r, q))
+    q = add_flush(tr.EXP_C3, mul_flush(r, q))
+    q = add_flush(tr.EXP_C2, mul_flush(r, q))
+    p = add_flush(core.ONE, add_flush(hi, sub_flush(mul_flush(mul_flush(r, r), q), lo)))
     ki = np.int32(k)
     k1 = ki >> 1
     k2 = ki - k1
-    y = core.mul(core.mul(p, bits_f32(np.uint32((k1 + 127) << 23))), bits_f32(np.uint32((k2 + 127) << 23)))
+    y = mul_flush(mul_flush(p, bits_f32(np.uint32((k1 + 127) << 23))), bits_f32(np.uint32((k2 + 127) << 23)))
     y = core.ZERO if x < tr.EXP_UNDERFLOW else y
     y = tr.INF if x > tr.EXP_OVERFLOW else y
     return tr.NAN if x != x else y
@@ -88,17 +127,22 @@ def exp_lane(x):
 
 @kernel(inline="always")
 def tanh_lane(x):
-    """[num.tanh.c1] tanh(x) as transcendental.tanh, branch-free."""
+    """[num.tanh.c1] tanh(x) as transcendental.tanh, branch-free.
+
+    The polynomial is selected only for |x| < 0.75 (finite operands); the
+    other branch sees e = exp(2|x|) in [1, inf] (NaN only for a NaN x, which
+    the last select replaces), so e + 1, its reciprocal and 1 - 2/(e + 1)
+    have no NaN operand and no inf - inf."""
     a = abs(x)
-    z = core.mul(a, a)
-    p = core.add(tr.TANH_T5, core.mul(z, tr.TANH_T6))
-    p = core.add(tr.TANH_T4, core.mul(z, p))
-    p = core.add(tr.TANH_T3, core.mul(z, p))
-    p = core.add(tr.TANH_T2, core.mul(z, p))
-    p = core.add(tr.TANH_T1, core.mul(z, p))
-    small = core.add(a, core.mul(a, core.mul(z, p)))
-    e = exp_lane(core.add(a, a))
-    large = core.sub(core.ONE, core.mul(core.TWO, core.recip(core.add(e, core.ONE))))
+    z = mul_flush(a, a)
+    p = add_flush(tr.TANH_T5, mul_flush(z, tr.TANH_T6))
+    p = add_flush(tr.TANH_T4, mul_flush(z, p))
+    p = add_flush(tr.TANH_T3, mul_flush(z, p))
+    p = add_flush(tr.TANH_T2, mul_flush(z, p))
+    p = add_flush(tr.TANH_T1, mul_flush(z, p))
+    small = add_flush(a, mul_flush(a, mul_flush(z, p)))
+    e = exp_lane(add_flush(a, a))
+    large = sub_flush(core.ONE, mul_flush(core.TWO, core.flush(core.ONE / add_flush(e, core.ONE))))
     y = small if a < tr.TANH_SMALL else large
     y = -y if f32_bits(x) >= SIGN else y
     return tr.NAN if x != x else y
@@ -107,11 +151,13 @@ def tanh_lane(x):
 @kernel(inline="always")
 def sigmoid_lane(x):
     """[num.sigmoid.c1] sigmoid(x) as transcendental.sigmoid, branch-free: both
-    branches need exp of w = -x (x >= 0) or x (x < 0), one exp_lane serves both."""
+    branches need exp of w = -x (x >= 0) or x (x < 0), one exp_lane serves both.
+    w <= 0, so t = exp(w) is in [0, 1] (NaN only for a NaN x, replaced by the
+    last select): every operation below has finite operands."""
     pos = x >= core.ZERO  # includes -0, as the clause's branch does
     t = exp_lane(-x if pos else x)
-    d = core.recip(core.add(core.ONE, t))
-    y = d if pos else core.sub(t, core.mul(t, core.mul(t, d)))
+    d = core.flush(core.ONE / add_flush(core.ONE, t))
+    y = d if pos else sub_flush(t, mul_flush(t, mul_flush(t, d)))
     return tr.NAN if x != x else y
 
 

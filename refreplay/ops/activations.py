@@ -12,8 +12,11 @@ import numpy as np
 from numba import prange
 
 from .._jit import kernel, parallel_kernel
-from ..numerics.core import HALF, ONE, add, mul, sub
+from ..numerics.core import HALF, ONE, canon
+from ..numerics.elementwise import add_flush as add  # [num.add.c1], canon once per chain
+from ..numerics.elementwise import mul_flush as mul  # [num.mul.c1], canon once per chain
 from ..numerics.elementwise import sigmoid_lane, tanh_lane  # [num.sigmoid.c1] [num.tanh.c1]
+from ..numerics.elementwise import sub_flush as sub  # [num.add.c1], canon once per chain
 from . import check_array
 
 GELU_SCALE = np.array([0x3F4C422A], dtype=np.uint32).view(np.float32)[0]  # sqrt(2/pi)
@@ -28,6 +31,11 @@ GELU_CUBE3 = np.array([0x3E095D4F], dtype=np.uint32).view(np.float32)[0]  # 3 * 
 # (``elementwise.tanh_lane``, ``sigmoid_lane``: [num.tanh.c1], [num.sigmoid.c1]),
 # so the element loop has no control flow and compiles to SIMD over
 # independent elements with the scalar forms' bits (tests/test_fast_paths.py).
+# Each element's result is a chain of adds and multiplies of x, dout and the
+# lane form's value (itself canonical), so its rounded operations are
+# ``add``/``sub``/``mul`` without the NaN test and the result is
+# canonicalised once, at the end of the chain, as [num.nan.c1] allows: a NaN
+# anywhere in the chain reaches its end.
 
 _BLOCK = 2048  # elements per parallel task; any value gives the same bits
 
@@ -35,8 +43,8 @@ _BLOCK = 2048  # elements per parallel task; any value gives the same bits
 def _gelu_lane(x_i):
     """[act.gelu.fwd.c1] steps 1-5 for one element; (th, out)."""
     cube = mul(mul(mul(GELU_CUBE, x_i), x_i), x_i)
-    th = tanh_lane(mul(GELU_SCALE, add(x_i, cube)))
-    return th, mul(mul(HALF, x_i), add(ONE, th))
+    th = tanh_lane(mul(GELU_SCALE, add(x_i, cube)))  # canonical: tanh_lane canonicalises a NaN
+    return th, canon(mul(mul(HALF, x_i), add(ONE, th)))
 
 
 @parallel_kernel
@@ -68,7 +76,7 @@ def gelu_backward_kernel(dx, dout, x):
             sech2 = sub(ONE, mul(th, th))  # tanh' = 1 - tanh^2
             dinner = mul(GELU_SCALE, add(ONE, mul(mul(GELU_CUBE3, x_i), x_i)))
             local = add(mul(HALF, add(ONE, th)), mul(mul(mul(HALF, x_i), sech2), dinner))
-            dxb[i] = mul(db[i], local)
+            dxb[i] = canon(mul(db[i], local))
 
 
 # ---- SiLU ----------------------------------------------------------------------
@@ -84,7 +92,7 @@ def silu_forward_kernel(out, x):
         xb = x[i0:min(i0 + _BLOCK, N)]
         ob = out[i0:min(i0 + _BLOCK, N)]
         for i in range(xb.shape[0]):
-            ob[i] = mul(xb[i], sigmoid_lane(xb[i]))
+            ob[i] = canon(mul(xb[i], sigmoid_lane(xb[i])))
 
 
 @parallel_kernel
@@ -101,7 +109,7 @@ def silu_backward_kernel(dx, dout, x):
             x_i = xb[i]
             s = sigmoid_lane(x_i)  # forward: out = x*s
             local = mul(s, add(ONE, mul(x_i, sub(ONE, s))))
-            dxb[i] = mul(db[i], local)
+            dxb[i] = canon(mul(db[i], local))
 
 
 # ---- SwiGLU --------------------------------------------------------------------
@@ -119,7 +127,7 @@ def swiglu_forward_kernel(out, a, b):
         ob = out[i0:min(i0 + _BLOCK, N)]
         for i in range(ab.shape[0]):
             a_i = ab[i]
-            ob[i] = mul(mul(a_i, sigmoid_lane(a_i)), bb[i])
+            ob[i] = canon(mul(mul(a_i, sigmoid_lane(a_i)), bb[i]))
 
 
 @parallel_kernel
@@ -137,8 +145,8 @@ def swiglu_backward_kernel(da, db, dout, a, b):
             s = sigmoid_lane(a_i)
             silu_a = mul(a_i, s)  # forward: out = silu_a*b
             dsilu = mul(s, add(ONE, mul(a_i, sub(ONE, s))))
-            dab[i] = mul(mul(gb[i], bb[i]), dsilu)
-            dbb[i] = mul(gb[i], silu_a)
+            dab[i] = canon(mul(mul(gb[i], bb[i]), dsilu))
+            dbb[i] = canon(mul(gb[i], silu_a))
 
 
 # ---- Python API: validation and allocation ----------------------------------------

@@ -12,8 +12,8 @@ from numba import prange
 from .._jit import kernel, parallel_kernel
 from ..errors import InputError
 from ..numerics.core import F32, ONE, ZERO, add, mul, recip, sub
-from .rowblock import RB, n_blocks
-from .softmax import logsumexp_block, softmax_block
+from .rowblock import RB, n_blocks, new_tile
+from .softmax import block_max, exp_sum_block, logsumexp_block
 
 IGNORE_INDEX = -1
 MAX_COUNT = 2**24  # f32(count) is exact up to here [loss.mean.c1]
@@ -59,12 +59,15 @@ def cross_entropy_backward_kernel(logits, targets, ignore_index, c, dlogits):
         counted row n:  g = softmax(logits[n]); g[y] = g[y] - 1;
                         dlogits[n, j] = g[j] * c
         ignored row n:  dlogits[n, :] = +0
-    Threads take blocks of RB rows; softmax_block writes every row's softmax."""
+    Threads take blocks of RB rows; exp_sum_block writes every row's e[j]
+    into dlogits, then one pass per row takes e[j] * recip(s) (softmax's
+    step) times c, and the target's entry is redone with its - 1."""
     N, V = logits.shape
     for b in prange(n_blocks(N)):
         i0 = b * RB
         rows = min(RB, N - i0)
-        softmax_block(logits, i0, rows, dlogits)
+        T = new_tile()
+        s = exp_sum_block(logits, i0, rows, block_max(logits, i0, rows), T, dlogits, True)
         for r in range(rows):
             d_n = dlogits[i0 + r]
             y = targets[i0 + r]
@@ -72,9 +75,11 @@ def cross_entropy_backward_kernel(logits, targets, ignore_index, c, dlogits):
                 for j in range(V):
                     d_n[j] = ZERO
             else:
-                d_n[y] = sub(d_n[y], ONE)
+                rs = recip(s[r])
+                g_y = sub(mul(d_n[y], rs), ONE)
                 for j in range(V):
-                    d_n[j] = mul(d_n[j], c)
+                    d_n[j] = mul(mul(d_n[j], rs), c)
+                d_n[y] = mul(g_y, c)
 
 
 # ---- public API ------------------------------------------------------------------

@@ -19,7 +19,8 @@ from numba import prange
 
 from .._jit import parallel_kernel
 from ..linalg.common import sum_start
-from ..numerics.core import F32, add, mul, recip, sqrt, sub
+from ..numerics.core import F32, add, canon, mul, recip, sqrt, sub
+from ..numerics.elementwise import add_flush, mul_flush, sub_flush
 from . import check_f32, check_scalar_f32, check_shape
 from .rowblock import RB, lane_sum, lane_vector, load_block, n_blocks, new_block
 
@@ -48,20 +49,20 @@ def layernorm_forward_kernel(out, mean, rstd, x, w, b, eps):
         for r in range(RB):
             mean_b[r] = mul(mean_b[r], inv_C)  # step 2
         q = np.full(RB, start, np.float32)
-        for c in range(C):
+        for c in range(C):  # NaN test left to mul(q, inv_C) below (rowblock.lane_sum_into)
             x_c = X[c]
             for r in range(RB):
-                d = sub(x_c[r], mean_b[r])  # step 3
-                q[r] = add(q[r], mul(d, d))  # step 4
+                d = sub_flush(x_c[r], mean_b[r])  # step 3
+                q[r] = add_flush(q[r], mul_flush(d, d))  # step 4
         for r in range(rows):
             n = i0 + r
             mean_n = mean_b[r]
             rstd_n = recip(sqrt(add(mul(q[r], inv_C), eps)))  # steps 5, 6
             x_n = x[n]
             out_n = out[n]
-            for c in range(C):
-                norm_c = mul(sub(x_n[c], mean_n), rstd_n)  # steps 3, 7
-                out_n[c] = add(mul(norm_c, w[c]), b[c])  # step 8
+            for c in range(C):  # one chain per element: canonicalised at its end ([num.nan.c1])
+                norm_c = mul_flush(sub_flush(x_n[c], mean_n), rstd_n)  # steps 3, 7
+                out_n[c] = canon(add_flush(mul_flush(norm_c, w[c]), b[c]))  # step 8
             mean[n] = mean_n
             rstd[n] = rstd_n
 
@@ -83,15 +84,15 @@ def layernorm_backward_dx_kernel(dx, dout, x, w, mean, rstd):
         rstd_b = lane_vector(rstd, i0, rows)
         s_dnorm = np.full(RB, start, np.float32)
         s_dnorm_norm = np.full(RB, start, np.float32)
-        for c in range(C):
+        for c in range(C):  # NaN test left to the mul(., inv_C) below (rowblock.lane_sum_into)
             x_c = X[c]
             dout_c = D[c]
             w_c = w[c]
             for r in range(RB):
-                norm = mul(sub(x_c[r], mean_b[r]), rstd_b[r])  # forward: norm
-                dnorm = mul(dout_c[r], w_c)  # out = norm*w + b
-                s_dnorm[r] = add(s_dnorm[r], dnorm)
-                s_dnorm_norm[r] = add(s_dnorm_norm[r], mul(dnorm, norm))
+                norm = mul_flush(sub_flush(x_c[r], mean_b[r]), rstd_b[r])  # forward: norm
+                dnorm = mul_flush(dout_c[r], w_c)  # out = norm*w + b
+                s_dnorm[r] = add_flush(s_dnorm[r], dnorm)
+                s_dnorm_norm[r] = add_flush(s_dnorm_norm[r], mul_flush(dnorm, norm))
         for r in range(rows):
             n = i0 + r
             x_n = x[n]
@@ -101,11 +102,11 @@ def layernorm_backward_dx_kernel(dx, dout, x, w, mean, rstd):
             rstd_n = rstd_b[r]
             dnorm_mean = mul(s_dnorm[r], inv_C)
             dnorm_norm_mean = mul(s_dnorm_norm[r], inv_C)
-            for c in range(C):
-                norm_c = mul(sub(x_n[c], mean_n), rstd_n)
-                dnorm_c = mul(dout_n[c], w[c])
-                t = sub(sub(dnorm_c, dnorm_mean), mul(norm_c, dnorm_norm_mean))
-                dx_n[c] = mul(t, rstd_n)
+            for c in range(C):  # one chain per element: canonicalised at its end ([num.nan.c1])
+                norm_c = mul_flush(sub_flush(x_n[c], mean_n), rstd_n)
+                dnorm_c = mul_flush(dout_n[c], w[c])
+                t = sub_flush(sub_flush(dnorm_c, dnorm_mean), mul_flush(norm_c, dnorm_norm_mean))
+                dx_n[c] = canon(mul_flush(t, rstd_n))
 
 
 @parallel_kernel

@@ -20,8 +20,15 @@ so a sum never crosses threads, and the bits depend neither on RB nor on the
 thread count (the technique of ``linalg/reduce.py``'s row sums).
 
 A block at the end of the tensor may hold fewer than RB rows; its remaining
-lanes hold +0 and compute values that are never stored, so every lane loop
-runs the constant trip count RB and compiles to straight vector code.
+lanes hold +0 (or what an earlier chunk left there) and compute values that
+are never stored, so every lane loop runs the constant trip count RB and
+compiles to straight vector code.
+
+Long rows (softmax and cross-entropy over V = 50,304 columns: a whole-row
+tile would be 6 MiB) are walked in chunks of CB columns through one [CB, RB]
+tile that stays in the L1 cache: ``load_chunk`` fills it, ``lane_sum_into``
+carries each lane's chain on from the previous chunk, so row r's chain still
+visits its columns in increasing order.
 Kernels take arrays and integers and do arithmetic only; shapes are given
 in spec letters (C columns of a block; RB lanes).
 """
@@ -30,10 +37,10 @@ from __future__ import annotations
 import numpy as np
 
 from .._jit import kernel
-from ..linalg.common import NEG_INF
-from ..numerics.core import add, fmax
+from ..numerics.elementwise import add_flush
 
 RB = 32  # rows per block: the SIMD lanes of every lane loop (a [256, 32] tile is 32 KiB)
+CB = 256  # columns per chunk of a long row: a [CB, RB] tile is 32 KiB, it stays in L1
 
 
 @kernel
@@ -46,6 +53,33 @@ def n_blocks(N):
 def new_block(C):
     """A new tile [C, RB] of +0, for a kernel that writes its own lanes."""
     return np.zeros((C, RB), np.float32)
+
+
+@kernel
+def new_tile():
+    """A new [CB, RB] chunk tile of +0."""
+    return np.zeros((CB, RB), np.float32)
+
+
+@kernel
+def load_chunk(X, i0, rows, c0, T):
+    """T[c, r] = X[i0 + r, c0 + c] for r < rows and c < T.shape[0] (the
+    chunk's width; T a [width, RB] view of a tile).  X: [N, V], C-contiguous."""
+    w = T.shape[0]
+    for r in range(rows):
+        x_r = X[i0 + r, c0:c0 + w]
+        for c in range(w):
+            T[c, r] = x_r[c]
+
+
+@kernel
+def store_chunk(T, X, i0, rows, c0):
+    """X[i0 + r, c0 + c] = T[c, r] for r < rows and c < T.shape[0]."""
+    w = T.shape[0]
+    for r in range(rows):
+        x_r = X[i0 + r, c0:c0 + w]
+        for c in range(w):
+            x_r[c] = T[c, r]
 
 
 @kernel
@@ -62,16 +96,6 @@ def load_block(X, i0, rows):
 
 
 @kernel
-def store_block(T, X, i0, rows):
-    """X[i0 + r, c] = T[c, r] for r < rows (X overwritten there; T: [C, RB])."""
-    C = T.shape[0]
-    for r in range(rows):
-        x_r = X[i0 + r]
-        for c in range(C):
-            x_r[c] = T[c, r]
-
-
-@kernel
 def lane_vector(v, i0, rows):
     """A new [RB] array of v[i0 + r] for r < rows, +0 in the other lanes."""
     out = np.zeros(RB, np.float32)
@@ -83,22 +107,24 @@ def lane_vector(v, i0, rows):
 @kernel
 def lane_sum(T, start):
     """[red.sum.c1] acc[r] = sum over c increasing of T[c, r], from start
-    (the caller's sum_start or -0).  T: [C, RB]; a new [RB] array."""
+    (the caller's sum_start or -0).  T: [C, RB]; a new [RB] array, NaN not
+    yet canonical (see lane_sum_into)."""
     acc = np.full(RB, start, np.float32)
-    for c in range(T.shape[0]):
-        t = T[c]
-        for r in range(RB):
-            acc[r] = add(acc[r], t[r])
+    lane_sum_into(T, acc)
     return acc
 
 
 @kernel
-def lane_max(T):
-    """[red.rowmax.c1] m[r] = fmax(...fmax(-inf, T[0, r])..., T[C-1, r]).
-    T: [C, RB]; a new [RB] array."""
-    m = np.full(RB, NEG_INF, np.float32)
+def lane_sum_into(T, acc):
+    """[red.sum.c1] acc[r] = add(acc[r], T[c, r]) for c increasing: each
+    lane's chain goes on through the rows of T (one chunk of columns).
+
+    The adds leave out the NaN test (``add_flush``): a chain may
+    canonicalise once at its end ([num.nan.c1]), and every caller's next
+    step with the sum is a rounded primitive (recip, log, mul, sub) that
+    does.  This shortens each step of the chain, which is what a row sum
+    waits on."""
     for c in range(T.shape[0]):
         t = T[c]
         for r in range(RB):
-            m[r] = fmax(m[r], t[r])
-    return m
+            acc[r] = add_flush(acc[r], t[r])

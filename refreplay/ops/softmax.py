@@ -3,7 +3,7 @@
 The row kernels (``softmax_row``, ``softmax_row_backward``) serve attention,
 whose causal rows are prefixes of the score row.  The whole-tensor kernels
 and cross-entropy take blocks of RB rows and run the rows' sums side by side
-in SIMD lanes (``rowblock.py``); every lane does the row kernel's operations
+in SIMD lanes, CB columns at a time (``rowblock.py``); every lane does the row kernel's operations
 in the row kernel's order, so all give the same bits for the same row
 (``tests/test_fast_paths.py``).  Shapes: x [N, V] (any leading axes are
 flattened into N); every row is independent, so results never depend on N.
@@ -15,21 +15,35 @@ from numba import prange
 
 from .._jit import kernel, parallel_kernel
 from ..linalg.common import NEG_INF, NEG_ZERO
-from ..numerics.core import add, fmax, mul, recip, sub
-from ..numerics.elementwise import exp_lane  # [num.exp.c1]
+from ..numerics.core import fmax, mul, recip, sub
+from ..numerics.elementwise import add_flush, exp_lane, mul_flush  # [num.exp.c1]
 from ..numerics.transcendental import log
-from .rowblock import RB, lane_max, lane_sum, load_block, n_blocks, new_block, store_block
+from .rowblock import CB, RB, lane_sum_into, load_chunk, n_blocks, new_tile, store_chunk
 
 
 # ---- row kernels (first n entries of a row) --------------------------------------
 
 
+ML = 64  # interleaved partial maxima of row_max: four 16-lane vectors
+
+
 @kernel
 def row_max(x, n):
     """[softmax.fwd.c1] m = -inf, then m = fmax(m, x[j]) for j = 0 .. n-1
-    ([red.rowmax.c1]; any order gives the same bits)."""
+    ([red.rowmax.c1]).  fmax is associative and commutative there, so every
+    order gives the same bits: ML partial maxima (lane l takes j = l mod ML,
+    independent chains that vectorise) are combined at the end, then the
+    last n mod ML entries are taken in."""
+    part = np.full(ML, NEG_INF, np.float32)
+    full = n - n % ML
+    for j0 in range(0, full, ML):
+        xj = x[j0:j0 + ML]
+        for lane in range(ML):
+            part[lane] = fmax(part[lane], xj[lane])
     m = NEG_INF
-    for j in range(n):
+    for lane in range(ML):
+        m = fmax(m, part[lane])
+    for j in range(full, n):
         m = fmax(m, x[j])
     return m
 
@@ -49,9 +63,11 @@ def softmax_row(x, n, y):
     # (exp_lane has exp's bits), then summed in order.
     for j in range(n):
         yr[j] = exp_lane(sub(xr[j], m))
+    # The sum leaves out the NaN test (add_flush): recip canonicalises its
+    # end ([num.nan.c1]), and each step of the chain is shorter.
     s = NEG_ZERO
     for j in range(n):
-        s = add(s, yr[j])
+        s = add_flush(s, yr[j])
     r = recip(s)
     for j in range(n):
         yr[j] = mul(yr[j], r)
@@ -64,50 +80,69 @@ def softmax_row_backward(dy, y, n, dx):
         dx[j] = y[j] * (dy[j] - d)
     """
     d = NEG_ZERO
-    for j in range(n):
-        d = add(d, mul(dy[j], y[j]))
+    for j in range(n):  # NaN canonicalised by the sub below ([num.nan.c1])
+        d = add_flush(d, mul_flush(dy[j], y[j]))
     for j in range(n):
         dx[j] = mul(y[j], sub(dy[j], d))
 
 
 # ---- row blocks: RB rows' sums side by side (rowblock.py) -------------------------
+# A block's rows are walked in chunks of CB columns through one [CB, RB] tile
+# (T, from rowblock.new_tile) that stays in the L1 cache; every lane's sum
+# goes on from chunk to chunk, so each row's chain keeps its order.  Row
+# maxima need no tile: their order is free ([red.rowmax.c1]).
 
 
 @kernel
-def exp_block(x, i0, rows):
-    """[softmax.fwd.c1] For rows i0 .. i0+rows-1 of x [N, V]: (E, m, s) with
-    E [V, RB] the tile of e[j] = exp(x[j] - m) (row r in lane r), m [RB] the
-    row maxima and s [RB] the sums ((-0 + e[0]) + e[1]) + ... + e[V-1]: each
-    lane the steps of softmax_row on its row."""
-    E = load_block(x, i0, rows)
-    m = lane_max(E)
-    for j in range(E.shape[0]):
-        e = E[j]
-        for r in range(RB):
-            e[r] = exp_lane(sub(e[r], m[r]))
-    return E, m, lane_sum(E, NEG_ZERO)
+def block_max(x, i0, rows):
+    """[softmax.fwd.c1] m [RB]: lane r the row maximum of row i0 + r of x
+    [N, V] (row_max along the row), +0 in the lanes r >= rows."""
+    m = np.zeros(RB, np.float32)
+    for r in range(rows):
+        m[r] = row_max(x[i0 + r], x.shape[1])
+    return m
+
+
+@kernel
+def exp_sum_block(x, i0, rows, m, T, y, store):
+    """[softmax.fwd.c1] s [RB] for rows i0 .. i0+rows-1 of x [N, V], lane r:
+    e[j] = exp(x[j] - m[r]) and s = ((-0 + e[0]) + e[1]) + ... + e[V-1], the
+    steps of softmax_row on row i0 + r.  With ``store``, y[i0 + r, j] = e[j]
+    (y [N, V] overwritten there)."""
+    V = x.shape[1]
+    s = np.full(RB, NEG_ZERO, np.float32)
+    for c0 in range(0, V, CB):
+        Tc = T[:min(CB, V - c0)]
+        load_chunk(x, i0, rows, c0, Tc)
+        for j in range(Tc.shape[0]):
+            e = Tc[j]
+            for r in range(RB):
+                e[r] = exp_lane(sub(e[r], m[r]))
+        lane_sum_into(Tc, s)
+        if store:
+            store_chunk(Tc, y, i0, rows, c0)
+    return s
 
 
 @kernel
 def softmax_block(x, i0, rows, y):
-    """[softmax.fwd.c1] y[i0 + r] = softmax(x[i0 + r]) for r < rows (overwritten):
-    y[j] = e[j] * recip(s), recip once per row."""
-    E, _, s = exp_block(x, i0, rows)
-    rs = np.empty(RB, np.float32)
-    for r in range(RB):
-        rs[r] = recip(s[r])
-    for j in range(E.shape[0]):
-        e = E[j]
-        for r in range(RB):
-            e[r] = mul(e[r], rs[r])
-    store_block(E, y, i0, rows)
+    """[softmax.fwd.c1] y[i0 + r] = softmax(x[i0 + r]) for r < rows
+    (overwritten): y[j] = e[j] * recip(s), recip once per row."""
+    T = new_tile()
+    s = exp_sum_block(x, i0, rows, block_max(x, i0, rows), T, y, True)
+    for r in range(rows):
+        y_r, rs = y[i0 + r], recip(s[r])
+        for j in range(y_r.shape[0]):
+            y_r[j] = mul(y_r[j], rs)
 
 
 @kernel
 def logsumexp_block(x, i0, rows):
     """[softmax.log.c1] (m, l) [RB] for rows i0 .. i0+rows-1 of x: m and s as
-    in exp_block, l = log(s) once per row (lanes r >= rows: unused)."""
-    _, m, s = exp_block(x, i0, rows)
+    in exp_sum_block, l = log(s) once per row (lanes r >= rows: unused)."""
+    T = new_tile()
+    m = block_max(x, i0, rows)
+    s = exp_sum_block(x, i0, rows, m, T, x, False)
     ls = np.empty(RB, np.float32)
     for r in range(RB):
         ls[r] = log(s[r])
@@ -145,17 +180,20 @@ def softmax_backward_kernel(dy, y, dx):
     """[softmax.bwd.c1] dy, y [N, V] -> dx [N, V] (overwritten):
         d = ((-0 + dy[0]*y[0]) + dy[1]*y[1]) + ... + dy[V-1]*y[V-1]
         dx[j] = y[j] * (dy[j] - d)
-    """
+    The terms dy[j]*y[j] are written into the chunk tile along each row."""
     N, V = y.shape
     for b in prange(n_blocks(N)):
         i0 = b * RB
         rows = min(RB, N - i0)
-        P = new_block(V)
-        for r in range(rows):
-            dy_r, y_r = dy[i0 + r], y[i0 + r]
-            for j in range(V):
-                P[j, r] = mul(dy_r[j], y_r[j])  # the terms, row r in lane r
-        d = lane_sum(P, NEG_ZERO)
+        T = new_tile()
+        d = np.full(RB, NEG_ZERO, np.float32)
+        for c0 in range(0, V, CB):
+            w = min(CB, V - c0)
+            for r in range(rows):
+                dy_r, y_r = dy[i0 + r, c0:c0 + w], y[i0 + r, c0:c0 + w]
+                for j in range(w):
+                    T[j, r] = mul_flush(dy_r[j], y_r[j])  # the terms, row r in lane r (NaN: see lane_sum_into)
+            lane_sum_into(T[:w], d)
         for r in range(rows):
             dy_r, y_r, dx_r, d_r = dy[i0 + r], y[i0 + r], dx[i0 + r], d[r]
             for j in range(V):
@@ -172,7 +210,12 @@ def log_softmax_backward_kernel(dy, y, dx):
     for b in prange(n_blocks(N)):
         i0 = b * RB
         rows = min(RB, N - i0)
-        g = lane_sum(load_block(dy, i0, rows), NEG_ZERO)
+        T = new_tile()
+        g = np.full(RB, NEG_ZERO, np.float32)
+        for c0 in range(0, V, CB):
+            Tc = T[:min(CB, V - c0)]
+            load_chunk(dy, i0, rows, c0, Tc)
+            lane_sum_into(Tc, g)
         for r in range(rows):
             dy_r, y_r, dx_r, g_r = dy[i0 + r], y[i0 + r], dx[i0 + r], g[r]
             for j in range(V):
