@@ -171,12 +171,22 @@ def _torch_bf16_ops(torch):
         F.cross_entropy(L, torch.from_numpy(targets).long(), ignore_index=-1).backward()
         return bits(L.grad)
 
-    def grad(fn, dout, x):
-        X = h(x).clone().requires_grad_(True)
-        (fn(X) * h(dout)).sum().backward()
-        return bits(X.grad)
+    def grad(fn, dout, *xs):
+        """bf16 gradients of fn(*xs) . dout by PyTorch's bf16 autograd."""
+        leaves = [h(x).clone().requires_grad_(True) for x in xs]
+        fn(*leaves).backward(h(dout))
+        out = tuple(bits(leaf.grad) for leaf in leaves)
+        return out if len(out) > 1 else out[0]
+
+    def linear_backward(dy, x, W):
+        """PyTorch keeps dW and db in bf16 (the profile: binary32)."""
+        X, Wl = h(x).clone().requires_grad_(True), h(W).clone().requires_grad_(True)
+        b = torch.zeros(W.shape[0], dtype=bf, requires_grad=True)
+        F.linear(X, Wl, b).backward(h(dy))
+        return bits(X.grad), f(Wl.grad), f(b.grad)
 
     gelu = lambda x: F.gelu(x, approximate="tanh")  # noqa: E731
+    swiglu = lambda a, b: F.silu(a) * b  # noqa: E731
     return {
         "bf16_matmul": lambda A, B: mm(h(A), h(B)),
         "bf16_matmul_nt": lambda A, B: mm(h(A), h(B).T),
@@ -186,6 +196,10 @@ def _torch_bf16_ops(torch):
         "bf16_gelu_forward": lambda x: bits(gelu(h(x))),
         "bf16_gelu_backward": lambda dout, x: grad(gelu, dout, x),
         "bf16_silu_forward": lambda x: bits(F.silu(h(x))),
+        "bf16_silu_backward": lambda dout, x: grad(F.silu, dout, x),
+        "bf16_swiglu_forward": lambda a, b: bits(swiglu(h(a), h(b))),
+        "bf16_swiglu_backward": lambda dout, a, b: grad(swiglu, dout, a, b),
+        "bf16_linear_backward": linear_backward,
         "bf16_softmax_forward": lambda x: bits(torch.softmax(h(x), 1)),
         "bf16_log_softmax_forward": lambda x: bits(torch.log_softmax(h(x), 1)),
         "bf16_attention_forward": attention,
