@@ -228,10 +228,54 @@ def diagnose(op_name: str, results) -> list[Finding]:
     if f:
         out.append(f)
     if not out and failing:
-        first = next(r for f in sorted(failing) for r in fam[f][0])
-        out.append(Finding(op_name, f"fails {', '.join(sorted(failing))} cases while every diagnostic probe passes "
-                                    f"(first: {first.case.id})", list(op.clauses)))
+        out.append(_unexplained_finding(op, [r for f in sorted(failing) for r in fam[f][0]], failing))
     return out
+
+
+def _unexplained_finding(op, bad, failing):
+    """What can still be said when no probe isolates a failure and the op has
+    no variant model: a sign of zero alone (a sum started from +0), or how far
+    the binary32 outputs are off (a few ulp: another order, fused or vendor
+    arithmetic; far: another formula)."""
+    first = bad[0].case.id
+    where = f"fails {', '.join(sorted(failing))} cases while every diagnostic probe passes (first: {first})"
+    if all(_zero_sign_only(r) for r in bad):
+        if _outputs_where({"x": (bad, [])}, "x", lambda e, a: (e == 0) & (a == 0) & (fp.bits(e) != fp.bits(a))
+                          & (fp.bits(e) != np.uint32(0x80000000))):
+            return Finding(op.name, f"{where}: only the sign of zero differs", list(op.clauses))
+        return Finding(op.name, f"{where}: only the sign of zero differs, the spec's -0 comes out +0 (a sum "
+                                f"started from +0 instead of -0 does this)",
+                       list(dict.fromkeys(list(op.clauses) + ["red.sum.c1"])))
+    # ordinary values first: edge cases hold specials and extremes whose ulp distances say little
+    measured = [r for r in bad if r.case.family == "random"] or bad
+    dists, total, nan_vs_number = [], 0, 0
+    for r in measured:
+        for n, e in r.case.outputs.items():
+            a = np.asarray(r.actual.get(n, np.zeros(0)))
+            if e.dtype != np.float32 or a.dtype != e.dtype or a.shape != e.shape:
+                continue
+            d = fp.ulp_distance(e.ravel(), a.ravel())
+            dists.append(d[d > 0])
+            total += d.size
+            nan_vs_number += int(np.count_nonzero(np.isnan(e.ravel()) != np.isnan(a.ravel())))
+    d = np.concatenate(dists) if dists else np.zeros(0, np.int64)
+    differ = d.size + nan_vs_number
+    if not differ:
+        return Finding(op.name, where, list(op.clauses))
+    med, worst = (int(np.median(d)), int(d.max())) if d.size else (0, 0)
+    special = _special_inputs_at_differences(op, measured)
+    if special:
+        return Finding(op.name, f"{where}; in its {measured[0].case.family} cases {differ} of {total} binary32 "
+                                f"output elements differ, all where the input {special}", list(op.clauses))
+    size = ("some are a NaN where the other side has a number" if nan_vs_number else
+            f"by a median of {med} ulp (max {worst}"
+            + (", where cancellation leaves a result near zero" if worst > 1 << 10 else "")
+            + "): a different summation order, fused operations or vendor functions give differences of this size"
+            if med <= 16 else
+            f"by a median of {med} ulp (max {worst}): more than rounding, another formula")
+    return Finding(op.name, f"{where}; in its {measured[0].case.family} cases {differ} of {total} binary32 output "
+                            f"elements differ, {size}",
+                   list(op.clauses))
 
 
 def _size(r):
@@ -324,6 +368,31 @@ def _variant_finding(op, results):
         devs = []
     clauses = list(dict.fromkeys(list(op.clauses) + [c for d in devs for c in d.clauses]))
     return Finding(op.name, msg, clauses)
+
+
+def _special_inputs_at_differences(op, bad) -> str:
+    """For an element-wise op (an input of the output's shape): 'x is NaN (5),
+    subnormal (1)' when every differing element has a special input there
+    (NaN, infinite, subnormal, a zero), else ''."""
+    classes = {"NaN": np.isnan, "infinite": np.isinf, "subnormal": fp.is_subnormal, "a zero": lambda x: x == 0}
+    counts: dict[str, int] = {}
+    names = set()
+    for r in bad:
+        for n, e in r.case.outputs.items():
+            a = np.asarray(r.actual.get(n, np.zeros(0)))
+            x = next(((k, v) for k, v in r.case.inputs.items() if v.shape == e.shape and v.dtype == np.float32), None)
+            if x is None or e.dtype != np.float32 or a.shape != e.shape or a.dtype != e.dtype:
+                return ""
+            xs = x[1].ravel()[fp.bits(e.ravel()) != fp.bits(a.ravel())]
+            names.add(x[0])
+            for v in xs:
+                c = next((c for c, pred in classes.items() if pred(v)), None)
+                if c is None:
+                    return ""
+                counts[c] = counts.get(c, 0) + 1
+    if not counts or len(names) != 1:
+        return ""
+    return f"{names.pop()} is " + ", ".join(f"{c} ({k})" for c, k in counts.items())
 
 
 BF16_CASES = 4  # failing cases per family re-evaluated under each bf16 misreading, smallest first

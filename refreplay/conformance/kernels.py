@@ -185,9 +185,55 @@ def _torch_bf16_ops(torch):
         F.linear(X, Wl, b).backward(h(dy))
         return bits(X.grad), f(Wl.grad), f(b.grad)
 
+    def layernorm_backward(dout, x, w, mean, rstd):
+        """ATen's bf16 LayerNorm backward (it takes mean and rstd in bf16)."""
+        dx, dw, db = torch.ops.aten.native_layer_norm_backward(
+            h(dout), h(x), (x.shape[1],), torch.from_numpy(mean).to(bf), torch.from_numpy(rstd).to(bf), h(w),
+            torch.zeros(w.shape, dtype=bf), [True, True, True])
+        return bits(dx), f(dw), f(db)
+
+    def rmsnorm(x, w):
+        out, rstd = torch.ops.aten._fused_rms_norm(h(x), [x.shape[1]], h(w), 1e-5)
+        return bits(out), f(rstd).reshape(-1)
+
+    def rmsnorm_backward(dout, x, w, rrms):
+        """bf16 autograd of F.rms_norm; dw comes back in bf16 (the profile: binary32)."""
+        X, W = h(x).clone().requires_grad_(True), h(w).clone().requires_grad_(True)
+        F.rms_norm(X, (x.shape[1],), W, 1e-5).backward(h(dout))
+        return bits(X.grad), f(W.grad)
+
+    def attention_backward(dout, q, k, v, att):
+        """The math attention path's backward in bf16, from the given probabilities."""
+        D, Q, K, V, A = h(dout), h(q), h(k), h(v), torch.from_numpy(att).to(bf)
+        ds = torch.ops.aten._softmax_backward_data(D @ V.transpose(-1, -2), A, -1, bf) / float(np.sqrt(q.shape[-1]))
+        return bits(ds @ K), bits(ds.transpose(-1, -2) @ Q), bits(A.transpose(-1, -2) @ D)
+
+    def rope(X, c, s):
+        """Rotary embedding of a bf16 tensor with the tables converted to bf16."""
+        C, S = torch.from_numpy(c).to(bf), torch.from_numpy(s).to(bf)
+        half = X.shape[-1] // 2
+        a, b = X[..., :half], X[..., half:]
+        return torch.cat([a * C - b * S, b * C + a * S], -1)
+
+    def rope_backward(dout, c, s):
+        X = torch.zeros(dout.shape, dtype=bf, requires_grad=True)
+        rope(X, c, s).backward(h(dout))
+        return bits(X.grad)
+
     gelu = lambda x: F.gelu(x, approximate="tanh")  # noqa: E731
     swiglu = lambda a, b: F.silu(a) * b  # noqa: E731
     return {
+        "bf16_layernorm_backward": layernorm_backward,
+        "bf16_rmsnorm_forward": rmsnorm,
+        "bf16_rmsnorm_backward": rmsnorm_backward,
+        "bf16_softmax_backward": lambda dy, y: bits(torch.ops.aten._softmax_backward_data(h(dy), h(y), 1, bf)),
+        "bf16_log_softmax_backward": lambda dy, y: bits(
+            torch.ops.aten._log_softmax_backward_data(h(dy), h(y), 1, bf)),
+        "bf16_attention_backward": attention_backward,
+        "bf16_rope_forward": lambda x, c, s: bits(rope(h(x), c, s)),
+        "bf16_rope_backward": rope_backward,
+        "bf16_embedding_backward": lambda dout, tokens, V: f(torch.ops.aten.embedding_dense_backward(
+            h(dout), torch.from_numpy(tokens).long(), int(V[0]), -1, False)),
         "bf16_matmul": lambda A, B: mm(h(A), h(B)),
         "bf16_matmul_nt": lambda A, B: mm(h(A), h(B).T),
         "bf16_matmul_tn": lambda A, B: mm(h(A).T, h(B)),
@@ -251,11 +297,10 @@ def _torch_model_ops(torch):
         att = torch.softmax(s, -1)
         return n(att @ V, att)
 
-    def rope(x, c, s):
-        X, C, S = t(x), t(c), t(s)
+    def rope_t(X, C, S):
         h = X.shape[-1] // 2
         a, b = X[..., :h], X[..., h:]
-        return n(torch.cat([a * C - b * S, b * C + a * S], -1))
+        return torch.cat([a * C - b * S, b * C + a * S], -1)
 
     def cross_entropy(logits, targets):
         y = t(targets).long()
@@ -268,9 +313,58 @@ def _torch_model_ops(torch):
         F.cross_entropy(L, y, ignore_index=-1).backward()
         return n(L.grad)
 
+    def linear_backward(dy, x, W):
+        X, Wl = t(x.copy()).requires_grad_(True), t(W.copy()).requires_grad_(True)
+        b = torch.zeros(W.shape[0], requires_grad=True)
+        F.linear(X, Wl, b).backward(t(dy))
+        return n(X.grad, Wl.grad, b.grad)
+
+    def layernorm_backward(dout, x, w, mean, rstd):
+        """ATen's own LayerNorm backward, given the forward's mean and rstd."""
+        return n(*torch.ops.aten.native_layer_norm_backward(
+            t(dout), t(x), (x.shape[1],), t(mean), t(rstd), t(w), torch.zeros_like(t(w)), [True, True, True]))
+
+    def rmsnorm_backward(dout, x, w, rrms):
+        """Autograd of F.rms_norm (ATen has no CPU kernel that takes rrms)."""
+        return grad(lambda X, W: F.rms_norm(X, (x.shape[1],), W, eps), dout, x, w)
+
+    def attention_backward(dout, q, k, v, att):
+        """The backward of the math attention path, from the given probabilities."""
+        D, Q, K, V, A = t(dout), t(q), t(k), t(v), t(att)
+        ds = torch.ops.aten._softmax_backward_data(D @ V.transpose(-1, -2), A, -1, torch.float32)
+        ds = ds / float(np.sqrt(q.shape[-1]))
+        return n(ds @ K, ds.transpose(-1, -2) @ Q, A.transpose(-1, -2) @ D)
+
+    def fake_quantize(x, s):
+        return n(torch.fake_quantize_per_tensor_affine(t(x), float(s[0]), 0, -128, 127))
+
+    def adamw_update(p, g, m, v, step, lr):
+        """torch.optim's single-tensor AdamW with the op's default hyper-parameters."""
+        from torch.optim.adamw import adamw
+
+        P, M, Vv = t(p.copy()), t(m.copy()), t(v.copy())
+        adamw([P], [t(g)], [M], [Vv], [], [torch.tensor(float(step[0]) - 1)], foreach=False, amsgrad=False,
+              beta1=0.9, beta2=0.95, lr=float(lr[0]), weight_decay=0.1, eps=1e-8, maximize=False)
+        return n(P, M, Vv)
+
     gelu = lambda x: F.gelu(x, approximate="tanh")  # noqa: E731
     swiglu = lambda a, b: F.silu(a) * b  # noqa: E731
     return {
+        "linear_backward": linear_backward,
+        "layernorm_backward": layernorm_backward,
+        "rmsnorm_backward": rmsnorm_backward,
+        "softmax_backward": lambda dy, y: n(torch.ops.aten._softmax_backward_data(t(dy), t(y), 1, torch.float32)),
+        "log_softmax_backward": lambda dy, y: n(
+            torch.ops.aten._log_softmax_backward_data(t(dy), t(y), 1, torch.float32)),
+        "attention_backward": attention_backward,
+        "rope_backward": lambda dout, c, s: grad(lambda X: rope_t(X, t(c), t(s)), dout, np.zeros_like(dout)),
+        "embedding_backward": lambda dout, tokens, V: n(torch.ops.aten.embedding_dense_backward(
+            t(dout), t(tokens).long(), int(V[0]), -1, False)),
+        "quant_step_size": lambda x: n((t(x).abs().max() / 127 if x.size else torch.zeros(())).reshape(1)),
+        "fake_quantize": fake_quantize,
+        "fake_quantize_backward": lambda dy, x, s: grad(
+            lambda X: torch.fake_quantize_per_tensor_affine(X, float(s[0]), 0, -128, 127), dy, x),
+        "adamw_update": adamw_update,
         "gelu_forward": lambda x: n(gelu(t(x))),
         "gelu_backward": lambda dout, x: grad(gelu, dout, x),
         "silu_forward": lambda x: n(F.silu(t(x))),
@@ -283,7 +377,7 @@ def _torch_model_ops(torch):
         "softmax_forward": lambda x: n(torch.softmax(t(x), 1)),
         "log_softmax_forward": lambda x: n(torch.log_softmax(t(x), 1)),
         "attention_forward": attention,
-        "rope_forward": rope,
+        "rope_forward": lambda x, c, s: n(rope_t(t(x), t(c), t(s))),
         "embedding_forward": lambda wte, tokens: n(F.embedding(t(tokens).long(), t(wte))),
         "cross_entropy_forward": cross_entropy,
         "cross_entropy_backward": cross_entropy_backward,
