@@ -86,6 +86,54 @@ def softmax_row_backward(dy, y, n, dx):
         dx[j] = mul(y[j], sub(dy[j], d))
 
 
+@kernel
+def softmax_rows_causal(x, n0, y):
+    """[softmax.fwd.c1] y[r, :n0+r] = softmax(x[r, :n0+r]) for r < y.shape[0]
+    (the causal rows of attention: each one entry longer than the last; y
+    overwritten there, x not changed).  Row r gets the bits of
+    softmax_row(x[r], n0 + r, y[r]): the same steps, but the rows' sums run
+    side by side over s < n0, then each row adds its last r entries."""
+    rows = y.shape[0]
+    s = np.full(rows, NEG_ZERO, np.float32)
+    for r in range(rows):
+        n = n0 + r
+        xr = x[r, :n]
+        yr = y[r, :n]
+        m = row_max(xr, n)
+        for j in range(n):
+            yr[j] = exp_lane(sub(xr[j], m))
+    for j in range(n0):  # no NaN test: see softmax_row
+        for r in range(rows):
+            s[r] = add_flush(s[r], y[r, j])
+    for r in range(rows):
+        yr = y[r]
+        sr = s[r]
+        for j in range(n0, n0 + r):
+            sr = add_flush(sr, yr[j])
+        rs = recip(sr)
+        for j in range(n0 + r):
+            yr[j] = mul(yr[j], rs)
+
+
+@kernel
+def softmax_rows_causal_backward(dy, y, n0, dx):
+    """[softmax.bwd.c1] dx[r, :n0+r] (overwritten) from dy and y = softmax
+    output, for r < dx.shape[0]: the bits of softmax_row_backward(dy[r],
+    y[r], n0 + r, dx[r]), the rows' sums d side by side over j < n0."""
+    rows = dx.shape[0]
+    d = np.full(rows, NEG_ZERO, np.float32)
+    for j in range(n0):  # NaN canonicalised by the sub below ([num.nan.c1])
+        for r in range(rows):
+            d[r] = add_flush(d[r], mul_flush(dy[r, j], y[r, j]))
+    for r in range(rows):
+        dyr, yr, dxr = dy[r], y[r], dx[r]
+        dr = d[r]
+        for j in range(n0, n0 + r):
+            dr = add_flush(dr, mul_flush(dyr[j], yr[j]))
+        for j in range(n0 + r):
+            dxr[j] = mul(yr[j], sub(dyr[j], dr))
+
+
 # ---- row blocks: RB rows' sums side by side (rowblock.py) -------------------------
 # A block's rows are walked in chunks of CB columns through one [CB, RB] tile
 # (T, from rowblock.new_tile) that stays in the L1 cache; every lane's sum
