@@ -22,6 +22,7 @@ from refreplay.linalg._tile import MR, NR
 from refreplay.linalg.common import NEG_ZERO
 from refreplay.numerics.core import ZERO, canon, flush, mul
 from refreplay.ops import attention
+from refreplay.ops.rowblock import CB, RB
 from refreplay.ops.softmax import (
     softmax_row,
     softmax_row_backward,
@@ -192,8 +193,9 @@ def planted(rng, shape, scale, frac=0.02):
     return x
 
 
-# T around MR (and 1), across one and two NR panels; HS around NR.
-T_EDGES = (1, 2, MR - 1, MR, MR + 1, 17, NR + 6, 2 * NR + 1)
+# T around MR (and 1), across RB-row softmax blocks and one and two NR
+# panels; HS around NR.
+T_EDGES = (1, 2, MR - 1, MR, MR + 1, 17, RB + 1, NR + 6, 2 * NR + 1)
 HS_EDGES = (1, 3, NR, NR + 1)
 
 
@@ -298,8 +300,8 @@ def test_causal_row_softmax_equals_row_kernels():
     """[softmax.fwd.c1] [softmax.bwd.c1] softmax_rows_causal(_backward) give
     softmax_row(_backward)'s bits row by row, for any number of rows."""
     rng = np.random.default_rng(8)
-    for rows in (1, 2, MR):
-        for n0 in (1, 2, 9, 70):
+    for rows in (1, 2, MR, RB - 1, RB):
+        for n0 in (1, 2, 9, 70, CB + 44):
             x = planted(rng, (rows, n0 + rows + 3), 4.0, 0.05)
             dy = planted(rng, x.shape, 1.0, 0.05)
             y = np.zeros_like(x)
@@ -312,6 +314,14 @@ def test_causal_row_softmax_equals_row_kernels():
                 softmax_row_backward(dy[r], y[r], n0 + r, dwant)
                 assert_same_bits(y[r], want, f"softmax row {r} of {rows}, n0={n0}")
                 assert_same_bits(dx[r], dwant, f"softmax backward row {r} of {rows}, n0={n0}")
+
+
+def test_tiles_equal_rows_past_a_chunk():
+    """[attn.mask.c1] [attn.bwd.c1] T beyond one CB-column chunk of the softmax
+    sums' tile, random and planted inputs."""
+    rng = np.random.default_rng(10)
+    check(*(randn(rng, (1, 1, CB + 44, 3), 1.0) for _ in range(4)))
+    check(*(planted(rng, (1, 1, CB + 44, 3), 1.0, 0.002) for _ in range(4)))
 
 
 @pytest.mark.slow

@@ -48,6 +48,7 @@ from ..linalg.mm_fp32 import (
     tile_proved,
 )
 from ..numerics.core import F32, ZERO, canon, flush, mul, recip, sqrt
+from .rowblock import RB
 from .softmax import softmax_rows_causal, softmax_rows_causal_backward
 
 
@@ -88,8 +89,8 @@ def pack_transposed(X):
 
 
 @kernel
-def dots_block(X, e_x, t0, Yp, e_y, Ap, Z, ldz):
-    """[attn.scores.c1] [mm.nt.c1] Z[r*ldz + s] = dot(X[t0+r], Y[s]) over d
+def dots_block(X, e_x, t0, Yp, e_y, Ap, Z, z0, ldz):
+    """[attn.scores.c1] [mm.nt.c1] Z[z0 + r*ldz + s] = dot(X[t0+r], Y[s]) over d
     increasing from -0, NaN canonical, for s = 0 .. t0+r (and discarded
     lanes up to the end of the last NR panel).  Yp = pack_transposed(Y);
     e_x, e_y the exponent bounds of the X row block and the Y panels."""
@@ -97,7 +98,7 @@ def dots_block(X, e_x, t0, Yp, e_y, Ap, Z, ldz):
     rows = min(MR, T - t0)
     pack_a(X, False, t0, 0, HS, Ap[:HS * MR])
     for sp in range((t0 + rows - 1) // NR + 1):
-        tile_proved(e_x + e_y[sp], Ap, 0, Yp, sp * HS * NR, HS, Z, sp * NR, ldz, False)
+        tile_proved(e_x + e_y[sp], Ap, 0, Yp, sp * HS * NR, HS, Z, z0 + sp * NR, ldz, False)
 
 
 @kernel
@@ -112,10 +113,10 @@ def row_exp_min(x, n):
 @kernel
 def softmax_block(Z, scale, t0, att_bh):
     """[attn.scores.c1] [attn.mask.c1] att[t, 0..t] = softmax(Z[t-t0, 0..t] * scale),
-    att[t, t+1..] = +0, for the block's rows t (Z [MR, >= T], scaled in
-    place); returns their exponent bound."""
+    att[t, t+1..] = +0, for the rows t = t0 .. t0+RB-1 (Z [RB, >= T], scaled
+    in place); returns their exponent bound."""
     T = att_bh.shape[0]
-    rows = min(MR, T - t0)
+    rows = min(Z.shape[0], T - t0)
     for r in range(rows):
         z = Z[r, :t0 + r + 1]
         for s in range(t0 + r + 1):
@@ -135,9 +136,10 @@ def softmax_block(Z, scale, t0, att_bh):
 def dz_block(Z, att_bh, scale, t0, DZr, zcol, acol):
     """[attn.bwd.c1] DZr[r, 0..t] = softmax_backward(dp = Z[r, 0..t], att[t]) * scale
     for t = t0 + r; zcol[s] and acol[s] take the exponent bounds of dz[t, s]
-    and att[t, s] (bounds of dk's and dv's chains).  Returns the rows' bound."""
+    and att[t, s] (bounds of dk's and dv's chains), for t = t0 .. t0+RB-1.
+    Returns the rows' bound."""
     T = att_bh.shape[0]
-    rows = min(MR, T - t0)
+    rows = min(Z.shape[0], T - t0)
     softmax_rows_causal_backward(Z, att_bh[t0:t0 + rows], t0 + 1, DZr[:rows])
     e = E_IGNORED
     for t in range(t0, t0 + rows):
@@ -256,13 +258,17 @@ def attention_forward_kernel(q, k, v, scale, out, att):
         kp, vp = pack_transposed(k_bh), pack_rows(v_bh)
         e_q, e_k, e_v = rows_exp_min(q_bh, ni, MR), rows_exp_min(k_bh, ns, NR), cols_exp_min(v_bh, nd, NR)
         Ap = np.empty(max(HS, T) * MR, np.float32)
-        Z = np.empty((MR, ns * NR), np.float32)
+        Z = np.empty((RB, ns * NR), np.float32)
         O = np.empty(MR * nd * NR, np.float32)
-        for ib in range(ni):
-            t0 = ib * MR
-            dots_block(q_bh, e_q[ib], t0, kp, e_k, Ap, Z.reshape(-1), ns * NR)
-            e_att = softmax_block(Z, scale, t0, att_bh)
-            weighted_sum_block(att_bh[t0:t0 + MR], e_att, t0, v_bh, vp, e_v, Ap, O, out_bh)
+        for t00 in range(0, T, RB):  # RB rows' softmax sums side by side, MR rows' tiles
+            ibs = range(t00 // MR, min(ni, (t00 + RB) // MR))
+            for ib in ibs:
+                dots_block(q_bh, e_q[ib], ib * MR, kp, e_k, Ap, Z.reshape(-1), (ib * MR - t00) * ns * NR,
+                           ns * NR)
+            e_att = softmax_block(Z, scale, t00, att_bh)
+            for ib in ibs:
+                t0 = ib * MR
+                weighted_sum_block(att_bh[t0:t0 + MR], e_att, t0, v_bh, vp, e_v, Ap, O, out_bh)
 
 
 @parallel_kernel
@@ -293,17 +299,21 @@ def attention_backward_kernel(dout, q, k, v, att, scale, dq, dk, dv):
         zcol = np.full(T, E_IGNORED, np.int64)
         acol = np.full(T, E_IGNORED, np.int64)
         Ap = np.empty(max(HS, T) * MR, np.float32)
-        Z = np.empty((MR, ns * NR), np.float32)
+        Z = np.empty((RB, ns * NR), np.float32)
         O = np.empty(MR * nd * NR, np.float32)
-        DZr = np.zeros((MR, ni * MR), np.float32)
+        DZr = np.zeros((RB, ni * MR), np.float32)
         DZ = np.empty(ni * T * MR, np.float32)
-        for ib in range(ni):
-            t0 = ib * MR
-            rows = min(MR, T - t0)
-            dots_block(do_bh, e_do[ib], t0, vp, e_v, Ap, Z.reshape(-1), ns * NR)
-            e_dz = dz_block(Z, att_bh, scale, t0, DZr, zcol, acol)
-            scatter_dz(DZr, t0, DZ, T)
-            weighted_sum_block(DZr[:rows], e_dz, t0, k_bh, kp, e_k, Ap, O, dq[b, h])
+        for t00 in range(0, T, RB):  # as in the forward
+            ibs = range(t00 // MR, min(ni, (t00 + RB) // MR))
+            for ib in ibs:
+                dots_block(do_bh, e_do[ib], ib * MR, vp, e_v, Ap, Z.reshape(-1), (ib * MR - t00) * ns * NR,
+                           ns * NR)
+            e_dz = dz_block(Z, att_bh, scale, t00, DZr, zcol, acol)
+            for ib in ibs:
+                t0 = ib * MR
+                DZb = DZr[t0 - t00:t0 - t00 + min(MR, T - t0)]
+                scatter_dz(DZb, t0, DZ, T)
+                weighted_sum_block(DZb, e_dz, t0, k_bh, kp, e_k, Ap, O, dq[b, h])
         for sb in range(ni):
             s0 = sb * MR
             key_sum_block(DZ, (sb * T + s0) * MR, block_min(zcol, s0, MR), s0, q_bh, qp, e_q, O, dk[b, h])

@@ -89,12 +89,12 @@ def softmax_row_backward(dy, y, n, dx):
 @kernel
 def softmax_rows_causal(x, n0, y):
     """[softmax.fwd.c1] y[r, :n0+r] = softmax(x[r, :n0+r]) for r < y.shape[0]
-    (the causal rows of attention: each one entry longer than the last; y
-    overwritten there, x not changed).  Row r gets the bits of
+    <= RB (the causal rows of attention: each one entry longer than the last;
+    y overwritten there, x not changed).  Row r gets the bits of
     softmax_row(x[r], n0 + r, y[r]): the same steps, but the rows' sums run
-    side by side over s < n0, then each row adds its last r entries."""
+    side by side in the lanes of a chunk tile (rowblock.py) over j < n0,
+    then each row adds its last r entries."""
     rows = y.shape[0]
-    s = np.full(rows, NEG_ZERO, np.float32)
     for r in range(rows):
         n = n0 + r
         xr = x[r, :n]
@@ -102,9 +102,12 @@ def softmax_rows_causal(x, n0, y):
         m = row_max(xr, n)
         for j in range(n):
             yr[j] = exp_lane(sub(xr[j], m))
-    for j in range(n0):  # no NaN test: see softmax_row
-        for r in range(rows):
-            s[r] = add_flush(s[r], y[r, j])
+    T = new_tile()
+    s = np.full(RB, NEG_ZERO, np.float32)  # no NaN test in the sums: see softmax_row
+    for c0 in range(0, n0, CB):
+        Tc = T[:min(CB, n0 - c0)]
+        load_chunk(y, 0, rows, c0, Tc)
+        lane_sum_into(Tc, s)
     for r in range(rows):
         yr = y[r]
         sr = s[r]
@@ -118,13 +121,19 @@ def softmax_rows_causal(x, n0, y):
 @kernel
 def softmax_rows_causal_backward(dy, y, n0, dx):
     """[softmax.bwd.c1] dx[r, :n0+r] (overwritten) from dy and y = softmax
-    output, for r < dx.shape[0]: the bits of softmax_row_backward(dy[r],
-    y[r], n0 + r, dx[r]), the rows' sums d side by side over j < n0."""
+    output, for r < dx.shape[0] <= RB: the bits of softmax_row_backward(dy[r],
+    y[r], n0 + r, dx[r]), the rows' sums d side by side in tile lanes over
+    j < n0 (the terms dy*y written into the tile along each row)."""
     rows = dx.shape[0]
-    d = np.full(rows, NEG_ZERO, np.float32)
-    for j in range(n0):  # NaN canonicalised by the sub below ([num.nan.c1])
+    T = new_tile()
+    d = np.full(RB, NEG_ZERO, np.float32)  # NaN canonicalised by the sub below ([num.nan.c1])
+    for c0 in range(0, n0, CB):
+        w = min(CB, n0 - c0)
         for r in range(rows):
-            d[r] = add_flush(d[r], mul_flush(dy[r, j], y[r, j]))
+            dy_r, y_r = dy[r, c0:c0 + w], y[r, c0:c0 + w]
+            for j in range(w):
+                T[j, r] = mul_flush(dy_r[j], y_r[j])
+        lane_sum_into(T[:w], d)
     for r in range(rows):
         dyr, yr, dxr = dy[r], y[r], dx[r]
         dr = d[r]
