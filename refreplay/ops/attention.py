@@ -27,8 +27,12 @@ independent outputs share a tile.  The causal triangle is handled thus:
   range t = s0+MR-1 .. T-1, starting from those partial sums.
 Masked positions are never added as zero terms.  Flushes are skipped only
 where [mm.flush.r1] proves them identities, with exponent bounds over each
-output's whole chain.  The backward keeps the dz of a whole head (T² floats
-per running head) because dk's chains need every row of it.
+output's whole chain.  The softmax of each row and its backward keep
+softmax_row's steps; the sums of RB rows run side by side in SIMD lanes
+(``softmax.softmax_rows_causal``).  The backward keeps the dz of a whole
+head (T² floats per running head) because dk's chains need every row of it.
+``tests/test_attention_tiles.py`` holds the row-at-a-time kernels these
+replaced and checks the bits against them.
 """
 from __future__ import annotations
 
