@@ -16,12 +16,12 @@ from numba import prange
 from refreplay._jit import kernel, parallel_kernel
 from refreplay.linalg.common import NEG_ZERO, sum_start
 from refreplay.numerics import elementwise
-from refreplay.numerics.core import HALF, ONE, ZERO, add, flush, mul, recip, sqrt, sub
+from refreplay.numerics.core import HALF, ONE, ZERO, add, mul, recip, sqrt, sub
 from refreplay.numerics.transcendental import exp as tr_exp
-from refreplay.numerics.transcendental import sigmoid as tr_sigmoid
 from refreplay.numerics.transcendental import log as tr_log
+from refreplay.numerics.transcendental import sigmoid as tr_sigmoid
 from refreplay.numerics.transcendental import tanh
-from refreplay.ops import activations, attention, loss, norms, softmax
+from refreplay.ops import activations, loss, norms, softmax
 from refreplay.ops.rowblock import RB
 from refreplay.ops.softmax import row_max
 
@@ -203,106 +203,7 @@ def lane_exp_array(x):
     return out
 
 
-# ---- attention: scores in a scratch row, weighted sums of TB rows interleaved ---------
-
-@kernel
-def axpy_rows_naive(c, M, n, acc):
-    """acc[d] = acc[d] + c[s] * M[s, d] for s = 0 .. n-1 increasing, one row at a time."""
-    for s in range(n):
-        for d in range(acc.shape[0]):
-            acc[d] = flush(acc[d] + flush(c[s] * M[s, d]))
-
-
-@parallel_kernel
-def attention_forward_naive(q, k, v, scale, out, att):
-    """[attn.scores.c1] [attn.out.c1] the kernel before the scratch row:
-    scores, scale and softmax in place in att, with the one-loop softmax."""
-    B, NH, T, HS = q.shape
-    for bh in prange(B * NH):
-        b = bh // NH
-        h = bh % NH
-        q_bh, v_bh = q[b, h], v[b, h]
-        kT = np.empty((HS, T), np.float32)
-        attention.transpose_into(k[b, h], kT)
-        for t in range(T):
-            att_t = att[b, h, t]
-            n = t + 1
-            attention.dot_rows(q_bh[t], kT, n, att_t)
-            for s in range(n):
-                att_t[s] = mul(att_t[s], scale)
-            softmax_row_naive(att_t, n, att_t)
-            att_t[n:] = F32(0.0)
-            out_t = out[b, h, t]
-            out_t[:] = NEG_ZERO
-            axpy_rows_naive(att_t, v_bh, n, out_t)
-            attention.canon_all(out_t)
-
-
-@pytest.mark.parametrize("shape", [(1, 1, 1, 2), (2, 3, 17, 8), (4, 8, 128, 32)])
-def test_attention_forward_fast_equals_naive(shape):
-    """[attn.scores.c1] [attn.mask.c1] [attn.out.c1] out and att, bit for bit,
-    also with inf, NaN and -0 planted in q, k and v."""
-    rng = np.random.default_rng(11)
-    q, k, v = [(rng.standard_normal(shape) * 2).astype(F32) for _ in range(3)]
-    if shape[2] > 4:
-        q[0, 0, 3, 0] = np.inf
-        k[0, 0, 1, 1] = np.nan
-        v[0, 0, 2, 0] = F32(-0.0)
-        q[-1, -1, -1, :] = F32(60.0)  # scores large enough for exp underflow in the row
-    scale = attention.attention_scale(shape[3])
-    want_out, want_att = np.empty_like(q), np.empty(shape[:3] + (shape[2],), F32)
-    attention_forward_naive(q, k, v, F32(scale), want_out, want_att)
-    out, att = attention.attention_forward(q, k, v)
-    assert_same_bits(att, want_att)
-    assert_same_bits(out, want_out)
-
-
-@parallel_kernel
-def attention_backward_naive(dout, q, k, v, att, scale, dq, dk, dv):
-    """[attn.bwd.c1] one query row t at a time, dq's sum right after its dz."""
-    B, NH, T, HS = q.shape
-    for bh in prange(B * NH):
-        b = bh // NH
-        h = bh % NH
-        dk[b, h] = NEG_ZERO
-        dv[b, h] = NEG_ZERO
-        vT = np.empty((HS, T), np.float32)
-        attention.transpose_into(v[b, h], vT)
-        dp = np.empty(T, np.float32)
-        dz = np.empty(T, np.float32)
-        for t in range(T):
-            n = t + 1
-            attention.dot_rows(dout[b, h, t], vT, n, dp)
-            softmax.softmax_row_backward(dp, att[b, h, t], n, dz)
-            for s in range(n):
-                dz[s] = mul(dz[s], scale)
-            dq[b, h, t] = NEG_ZERO
-            axpy_rows_naive(dz, k[b, h], n, dq[b, h, t])
-            attention.canon_all(dq[b, h, t])
-            for s in range(n):
-                for d in range(HS):
-                    dk[b, h, s, d] = flush(dk[b, h, s, d] + flush(dz[s] * q[b, h, t, d]))
-                    dv[b, h, s, d] = flush(dv[b, h, s, d] + flush(att[b, h, t, s] * dout[b, h, t, d]))
-        for s in range(T):
-            attention.canon_all(dk[b, h, s])
-            attention.canon_all(dv[b, h, s])
-
-
-@pytest.mark.parametrize("shape", [(1, 1, 1, 2), (2, 3, 17, 8), (1, 2, 70, 16)])
-def test_attention_backward_fast_equals_naive(shape):
-    """[attn.bwd.c1] dq, dk, dv bit for bit against one row at a time (T not a
-    multiple of the row block; inf, NaN and -0 planted)."""
-    rng = np.random.default_rng(12)
-    q, k, v, dout = [(rng.standard_normal(shape) * 2).astype(F32) for _ in range(4)]
-    if shape[2] > 4:
-        dout[0, 0, 3, 0] = np.inf
-        k[0, 0, 1, 1] = np.nan
-        v[0, 0, 2, 0] = F32(-0.0)
-    _, att = attention.attention_forward(q, k, v)
-    want = [np.empty_like(q) for _ in range(3)]
-    attention_backward_naive(dout, q, k, v, att, F32(attention.attention_scale(shape[3])), *want)
-    for g, w in zip(attention.attention_backward(dout, q, k, v, att), want):
-        assert_same_bits(g, w)
+# (attention's tiled kernels against the row-at-a-time ones: tests/test_attention_tiles.py)
 
 
 # ---- SiLU and SwiGLU: sigmoid in lane form -------------------------------------------

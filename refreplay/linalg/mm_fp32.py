@@ -24,7 +24,10 @@ Call from compiled code (all arrays C-contiguous float32, C not overlapping
 A or B): ``mm_nn(A, B, C)`` overwrites C, ``mm_nn(A, B, C, True)`` accumulates
 into it ([mm.accumulate.c1]); likewise mm_nt, mm_tn.  They start their own
 threads, so call them from serial code, not from inside a ``prange`` (Numba's
-default threading layer refuses nested parallel regions).
+default threading layer refuses nested parallel regions).  The serial pieces
+(``pack_a``, ``pack_b_panel``, ``rows_exp_min``, ``cols_exp_min``,
+``tile_proved``) can be called from inside one: ``ops/attention.py`` runs its
+per-head products with them.
 """
 from __future__ import annotations
 
@@ -33,7 +36,7 @@ from numba import prange
 
 from .._jit import kernel, parallel_kernel
 from ..numerics._bits import f32_bits
-from ..numerics.core import add, ZERO
+from ..numerics.core import ZERO, add
 from ._tile import MR, NR, tile_flush, tile_flush_sums, tile_plain
 
 KC = 1024  # k block: long enough that one row block's tiles stream B once per block
@@ -62,55 +65,68 @@ KC = 1024  # k block: long enough that one row block's tiles stream B once per b
 # whole k range of the output (a partial sum left by flushed k blocks need
 # not be a multiple of 2^-126), so it is checked once per row block of A and
 # column panel of B, over all k, before any k block runs.  The minimum
-# exponents come from ``_rows_exp_min`` / ``_cols_exp_min``.
-_E_IGNORED = 255  # zeros, infinities and NaNs: their products never need the bound
+# exponents come from ``rows_exp_min`` / ``cols_exp_min``.
+E_IGNORED = 255  # zeros, infinities and NaNs: their products never need the bound
 _E_SUBNORMAL = -22  # a subnormal input (never after [num.load.c1]) is >= 2^-149
 _FLUSH_FREE_MIN = 151  # Ea + Eb at or above: no flush needed at all
 _PRODUCTS_NORMAL_MIN = 128  # Ea + Eb at or above: products need no flush
 
 
 @kernel
-def _exp_floor(x):
+def exp_floor(x):
     """Biased exponent E with |x| >= 2^(E-127) for nonzero finite x; 255 otherwise."""
     mag = f32_bits(x) & np.uint32(0x7FFFFFFF)
     if mag == 0 or mag >= np.uint32(0x7F800000):
-        return _E_IGNORED
+        return E_IGNORED
     e = np.int64(mag >> np.uint32(23))
     return e if e > 0 else _E_SUBNORMAL
 
 
 @kernel
-def _rows_exp_min(X, n_blocks, block):
-    """out[q] = min of _exp_floor over rows q*block .. q*block+block-1 of X (all columns)."""
-    out = np.full(n_blocks, _E_IGNORED, dtype=np.int64)
+def rows_exp_min(X, n_blocks, block):
+    """out[q] = min of exp_floor over rows q*block .. q*block+block-1 of X (all columns)."""
+    out = np.full(n_blocks, E_IGNORED, dtype=np.int64)
     for i in range(X.shape[0]):
         x = X[i]
-        m = _E_IGNORED
+        m = E_IGNORED
         for k in range(x.shape[0]):
-            m = min(m, _exp_floor(x[k]))
+            m = min(m, exp_floor(x[k]))
         q = i // block
         out[q] = min(out[q], m)
     return out
 
 
 @kernel
-def _cols_exp_min(X, n_blocks, block):
-    """out[q] = min of _exp_floor over columns q*block .. q*block+block-1 of X (all rows)."""
-    cols = np.full(X.shape[1], _E_IGNORED, dtype=np.int64)
+def cols_exp_min(X, n_blocks, block):
+    """out[q] = min of exp_floor over columns q*block .. q*block+block-1 of X (all rows)."""
+    cols = np.full(X.shape[1], E_IGNORED, dtype=np.int64)
     for k in range(X.shape[0]):
         x = X[k]
         for j in range(x.shape[0]):
-            cols[j] = min(cols[j], _exp_floor(x[j]))
-    out = np.full(n_blocks, _E_IGNORED, dtype=np.int64)
+            cols[j] = min(cols[j], exp_floor(x[j]))
+    out = np.full(n_blocks, E_IGNORED, dtype=np.int64)
     for j in range(X.shape[1]):
         out[j // block] = min(out[j // block], cols[j])
     return out
 
 
+@kernel
+def tile_proved(e, Ap, ap_off, Bp, bp_off, kc, C, c_off, ldc, load_c):
+    """One MR × NR tile (``_tile``, same arguments) with only the flushes that
+    e = Ea + Eb does not prove identities; e must bound, as above, every
+    product of the tile's outputs over their whole k range ([mm.flush.r1])."""
+    if e >= _FLUSH_FREE_MIN:
+        tile_plain(Ap, ap_off, Bp, bp_off, kc, C, c_off, ldc, load_c)
+    elif e >= _PRODUCTS_NORMAL_MIN:
+        tile_flush_sums(Ap, ap_off, Bp, bp_off, kc, C, c_off, ldc, load_c)
+    else:
+        tile_flush(Ap, ap_off, Bp, bp_off, kc, C, c_off, ldc, load_c)
+
+
 # ---- packing (copies bits; never changes an order) --------------------------------------
 
 @kernel
-def _pack_a(A, a_trans, i0, k0, kc, Ap):
+def pack_a(A, a_trans, i0, k0, kc, Ap):
     """Ap[k*MR + r] = A[i0+r, k0+k] (or A[k0+k, i0+r] when a_trans), 0 past the last row."""
     I = A.shape[1] if a_trans else A.shape[0]
     rows = min(MR, I - i0)
@@ -128,7 +144,7 @@ def _pack_a(A, a_trans, i0, k0, kc, Ap):
 
 
 @kernel
-def _pack_b_panel(B, b_trans, j0, k0, kc, Bp, off):
+def pack_b_panel(B, b_trans, j0, k0, kc, Bp, off):
     """Bp[off + k*NR + j] = B[k0+k, j0+j] (or B[j0+j, k0+k] when b_trans), 0 past the last column."""
     J = B.shape[0] if b_trans else B.shape[1]
     cols = min(NR, J - j0)
@@ -161,19 +177,19 @@ def _mm_packed(A, B, C, a_trans, b_trans):
         return
     ni = (I + MR - 1) // MR
     nj = (J + NR - 1) // NR
-    ea = _cols_exp_min(A, ni, MR) if a_trans else _rows_exp_min(A, ni, MR)
-    eb = _rows_exp_min(B, nj, NR) if b_trans else _cols_exp_min(B, nj, NR)
+    ea = cols_exp_min(A, ni, MR) if a_trans else rows_exp_min(A, ni, MR)
+    eb = rows_exp_min(B, nj, NR) if b_trans else cols_exp_min(B, nj, NR)
     Cf = C.reshape(-1)
     Bp = np.empty(nj * KC * NR, dtype=np.float32)
     for k0 in range(0, K, KC):  # k blocks in increasing order, never in parallel
         kc = min(KC, K - k0)
         for jp in prange(nj):
-            _pack_b_panel(B, b_trans, jp * NR, k0, kc, Bp, jp * kc * NR)
+            pack_b_panel(B, b_trans, jp * NR, k0, kc, Bp, jp * kc * NR)
         load_c = k0 > 0
         for ib in prange(ni):
             i0 = ib * MR
             Ap = np.empty(kc * MR, dtype=np.float32)
-            _pack_a(A, a_trans, i0, k0, kc, Ap)
+            pack_a(A, a_trans, i0, k0, kc, Ap)
             edge = np.empty(MR * NR, dtype=np.float32)
             rows = min(MR, I - i0)
             for jp in range(nj):
@@ -185,13 +201,7 @@ def _mm_packed(A, B, C, a_trans, b_trans):
                         for j in range(cols):
                             edge[r * NR + j] = C[i0 + r, j0 + j]
                 out, off, ld = (Cf, i0 * J + j0, J) if full else (edge, 0, NR)
-                e = ea[ib] + eb[jp]
-                if e >= _FLUSH_FREE_MIN:
-                    tile_plain(Ap, 0, Bp, jp * kc * NR, kc, out, off, ld, load_c)
-                elif e >= _PRODUCTS_NORMAL_MIN:
-                    tile_flush_sums(Ap, 0, Bp, jp * kc * NR, kc, out, off, ld, load_c)
-                else:
-                    tile_flush(Ap, 0, Bp, jp * kc * NR, kc, out, off, ld, load_c)
+                tile_proved(ea[ib] + eb[jp], Ap, 0, Bp, jp * kc * NR, kc, out, off, ld, load_c)
                 if not full:
                     for r in range(rows):
                         for j in range(cols):

@@ -2,12 +2,37 @@
 
 Shapes (spec letters): q, k, v, out [B, NH, T, HS]; att [B, NH, T, T].
 Row t of a head attends to positions s = 0 .. t.  Positions s > t take part
-in no arithmetic at all (they are not masked by adding -inf), so a NaN or inf
-in the future cannot leak into the past ([attn.mask.c1]).
+in no arithmetic that reaches an output (they are not masked by adding
+-inf), so a NaN or inf in the future cannot leak into the past
+([attn.mask.c1]).
 
 Each (b, h) pair is computed by one ``prange`` iteration with its own
 sequential loops, so a sequence's bits depend only on that sequence
 ([attn.batch.c1]).
+
+The six products of a head (q·kᵀ, att·v forward; dout·vᵀ, dz·k, dzᵀ·q,
+attᵀ·dout backward) run through the matmul's register tiles
+(``linalg.mm_fp32``: ``pack_a``, ``pack_b_panel``, ``tile_proved``), MR
+query (or key) rows by NR columns at a time.  Every output is still the
+spec's single chain: same terms, same increasing order, from -0; only
+independent outputs share a tile.  The causal triangle is handled thus:
+
+* Scores: a tile of rows t0 .. t0+MR-1 computes whole NR-wide panels of
+  keys, so lanes with s > t are computed and discarded: they are never
+  stored and enter no chain.
+* att·v and dz·k (sums over s = 0 .. t): the tile runs s = 0 .. t0, common
+  to all its rows; row t0+r then adds its ragged tail s = t0+1 .. t0+r.
+* dzᵀ·q and attᵀ·dout (sums over t = s .. T-1): row s0+r first adds its
+  ragged head t = s0+r .. s0+MR-2 from -0, then the tile takes the common
+  range t = s0+MR-1 .. T-1, starting from those partial sums.
+Masked positions are never added as zero terms.  Flushes are skipped only
+where [mm.flush.r1] proves them identities, with exponent bounds over each
+output's whole chain.  The softmax of each row and its backward keep
+softmax_row's steps; the sums of RB rows run side by side in SIMD lanes
+(``softmax.softmax_rows_causal``).  The backward keeps the dz of a whole
+head (T² floats per running head) because dk's chains need every row of it.
+``tests/test_attention_tiles.py`` holds the row-at-a-time kernels these
+replaced and checks the bits against them.
 """
 from __future__ import annotations
 
@@ -15,64 +40,206 @@ import numpy as np
 from numba import prange
 
 from .._jit import kernel, parallel_kernel
+from ..linalg._tile import MR, NR
 from ..linalg.common import NEG_ZERO
+from ..linalg.mm_fp32 import (
+    E_IGNORED,
+    cols_exp_min,
+    exp_floor,
+    pack_a,
+    pack_b_panel,
+    rows_exp_min,
+    tile_proved,
+)
 from ..numerics.core import F32, ZERO, canon, flush, mul, recip, sqrt
-from .softmax import softmax_row, softmax_row_backward
-
-
-@kernel
-def dot_rows(x, MT, n, acc):
-    """[attn.scores.c1] acc[s] = sum over d = 0 .. HS-1, increasing, of
-    x[d] * MT[d, s], for s = 0 .. n-1 (acc overwritten): entries of
-    linalg.matmul_nt ([mm.nt.c1]), each a chain from -0.
-
-    MT [HS, T] is a key (or value) block stored transposed, so that the s
-    loop runs over independent outputs in contiguous memory and vectorises;
-    each output still adds its products in increasing d.  Products and sums
-    are flushed one by one; NaNs are canonicalised once at the end of the
-    chain ([num.nan.c1]).
-    """
-    a = acc[:n]
-    a[:] = NEG_ZERO
-    for d in range(x.shape[0]):
-        xd = x[d]
-        m = MT[d, :n]
-        for s in range(n):
-            a[s] = flush(a[s] + flush(xd * m[s]))
-    for s in range(n):
-        a[s] = canon(a[s])
-
-
-@kernel
-def axpy_rows(c, M, n, acc):
-    """acc[d] = acc[d] + c[s] * M[s, d] for s = 0 .. n-1 in increasing s and
-    every d (acc accumulated into, flushed one by one, NaN left to the
-    caller's canon at the end of the chain)."""
-    for s in range(n):
-        cs = c[s]
-        m = M[s]
-        for d in range(acc.shape[0]):
-            acc[d] = flush(acc[d] + flush(cs * m[d]))
-
-
-@kernel
-def transpose_into(M, MT):
-    """MT[d, s] = M[s, d] (bits copied) for M [T, HS]."""
-    for s in range(M.shape[0]):
-        for d in range(M.shape[1]):
-            MT[d, s] = M[s, d]
-
-
-@kernel
-def canon_all(x):
-    for i in range(x.shape[0]):
-        x[i] = canon(x[i])
+from .rowblock import RB
+from .softmax import softmax_rows_causal, softmax_rows_causal_backward
 
 
 @kernel
 def attention_scale(HS):
     """[attn.scores.c1] scale = recip(sqrt(f32(HS))), computed once per call."""
     return recip(sqrt(F32(HS)))
+
+
+# ---- operands packed once per head ------------------------------------------------
+
+
+@kernel
+def pack_rows(X):
+    """X [T, HS] as the B operand of a product summed over its rows:
+    panels of NR channels, Xp[(jp*T + s)*NR + j] = X[s, jp*NR + j]."""
+    T, HS = X.shape
+    nd = (HS + NR - 1) // NR
+    Xp = np.empty(nd * T * NR, np.float32)
+    for jp in range(nd):
+        pack_b_panel(X, False, jp * NR, 0, T, Xp, jp * T * NR)
+    return Xp
+
+
+@kernel
+def pack_transposed(X):
+    """X [T, HS] as the B operand Xᵀ of a product summed over channels:
+    panels of NR positions, Xp[(sp*HS + d)*NR + j] = X[sp*NR + j, d]."""
+    T, HS = X.shape
+    ns = (T + NR - 1) // NR
+    Xp = np.empty(ns * HS * NR, np.float32)
+    for sp in range(ns):
+        pack_b_panel(X, True, sp * NR, 0, HS, Xp, sp * HS * NR)
+    return Xp
+
+
+# ---- one block of MR query rows t0 .. t0+rows-1 ------------------------------------
+
+
+@kernel
+def dots_block(X, e_x, t0, Yp, e_y, Ap, Z, z0, ldz):
+    """[attn.scores.c1] [mm.nt.c1] Z[z0 + r*ldz + s] = dot(X[t0+r], Y[s]) over d
+    increasing from -0, NaN canonical, for s = 0 .. t0+r (and discarded
+    lanes up to the end of the last NR panel).  Yp = pack_transposed(Y);
+    e_x, e_y the exponent bounds of the X row block and the Y panels."""
+    T, HS = X.shape
+    rows = min(MR, T - t0)
+    pack_a(X, False, t0, 0, HS, Ap[:HS * MR])
+    for sp in range((t0 + rows - 1) // NR + 1):
+        tile_proved(e_x + e_y[sp], Ap, 0, Yp, sp * HS * NR, HS, Z, z0 + sp * NR, ldz, False)
+
+
+@kernel
+def row_exp_min(x, n):
+    """min of exp_floor over x[0 .. n-1] ([mm.flush.r1] bound of a row)."""
+    e = E_IGNORED
+    for s in range(n):
+        e = min(e, exp_floor(x[s]))
+    return e
+
+
+@kernel
+def softmax_block(Z, scale, t0, att_bh):
+    """[attn.scores.c1] [attn.mask.c1] att[t, 0..t] = softmax(Z[t-t0, 0..t] * scale),
+    att[t, t+1..] = +0, for the rows t = t0 .. t0+RB-1 (Z [RB, >= T], scaled
+    in place); returns their exponent bound."""
+    T = att_bh.shape[0]
+    rows = min(Z.shape[0], T - t0)
+    for r in range(rows):
+        z = Z[r, :t0 + r + 1]
+        for s in range(t0 + r + 1):
+            z[s] = mul(z[s], scale)
+    # Z is scratch apart from att: the exponentials read and write distinct
+    # buffers and vectorise.
+    softmax_rows_causal(Z, t0 + 1, att_bh[t0:t0 + rows])
+    e = E_IGNORED
+    for t in range(t0, t0 + rows):
+        att_t = att_bh[t]
+        att_t[t + 1:] = ZERO
+        e = min(e, row_exp_min(att_t, t + 1))
+    return e
+
+
+@kernel
+def dz_block(Z, att_bh, scale, t0, DZr, zcol, acol):
+    """[attn.bwd.c1] DZr[r, 0..t] = softmax_backward(dp = Z[r, 0..t], att[t]) * scale
+    for t = t0 + r; zcol[s] and acol[s] take the exponent bounds of dz[t, s]
+    and att[t, s] (bounds of dk's and dv's chains), for t = t0 .. t0+RB-1.
+    Returns the rows' bound."""
+    T = att_bh.shape[0]
+    rows = min(Z.shape[0], T - t0)
+    softmax_rows_causal_backward(Z, att_bh[t0:t0 + rows], t0 + 1, DZr[:rows])
+    e = E_IGNORED
+    for t in range(t0, t0 + rows):
+        att_t = att_bh[t]
+        dz = DZr[t - t0]
+        for s in range(t + 1):
+            dz[s] = mul(dz[s], scale)
+        for s in range(t + 1):
+            ez = exp_floor(dz[s])
+            e = min(e, ez)
+            zcol[s] = min(zcol[s], ez)
+            acol[s] = min(acol[s], exp_floor(att_t[s]))
+    return e
+
+
+@kernel
+def weighted_sum_block(P, e_p, t0, X, Xp, e_x, Ap, O, out_bh):
+    """[attn.out.c1] [attn.bwd.c1] out[t, d] = sum over s = 0 .. t, increasing,
+    from -0, of P[t-t0, s] * X[s, d], for t = t0 .. t0+rows-1 (overwritten,
+    NaN canonical).  P holds the block's rows (att or dz); Xp = pack_rows(X).
+    The tile takes s = 0 .. t0, then each row adds its ragged tail."""
+    T, HS = X.shape
+    rows = P.shape[0]
+    ld = O.shape[0] // MR
+    kc = t0 + 1
+    pack_a(P, False, 0, 0, kc, Ap[:kc * MR])
+    for jp in range((HS + NR - 1) // NR):
+        tile_proved(e_p + e_x[jp], Ap, 0, Xp, jp * T * NR, kc, O, jp * NR, ld, False)
+    for r in range(rows):
+        t = t0 + r
+        o = O[r * ld:r * ld + HS]
+        p = P[r]
+        for s in range(kc, t + 1):  # the tail, after the tile's s <= t0
+            ps = p[s]
+            x = X[s]
+            for d in range(HS):
+                o[d] = flush(o[d] + flush(ps * x[d]))
+        out_t = out_bh[t]
+        for d in range(HS):
+            out_t[d] = canon(o[d])
+
+
+# ---- one block of MR key rows s0 .. s0+rows-1 (backward) --------------------------
+
+
+@kernel
+def scatter_dz(DZr, t0, DZ, T):
+    """DZ[(sb*T + t)*MR + c] = dz[t, sb*MR + c] for the block's rows t: dz
+    columns packed as the A operand of dzᵀ·q.  Entries with s > t are copied
+    but never read."""
+    rows = min(MR, T - t0)
+    for sb in range(t0 // MR + 1):  # the block's MR x MR entries lie together in DZ
+        at = (sb * T + t0) * MR
+        for r in range(rows):
+            for c in range(MR):
+                DZ[at + r * MR + c] = DZr[r, sb * MR + c]
+
+
+@kernel
+def key_sum_block(Ap, a_off, e_a, s0, X, Xp, e_x, O, out_bh):
+    """[attn.bwd.c1] out[s, d] = sum over t = s .. T-1, increasing, from -0,
+    of A[t, s] * X[t, d], for s = s0 .. s0+rows-1 (overwritten, NaN
+    canonical), where Ap[a_off + (t-s0)*MR + r] = A[t, s0+r] for t >= s0.
+    Each row adds its ragged head t = s .. s0+MR-2, then the tile takes
+    t = s0+MR-1 .. T-1 from those partial sums."""
+    T, HS = X.shape
+    rows = min(MR, T - s0)
+    ld = O.shape[0] // MR
+    O[:] = NEG_ZERO
+    t1 = min(s0 + MR - 1, T)  # first t of the tile
+    for r in range(rows):
+        o = O[r * ld:r * ld + HS]
+        for t in range(s0 + r, t1):  # the head, before the tile's t >= t1
+            a = Ap[a_off + (t - s0) * MR + r]
+            x = X[t]
+            for d in range(HS):
+                o[d] = flush(o[d] + flush(a * x[d]))
+    if t1 < T:
+        for jp in range((HS + NR - 1) // NR):
+            tile_proved(e_a + e_x[jp], Ap, a_off + (t1 - s0) * MR, Xp, (jp * T + t1) * NR, T - t1,
+                        O, jp * NR, ld, True)
+    for r in range(rows):
+        out_s = out_bh[s0 + r]
+        for d in range(HS):
+            out_s[d] = canon(O[r * ld + d])
+
+
+@kernel
+def block_min(e, i0, n):
+    m = E_IGNORED
+    for i in range(i0, min(i0 + n, e.shape[0])):
+        m = min(m, e[i])
+    return m
+
+
+# ---- the kernels ------------------------------------------------------------------
 
 
 @parallel_kernel
@@ -82,30 +249,30 @@ def attention_forward_kernel(q, k, v, scale, out, att):
         att[t, s] = dot(q[t], k[s]) * scale            s = 0 .. t   [attn.scores.c1]
         att[t, :t+1] = softmax_row(att[t, :t+1]); att[t, s>t] = +0  [attn.mask.c1]
         out[t, d] = (-0 + att[t,0]*v[0,d]) + ... + att[t,t]*v[t,d] [attn.out.c1]
+    computed MR rows t at a time (module docstring).
     """
     B, NH, T, HS = q.shape
+    ni = (T + MR - 1) // MR
+    ns = (T + NR - 1) // NR
+    nd = (HS + NR - 1) // NR
     for bh in prange(B * NH):
         b = bh // NH
         h = bh % NH
-        q_bh, v_bh = q[b, h], v[b, h]
-        kT = np.empty((HS, T), np.float32)
-        transpose_into(k[b, h], kT)
-        # Scores go to a scratch row, so softmax_row reads and writes distinct
-        # buffers and its exponentials vectorise (the bits are the same).
-        z = np.empty(T, np.float32)
-        for t in range(T):
-            att_t = att[b, h, t]
-            n = t + 1
-            dot_rows(q_bh[t], kT, n, z)
-            zr = z[:n]
-            for s in range(n):
-                zr[s] = mul(zr[s], scale)
-            softmax_row(z, n, att_t)
-            att_t[n:] = ZERO
-            out_t = out[b, h, t]
-            out_t[:] = NEG_ZERO
-            axpy_rows(att_t, v_bh, n, out_t)
-            canon_all(out_t)
+        q_bh, k_bh, v_bh, att_bh, out_bh = q[b, h], k[b, h], v[b, h], att[b, h], out[b, h]
+        kp, vp = pack_transposed(k_bh), pack_rows(v_bh)
+        e_q, e_k, e_v = rows_exp_min(q_bh, ni, MR), rows_exp_min(k_bh, ns, NR), cols_exp_min(v_bh, nd, NR)
+        Ap = np.empty(max(HS, T) * MR, np.float32)
+        Z = np.empty((RB, ns * NR), np.float32)
+        O = np.empty(MR * nd * NR, np.float32)
+        for t00 in range(0, T, RB):  # RB rows' softmax sums side by side, MR rows' tiles
+            ibs = range(t00 // MR, min(ni, (t00 + RB) // MR))
+            for ib in ibs:
+                dots_block(q_bh, e_q[ib], ib * MR, kp, e_k, Ap, Z.reshape(-1), (ib * MR - t00) * ns * NR,
+                           ns * NR)
+            e_att = softmax_block(Z, scale, t00, att_bh)
+            for ib in ibs:
+                t0 = ib * MR
+                weighted_sum_block(att_bh[t0:t0 + MR], e_att, t0, v_bh, vp, e_v, Ap, O, out_bh)
 
 
 @parallel_kernel
@@ -119,44 +286,43 @@ def attention_backward_kernel(dout, q, k, v, att, scale, dq, dk, dv):
         dq[t,d] = (-0 + dz[0]*k[0,d]) + ... + dz[t]*k[t,d]
         dk[s,d] = dk[s,d] + dz[s]*q[t,d]        (so dk sums over t increasing)
         dv[s,d] = dv[s,d] + att[t,s]*dout[t,d]  (so dv sums over t increasing)
-    dk and dv start at -0 ([red.sum.c1]).
+    dk and dv start at -0 ([red.sum.c1]).  dp, dz and dq are computed MR rows
+    t at a time, then dk and dv MR rows s at a time (module docstring).
     """
     B, NH, T, HS = q.shape
+    ni = (T + MR - 1) // MR
+    ns = (T + NR - 1) // NR
+    nd = (HS + NR - 1) // NR
     for bh in prange(B * NH):
         b = bh // NH
         h = bh % NH
-        q_bh, k_bh = q[b, h], k[b, h]
-        dq_bh, dk_bh, dv_bh = dq[b, h], dk[b, h], dv[b, h]
-        dk_bh[:, :] = NEG_ZERO
-        dv_bh[:, :] = NEG_ZERO
-        vT = np.empty((HS, T), np.float32)
-        transpose_into(v[b, h], vT)
-        dp = np.empty(T, np.float32)
-        dz = np.empty(T, np.float32)
-        for t in range(T):
-            n = t + 1
-            att_t = att[b, h, t]
-            dout_t = dout[b, h, t]
-            q_t = q_bh[t]
-            dot_rows(dout_t, vT, n, dp)
-            softmax_row_backward(dp, att_t, n, dz)
-            for s in range(n):
-                dz[s] = mul(dz[s], scale)
-            dq_t = dq_bh[t]
-            dq_t[:] = NEG_ZERO
-            axpy_rows(dz, k_bh, n, dq_t)
-            canon_all(dq_t)
-            for s in range(n):
-                z = dz[s]
-                p = att_t[s]
-                dk_s = dk_bh[s]
-                dv_s = dv_bh[s]
-                for d in range(HS):
-                    dk_s[d] = flush(dk_s[d] + flush(z * q_t[d]))
-                    dv_s[d] = flush(dv_s[d] + flush(p * dout_t[d]))
-        for s in range(T):
-            canon_all(dk_bh[s])
-            canon_all(dv_bh[s])
+        q_bh, k_bh, v_bh, do_bh, att_bh = q[b, h], k[b, h], v[b, h], dout[b, h], att[b, h]
+        vp, kp, qp, dop = pack_transposed(v_bh), pack_rows(k_bh), pack_rows(q_bh), pack_rows(do_bh)
+        e_do, e_v = rows_exp_min(do_bh, ni, MR), rows_exp_min(v_bh, ns, NR)
+        e_k, e_q, e_doc = cols_exp_min(k_bh, nd, NR), cols_exp_min(q_bh, nd, NR), cols_exp_min(do_bh, nd, NR)
+        zcol = np.full(T, E_IGNORED, np.int64)
+        acol = np.full(T, E_IGNORED, np.int64)
+        Ap = np.empty(max(HS, T) * MR, np.float32)
+        Z = np.empty((RB, ns * NR), np.float32)
+        O = np.empty(MR * nd * NR, np.float32)
+        DZr = np.zeros((RB, ni * MR), np.float32)
+        DZ = np.empty(ni * T * MR, np.float32)
+        for t00 in range(0, T, RB):  # as in the forward
+            ibs = range(t00 // MR, min(ni, (t00 + RB) // MR))
+            for ib in ibs:
+                dots_block(do_bh, e_do[ib], ib * MR, vp, e_v, Ap, Z.reshape(-1), (ib * MR - t00) * ns * NR,
+                           ns * NR)
+            e_dz = dz_block(Z, att_bh, scale, t00, DZr, zcol, acol)
+            for ib in ibs:
+                t0 = ib * MR
+                DZb = DZr[t0 - t00:t0 - t00 + min(MR, T - t0)]
+                scatter_dz(DZb, t0, DZ, T)
+                weighted_sum_block(DZb, e_dz, t0, k_bh, kp, e_k, Ap, O, dq[b, h])
+        for sb in range(ni):
+            s0 = sb * MR
+            key_sum_block(DZ, (sb * T + s0) * MR, block_min(zcol, s0, MR), s0, q_bh, qp, e_q, O, dk[b, h])
+            pack_a(att_bh, True, s0, s0, T - s0, Ap[:(T - s0) * MR])
+            key_sum_block(Ap, 0, block_min(acol, s0, MR), s0, do_bh, dop, e_doc, O, dv[b, h])
 
 
 # ---- public API ------------------------------------------------------------------

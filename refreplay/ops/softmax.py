@@ -86,6 +86,63 @@ def softmax_row_backward(dy, y, n, dx):
         dx[j] = mul(y[j], sub(dy[j], d))
 
 
+@kernel
+def softmax_rows_causal(x, n0, y):
+    """[softmax.fwd.c1] y[r, :n0+r] = softmax(x[r, :n0+r]) for r < y.shape[0]
+    <= RB (the causal rows of attention: each one entry longer than the last;
+    y overwritten there, x not changed).  Row r gets the bits of
+    softmax_row(x[r], n0 + r, y[r]): the same steps, but the rows' sums run
+    side by side in the lanes of a chunk tile (rowblock.py) over j < n0,
+    then each row adds its last r entries."""
+    rows = y.shape[0]
+    for r in range(rows):
+        n = n0 + r
+        xr = x[r, :n]
+        yr = y[r, :n]
+        m = row_max(xr, n)
+        for j in range(n):
+            yr[j] = exp_lane(sub(xr[j], m))
+    T = new_tile()
+    s = np.full(RB, NEG_ZERO, np.float32)  # no NaN test in the sums: see softmax_row
+    for c0 in range(0, n0, CB):
+        Tc = T[:min(CB, n0 - c0)]
+        load_chunk(y, 0, rows, c0, Tc)
+        lane_sum_into(Tc, s)
+    for r in range(rows):
+        yr = y[r]
+        sr = s[r]
+        for j in range(n0, n0 + r):
+            sr = add_flush(sr, yr[j])
+        rs = recip(sr)
+        for j in range(n0 + r):
+            yr[j] = mul(yr[j], rs)
+
+
+@kernel
+def softmax_rows_causal_backward(dy, y, n0, dx):
+    """[softmax.bwd.c1] dx[r, :n0+r] (overwritten) from dy and y = softmax
+    output, for r < dx.shape[0] <= RB: the bits of softmax_row_backward(dy[r],
+    y[r], n0 + r, dx[r]), the rows' sums d side by side in tile lanes over
+    j < n0 (the terms dy*y written into the tile along each row)."""
+    rows = dx.shape[0]
+    T = new_tile()
+    d = np.full(RB, NEG_ZERO, np.float32)  # NaN canonicalised by the sub below ([num.nan.c1])
+    for c0 in range(0, n0, CB):
+        w = min(CB, n0 - c0)
+        for r in range(rows):
+            dy_r, y_r = dy[r, c0:c0 + w], y[r, c0:c0 + w]
+            for j in range(w):
+                T[j, r] = mul_flush(dy_r[j], y_r[j])
+        lane_sum_into(T[:w], d)
+    for r in range(rows):
+        dyr, yr, dxr = dy[r], y[r], dx[r]
+        dr = d[r]
+        for j in range(n0, n0 + r):
+            dr = add_flush(dr, mul_flush(dyr[j], yr[j]))
+        for j in range(n0 + r):
+            dxr[j] = mul(yr[j], sub(dyr[j], dr))
+
+
 # ---- row blocks: RB rows' sums side by side (rowblock.py) -------------------------
 # A block's rows are walked in chunks of CB columns through one [CB, RB] tile
 # (T, from rowblock.new_tile) that stays in the L1 cache; every lane's sum

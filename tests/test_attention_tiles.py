@@ -1,0 +1,335 @@
+"""The tiled attention kernels equal the row-at-a-time kernels they replaced,
+bit for bit ([attn.scores.c1] [attn.mask.c1] [attn.out.c1] [attn.bwd.c1]).
+
+The oracle below is ``ops/attention.py`` as it was before the register
+tiles: one query row t at a time, dot products vectorised over s, weighted
+sums over s and the dk / dv updates one term at a time, each chain flushed
+step by step.  The tiled kernels must give the same bits on every tile edge
+(T and HS around MR and NR), with special values planted in every input,
+including the future (s > t) of earlier rows, with tiny inputs that force
+the flushing tiles and normal ones that allow the flush-free tile
+([mm.flush.r1]), and at every thread count.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+from numba import prange
+
+from refreplay._jit import kernel, parallel_kernel
+from refreplay.linalg._tile import MR, NR
+from refreplay.linalg.common import NEG_ZERO
+from refreplay.numerics.core import ZERO, canon, flush, mul
+from refreplay.ops import attention
+from refreplay.ops.rowblock import CB, RB
+from refreplay.ops.softmax import (
+    softmax_row,
+    softmax_row_backward,
+    softmax_rows_causal,
+    softmax_rows_causal_backward,
+)
+
+F32 = np.float32
+
+
+def bits(a):
+    return np.ascontiguousarray(a, dtype=F32).view(np.uint32)
+
+
+def assert_same_bits(got, want, what=""):
+    g, w = bits(got), bits(want)
+    bad = np.flatnonzero(g != w)
+    assert bad.size == 0, (f"{what}: {bad.size} of {g.size} differ; first at "
+                           f"{np.unravel_index(bad[0], g.shape)}: {g.flat[bad[0]]:#010x} vs {w.flat[bad[0]]:#010x}")
+
+
+# ---- the oracle: the kernels before the tiles ------------------------------------
+
+
+@kernel
+def dot_rows(x, MT, n, acc):
+    a = acc[:n]
+    a[:] = NEG_ZERO
+    for d in range(x.shape[0]):
+        xd = x[d]
+        m = MT[d, :n]
+        for s in range(n):
+            a[s] = flush(a[s] + flush(xd * m[s]))
+    for s in range(n):
+        a[s] = canon(a[s])
+
+
+@kernel
+def axpy_rows(c, M, n, acc):
+    for s in range(n):
+        cs = c[s]
+        m = M[s]
+        for d in range(acc.shape[0]):
+            acc[d] = flush(acc[d] + flush(cs * m[d]))
+
+
+@kernel
+def transpose_into(M, MT):
+    for s in range(M.shape[0]):
+        for d in range(M.shape[1]):
+            MT[d, s] = M[s, d]
+
+
+@kernel
+def canon_all(x):
+    for i in range(x.shape[0]):
+        x[i] = canon(x[i])
+
+
+@parallel_kernel
+def forward_rows(q, k, v, scale, out, att):
+    B, NH, T, HS = q.shape
+    for bh in prange(B * NH):
+        b = bh // NH
+        h = bh % NH
+        q_bh, v_bh = q[b, h], v[b, h]
+        kT = np.empty((HS, T), np.float32)
+        transpose_into(k[b, h], kT)
+        z = np.empty(T, np.float32)
+        for t in range(T):
+            att_t = att[b, h, t]
+            n = t + 1
+            dot_rows(q_bh[t], kT, n, z)
+            zr = z[:n]
+            for s in range(n):
+                zr[s] = mul(zr[s], scale)
+            softmax_row(z, n, att_t)
+            att_t[n:] = ZERO
+            out_t = out[b, h, t]
+            out_t[:] = NEG_ZERO
+            axpy_rows(att_t, v_bh, n, out_t)
+            canon_all(out_t)
+
+
+@parallel_kernel
+def backward_rows(dout, q, k, v, att, scale, dq, dk, dv):
+    B, NH, T, HS = q.shape
+    for bh in prange(B * NH):
+        b = bh // NH
+        h = bh % NH
+        q_bh, k_bh = q[b, h], k[b, h]
+        dq_bh, dk_bh, dv_bh = dq[b, h], dk[b, h], dv[b, h]
+        dk_bh[:, :] = NEG_ZERO
+        dv_bh[:, :] = NEG_ZERO
+        vT = np.empty((HS, T), np.float32)
+        transpose_into(v[b, h], vT)
+        dp = np.empty(T, np.float32)
+        dz = np.empty(T, np.float32)
+        for t in range(T):
+            n = t + 1
+            att_t = att[b, h, t]
+            dout_t = dout[b, h, t]
+            q_t = q_bh[t]
+            dot_rows(dout_t, vT, n, dp)
+            softmax_row_backward(dp, att_t, n, dz)
+            for s in range(n):
+                dz[s] = mul(dz[s], scale)
+            dq_t = dq_bh[t]
+            dq_t[:] = NEG_ZERO
+            axpy_rows(dz, k_bh, n, dq_t)
+            canon_all(dq_t)
+            for s in range(n):
+                z = dz[s]
+                p = att_t[s]
+                dk_s = dk_bh[s]
+                dv_s = dv_bh[s]
+                for d in range(HS):
+                    dk_s[d] = flush(dk_s[d] + flush(z * q_t[d]))
+                    dv_s[d] = flush(dv_s[d] + flush(p * dout_t[d]))
+        for s in range(T):
+            canon_all(dk_bh[s])
+            canon_all(dv_bh[s])
+
+
+def oracle(q, k, v, dout, att_in=None):
+    """(out, att, dq, dk, dv) of the row kernels; the backward reads att_in
+    when given (else the forward's att)."""
+    scale = F32(attention.attention_scale(q.shape[3]))
+    out, att = np.empty_like(q), np.empty(q.shape[:3] + (q.shape[2],), F32)
+    forward_rows(q, k, v, scale, out, att)
+    grads = [np.empty_like(q) for _ in range(3)]
+    backward_rows(dout, q, k, v, att if att_in is None else att_in, scale, *grads)
+    return (out, att, *grads)
+
+
+def tiled(q, k, v, dout, att_in=None):
+    out, att = attention.attention_forward(q, k, v)
+    return (out, att, *attention.attention_backward(dout, q, k, v, att if att_in is None else att_in))
+
+
+NAMES = ("out", "att", "dq", "dk", "dv")
+
+
+def check(q, k, v, dout, att_in=None):
+    want = oracle(q, k, v, dout, att_in)
+    got = tiled(q, k, v, dout, att_in)
+    for name, g, w in zip(NAMES, got, want):
+        assert_same_bits(g, w, f"{name} {q.shape}")
+    return got
+
+
+# ---- inputs ----------------------------------------------------------------------
+
+SPECIALS = np.array([0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000,
+                     0x7F7FFFFF, 0xFF7FFFFF, 0x00800000, 0x80800000, 0x1E3CE508], np.uint32).view(F32)
+
+
+def randn(rng, shape, scale):
+    return (rng.standard_normal(shape) * scale).astype(F32)
+
+
+def planted(rng, shape, scale, frac=0.02):
+    """Random values with a fraction replaced by signed zeros, infinities,
+    NaN, the extremes of binary32 and the smallest normals."""
+    x = randn(rng, shape, scale)
+    where = rng.random(shape) < frac
+    x[where] = rng.choice(SPECIALS, size=int(where.sum()))
+    return x
+
+
+# T around MR (and 1), across RB-row softmax blocks and one and two NR
+# panels; HS around NR.
+T_EDGES = (1, 2, MR - 1, MR, MR + 1, 17, RB + 1, NR + 6, 2 * NR + 1)
+HS_EDGES = (1, 3, NR, NR + 1)
+
+
+@pytest.mark.parametrize("HS", HS_EDGES)
+def test_tiles_equal_rows_on_every_edge(HS):
+    """[attn.scores.c1] [attn.out.c1] [attn.bwd.c1] random inputs at three
+    scales on every ragged edge of the MR x NR tiles."""
+    rng = np.random.default_rng(100 + HS)
+    for T in T_EDGES:
+        for scale in (0.05, 1.0, 8.0):
+            q, k, v, dout = (randn(rng, (1, 2, T, HS), scale) for _ in range(4))
+            check(q, k, v, dout)
+
+
+@pytest.mark.parametrize("T", [MR + 1, NR + 6])
+def test_tiles_equal_rows_with_special_values(T):
+    """[attn.mask.c1] [num.nan.c1] [num.flush.c1] +-0, +-inf, NaN, FLT_MAX and
+    FLT_MIN planted in q, k, v and dout (scores overflow, exp underflows,
+    0 * inf and inf - inf arise inside the chains)."""
+    rng = np.random.default_rng(7 + T)
+    for HS in (3, NR + 1):
+        for trial in range(3):
+            q, k, v, dout = (planted(rng, (2, 2, T, HS), 2.0) for _ in range(4))
+            check(q, k, v, dout)
+
+
+def test_future_specials_do_not_reach_the_past():
+    """[attn.mask.c1] [attn.bwd.c1] inf and NaN at the last position s = T-1
+    (k, v) and in dout's last row leave every earlier output row exactly as
+    with clean values there; the bits equal the oracle's in both runs."""
+    rng = np.random.default_rng(3)
+    for T, HS in ((MR + 1, 3), (NR + 6, NR), (2 * NR + 1, 5)):
+        q, k, v, dout = (randn(rng, (1, 2, T, HS), 1.0) for _ in range(4))
+        clean = check(q, k, v, dout)
+        k2, v2 = k.copy(), v.copy()
+        k2[..., -1, 0], v2[..., -1, :] = np.inf, np.nan
+        k2[..., -1, -1] = -np.inf
+        dirty = check(q, k2, v2, dout)
+        for name, c, d in zip(NAMES, clean, dirty):
+            if name in ("out", "att", "dq"):  # rows t < T-1 never see position T-1
+                assert_same_bits(d[..., :-1, :], c[..., :-1, :], name)
+        assert np.isnan(dirty[0][..., -1, :]).all()
+
+
+def test_att_above_the_diagonal_is_never_read():
+    """[attn.bwd.c1] the backward takes att[t, s] for s <= t only: NaN and inf
+    planted above the diagonal change no bit."""
+    rng = np.random.default_rng(4)
+    for T, HS in ((MR + 1, 3), (NR + 6, NR + 1)):
+        q, k, v, dout = (randn(rng, (1, 1, T, HS), 1.0) for _ in range(4))
+        clean = tiled(q, k, v, dout)
+        att = clean[1].copy()
+        upper = np.triu(np.ones((T, T), bool), 1)
+        att[0, 0][upper] = rng.choice(SPECIALS[2:5], size=int(upper.sum()))
+        dirty = check(q, k, v, dout, att)
+        for name, c, d in zip(NAMES[2:], clean[2:], dirty[2:]):
+            assert_same_bits(d, c, name)
+
+
+@pytest.mark.parametrize("T", [MR - 1, NR + 6])
+def test_tiles_equal_rows_on_the_flush_path(T):
+    """[mm.flush.r1] [num.flush.c1] inputs near 2^-64 make products and
+    partial sums subnormal (the flushing tiles run); inputs mixing them with
+    normal magnitudes make only some tiles flush-free."""
+    rng = np.random.default_rng(5 + T)
+    for HS in (3, NR, NR + 1):
+        for scale in (F32(2.0 ** -64), F32(2.0 ** -55)):
+            q, k, v, dout = (randn(rng, (1, 2, T, HS), scale) for _ in range(4))
+            check(q, k, v, dout)
+            # a head of normal values beside a head of tiny ones
+            q[:, 0] *= F32(2.0 ** 60)
+            k[:, 0] *= F32(2.0 ** 60)
+            dout[:, 1] *= F32(2.0 ** 60)
+            check(q, k, v, dout)
+        # products of exactly 2^-126 and just below: the bound's edges
+        q, k, v, dout = (np.full((1, 1, T, HS), F32(2.0 ** -63), F32) for _ in range(4))
+        check(q, k, v, dout)
+        q *= F32(2.0 ** -1) if HS > 1 else F32(1.0)
+        check(q, k, v, dout)
+
+
+def test_bits_do_not_depend_on_the_thread_count():
+    """[attn.batch.c1] one thread and all threads give the same bits."""
+    rng = np.random.default_rng(6)
+    q, k, v, dout = (planted(rng, (2, 3, NR + 6, NR + 1), 1.0, 0.005) for _ in range(4))
+    keep = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        one = tiled(q, k, v, dout)
+        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+        many = tiled(q, k, v, dout)
+    finally:
+        numba.set_num_threads(keep)
+    for name, a, b in zip(NAMES, one, many):
+        assert_same_bits(a, b, name)
+    want = oracle(q, k, v, dout)
+    for name, g, w in zip(NAMES, many, want):
+        assert_same_bits(g, w, name)
+
+
+def test_causal_row_softmax_equals_row_kernels():
+    """[softmax.fwd.c1] [softmax.bwd.c1] softmax_rows_causal(_backward) give
+    softmax_row(_backward)'s bits row by row, for any number of rows."""
+    rng = np.random.default_rng(8)
+    for rows in (1, 2, MR, RB - 1, RB):
+        for n0 in (1, 2, 9, 70, CB + 44):
+            x = planted(rng, (rows, n0 + rows + 3), 4.0, 0.05)
+            dy = planted(rng, x.shape, 1.0, 0.05)
+            y = np.zeros_like(x)
+            softmax_rows_causal(x, n0, y)
+            dx = np.zeros_like(x)
+            softmax_rows_causal_backward(dy, y, n0, dx)
+            for r in range(rows):
+                want, dwant = np.zeros(x.shape[1], F32), np.zeros(x.shape[1], F32)
+                softmax_row(x[r], n0 + r, want)
+                softmax_row_backward(dy[r], y[r], n0 + r, dwant)
+                assert_same_bits(y[r], want, f"softmax row {r} of {rows}, n0={n0}")
+                assert_same_bits(dx[r], dwant, f"softmax backward row {r} of {rows}, n0={n0}")
+
+
+def test_tiles_equal_rows_past_a_chunk():
+    """[attn.mask.c1] [attn.bwd.c1] T beyond one CB-column chunk of the softmax
+    sums' tile, random and planted inputs."""
+    rng = np.random.default_rng(10)
+    check(*(randn(rng, (1, 1, CB + 44, 3), 1.0) for _ in range(4)))
+    check(*(planted(rng, (1, 1, CB + 44, 3), 1.0, 0.002) for _ in range(4)))
+
+
+@pytest.mark.slow
+def test_tiles_equal_rows_sweep():
+    """[attn.scores.c1] [attn.bwd.c1] every T from 1 to 2*NR+2 with several
+    head sizes, random and planted inputs, and a gpt2-like head."""
+    rng = np.random.default_rng(9)
+    for T in range(1, 2 * NR + 3):
+        for HS in (1, 2, 7, NR, NR + 1, 2 * NR + 3):
+            check(*(planted(rng, (1, 2, T, HS), 1.5, 0.01) for _ in range(4)))
+    check(*(randn(rng, (1, 2, 1024, 64), 0.5) for _ in range(4)))
