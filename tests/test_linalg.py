@@ -178,7 +178,10 @@ def test_row_sum_order_is_sequential():
 # around the tile (4 rows × 64 columns) and k block (1024) sizes, primes, 1
 SHAPES = [(1, 1, 1), (1, 7, 1), (2, 3, 50), (5, 1, 17), (6, 64, 31), (7, 33, 32), (8, 65, 33),
           (13, 129, 47), (31, 16, 64), (33, 17, 65), (64, 64, 64), (65, 100, 97), (97, 257, 129),
-          (5, 20, 63), (4, 1, 128), (3, 1023, 5), (5, 1025, 70), (9, 2049, 3)]
+          (5, 20, 63), (4, 1, 128), (3, 1023, 5), (5, 1025, 70), (9, 2049, 3),
+          # packed B over mm_fp32.B_CACHED: several column blocks of B_BLOCK floats, the last
+          # one partial, across k blocks
+          (9, 1030, 64 * 33 + 7), (5, 2100, 64 * 40), (3, 3, 64 * 700 * 16 + 5)]
 
 
 @pytest.mark.parametrize("I,K,J", SHAPES)

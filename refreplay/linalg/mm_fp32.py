@@ -12,9 +12,15 @@ Structure (the classic packed GEMM, with nothing reassociated):
   a tile's partial sums wait in C itself: storing a float32 and loading it
   back changes no bit, so the sum over k stays one sequential chain.
 * For each k block, B is packed into panels of NR columns (``Bp[k, j]``
-  contiguous along j) and each thread packs MR rows of A (``Ap[k, r]``).
+  contiguous along j) and A into row blocks of MR rows (``Ap[k, r]``).
   Packing copies bits (and zero-pads the edges, which feed only lanes that
   are never stored).
+* Where packed B fits in L3 (B_CACHED), each row block runs over all the
+  panels.  Where it does not, the panels are taken B_BLOCK floats at a time
+  (a column block that stays in L2) and every row block runs its tiles over
+  that block before the next: B is read from memory once per k block, not
+  once per row block (the LM head's 50,304 × 768 B is 154 MB; streaming it
+  per row block ran at a third of the speed).
 * ``_tile.tile_*`` runs one MR × NR tile over the k block with its
   accumulators in vector registers, skipping flushes only where the
   exponent bounds below prove them identities.  Threads take row blocks (independent
@@ -40,6 +46,8 @@ from ..numerics.core import ZERO, add
 from ._tile import MR, NR, tile_flush, tile_flush_sums, tile_plain
 
 KC = 1024  # k block: long enough that one row block's tiles stream B once per block
+B_CACHED = 1 << 21  # floats of packed B (8 MiB) that row blocks can each stream from L3
+B_BLOCK = 1 << 17  # floats of packed B (512 KiB) that the row blocks share while in L2
 
 # ---- proving the flushes of a tile are identities ([mm.flush.r1]) -------------------
 #
@@ -181,31 +189,53 @@ def _mm_packed(A, B, C, a_trans, b_trans):
     eb = rows_exp_min(B, nj, NR) if b_trans else cols_exp_min(B, nj, NR)
     Cf = C.reshape(-1)
     Bp = np.empty(nj * KC * NR, dtype=np.float32)
+    blocked = nj * min(KC, K) * NR > B_CACHED  # packed B outgrows the cache: column blocks
+    Ap = np.empty(ni * KC * MR if blocked else 0, dtype=np.float32)
     for k0 in range(0, K, KC):  # k blocks in increasing order, never in parallel
         kc = min(KC, K - k0)
         for jp in prange(nj):
             pack_b_panel(B, b_trans, jp * NR, k0, kc, Bp, jp * kc * NR)
         load_c = k0 > 0
+        if not blocked:  # B stays in cache: each row block packs its A (in L1) and runs every panel
+            for ib in prange(ni):
+                Ai = np.empty(kc * MR, dtype=np.float32)
+                pack_a(A, a_trans, ib * MR, k0, kc, Ai)
+                _row_block_tiles(Ai, 0, ib, Bp, 0, nj, kc, C, Cf, ea[ib], eb, load_c)
+            continue
+        # Column blocks of nb panels (B_BLOCK floats, in L2) that every row
+        # block runs over before the next: B is read from memory once per
+        # k block instead of once per row block.  A is packed whole, once.
+        # Which tile runs when changes no bit.
         for ib in prange(ni):
-            i0 = ib * MR
-            Ap = np.empty(kc * MR, dtype=np.float32)
-            pack_a(A, a_trans, i0, k0, kc, Ap)
-            edge = np.empty(MR * NR, dtype=np.float32)
-            rows = min(MR, I - i0)
-            for jp in range(nj):
-                j0 = jp * NR
-                cols = min(NR, J - j0)
-                full = rows == MR and cols == NR
-                if not full:  # edge tile: run the full tile in a scratch copy, keep the valid part
-                    for r in range(rows):
-                        for j in range(cols):
-                            edge[r * NR + j] = C[i0 + r, j0 + j]
-                out, off, ld = (Cf, i0 * J + j0, J) if full else (edge, 0, NR)
-                tile_proved(ea[ib] + eb[jp], Ap, 0, Bp, jp * kc * NR, kc, out, off, ld, load_c)
-                if not full:
-                    for r in range(rows):
-                        for j in range(cols):
-                            C[i0 + r, j0 + j] = edge[r * NR + j]
+            pack_a(A, a_trans, ib * MR, k0, kc, Ap[ib * kc * MR:(ib + 1) * kc * MR])
+        nb = max(1, B_BLOCK // (kc * NR))
+        for jb in range(0, nj, nb):
+            for ib in prange(ni):
+                _row_block_tiles(Ap, ib * kc * MR, ib, Bp, jb, min(jb + nb, nj), kc, C, Cf, ea[ib], eb, load_c)
+
+
+@kernel
+def _row_block_tiles(Ap, ap_off, ib, Bp, jp0, jp1, kc, C, Cf, ea_i, eb, load_c):
+    """The tiles of row block ib (packed at Ap[ap_off:]) and column panels
+    jp0 .. jp1-1 for one k block."""
+    I, J = C.shape
+    i0 = ib * MR
+    rows = min(MR, I - i0)
+    edge = np.empty(MR * NR, dtype=np.float32)
+    for jp in range(jp0, jp1):
+        j0 = jp * NR
+        cols = min(NR, J - j0)
+        full = rows == MR and cols == NR
+        if not full:  # edge tile: run the full tile in a scratch copy, keep the valid part
+            for r in range(rows):
+                for j in range(cols):
+                    edge[r * NR + j] = C[i0 + r, j0 + j]
+        out, off, ld = (Cf, i0 * J + j0, J) if full else (edge, 0, NR)
+        tile_proved(ea_i + eb[jp], Ap, ap_off, Bp, jp * kc * NR, kc, out, off, ld, load_c)
+        if not full:
+            for r in range(rows):
+                for j in range(cols):
+                    C[i0 + r, j0 + j] = edge[r * NR + j]
 
 
 @parallel_kernel
