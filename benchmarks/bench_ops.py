@@ -2,6 +2,7 @@
 
     python benchmarks/bench_ops.py [--threads 1 2] [--repeats 7] [--json out.json]
     python benchmarks/bench_ops.py --shapes gpt2-124m --repeats 3
+    python benchmarks/bench_ops.py --shapes gpt2-124m --ops gelu layernorm  # a subset, no JSON
 
 Shapes are a preset's micro-batch: by default `small` (B = 4, T = 128, C = 256,
 NH = 8, HS = 32, F = 1024, V = 256; N = B*T = 512 rows); with
@@ -164,12 +165,14 @@ def cases():
     return out
 
 
-def worker(threads: int, repeats: int, shapes: str) -> dict:
+def worker(threads: int, repeats: int, shapes: str, ops=None) -> dict:
     import torch
     torch.set_num_threads(threads)
     set_shapes(shapes)
     rows = []
     for name, (ref, tor) in cases().items():
+        if ops and not any(o in name for o in ops):
+            continue
         med = alternate({"refreplay": ref, "torch": tor}, repeats, warmup=2)
         rows.append({"op": name, "threads": threads, "refreplay_ms": 1e3 * med["refreplay"]["wall"],
                      "torch_ms": 1e3 * med["torch"]["wall"],
@@ -185,16 +188,19 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--shapes", default="small", choices=("small", "gpt2-124m"),
                     help="whose micro-batch shapes to time (default small)")
+    ap.add_argument("--ops", nargs="+", default=None,
+                    help="time only the ops whose name contains one of these words; "
+                         "the results JSON is then written only with --json")
     ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker is not None:
-        print(json.dumps(worker(args.worker, args.repeats, args.shapes)))
+        print(json.dumps(worker(args.worker, args.repeats, args.shapes, args.ops)))
         return 0
     print(load_line(), flush=True)
     rows = []
     for n in args.threads:
         res = run_worker(Path(__file__), ["--worker", str(n), "--repeats", str(args.repeats),
-                                          "--shapes", args.shapes], n)
+                                          "--shapes", args.shapes] + (["--ops", *args.ops] if args.ops else []), n)
         for r in res["rows"]:
             r["loadavg"] = res["loadavg"]
         rows += res["rows"]
@@ -202,6 +208,9 @@ def main(argv=None) -> int:
     print(table(["op", "threads", "refreplay ms", "torch ms", "ratio wall", "ratio cpu", "load"],
                 [[r["op"], r["threads"], f"{r['refreplay_ms']:.2f}", f"{r['torch_ms']:.2f}",
                   f"{r['ratio_wall']:.2f}", f"{r['ratio_cpu']:.2f}", f"{r['loadavg']:.1f}"] for r in rows]))
+    if args.ops and not args.json:
+        print(f"\n{load_line()}")
+        return 0
     name = "ops.json" if args.shapes == "small" else f"ops-{args.shapes}.json"
     out = write_json(name, {"machine": machine(), "repeats": args.repeats, "shapes": args.shapes,
                             "rows": rows}, args.json)
