@@ -2,7 +2,7 @@
 
     python benchmarks/bench_ops.py [--threads 1 2] [--repeats 7] [--json out.json]
     python benchmarks/bench_ops.py --shapes gpt2-124m --repeats 3
-    python benchmarks/bench_ops.py --shapes gpt2-124m --ops attention   (only ops whose name contains it)
+    python benchmarks/bench_ops.py --shapes gpt2-124m --ops gelu layernorm attention  # a subset, no JSON
 
 Shapes are a preset's micro-batch: by default `small` (B = 4, T = 128, C = 256,
 NH = 8, HS = 32, F = 1024, V = 256; N = B*T = 512 rows); with

@@ -397,6 +397,22 @@ def layernorm_backward_dx_naive(dx, dout, x, w, mean, rstd):
             dx[n, c] = mul(t, rstd[n])
 
 
+@kernel
+def layernorm_backward_dwdb_naive(dw, db, dout, x, mean, rstd):
+    """[norm.layer.bwd.c1] step 5, one column at a time, every operation
+    canonicalising (the kernel canonicalises each column's chain at its end)."""
+    N, C = x.shape
+    for c in range(C):
+        sw = sum_start(N)
+        sb = sum_start(N)
+        for n in range(N):
+            norm_c = mul(sub(x[n, c], mean[n]), rstd[n])
+            sw = add(sw, mul(dout[n, c], norm_c))
+            sb = add(sb, dout[n, c])
+        dw[c] = sw
+        db[c] = sb
+
+
 @parallel_kernel
 def rmsnorm_forward_naive(out, rrms, x, w, eps):
     """[norm.rms.fwd.c1] one row per index."""
@@ -517,6 +533,10 @@ def test_row_blocks_norms_equal_naive():
             layernorm_backward_dx_naive(dx_want, dout, x, w, want[1], want[2])
             dx, dw, db = norms.layernorm_backward(dout, x, w, want[1], want[2])
             assert_same_bits(dx, dx_want)
+            dw_want, db_want = np.empty(C, F32), np.empty(C, F32)
+            layernorm_backward_dwdb_naive(dw_want, db_want, dout, x, want[1], want[2])
+            assert_same_bits(dw, dw_want)
+            assert_same_bits(db, db_want)
             rwant = [np.empty_like(x), np.empty(N, F32)]
             rmsnorm_forward_naive(*rwant, x, w, e)
             for g, wv in zip(norms.rmsnorm_forward(x, w, e), rwant):

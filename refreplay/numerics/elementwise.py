@@ -94,32 +94,56 @@ def mul_flush(a, b):
     return core.flush(a * b)
 
 
+# Flushes proved identities ([num.flush.r2]).  [num.flush.c1] replaces a
+# subnormal result by a signed zero; where no input of a lane form can make an
+# operation's result subnormal, or where the flushed and the unflushed value
+# lead to the same final bits, the flush changes no result bit and is left
+# out (a plain IEEE ``*``, ``+`` or ``-``: still rounded separately, never
+# contracted, since refreplay never compiles with fastmath).  The lane forms
+# below keep a flush only where the result bits depend on it.  The proof is
+# exhaustion: tests/test_lane_exhaustive.py compares exp_lane, tanh_lane,
+# sigmoid_lane and the GELU lanes with the scalar clause functions (every
+# operation flushed) on all 2^32 binary32 bit patterns (slow run; the default
+# run checks every exponent class and a strided sweep).  The arguments in the
+# comments say why each omission is an identity; the exhaustion is what
+# proves it.
+
+
 @kernel(inline="always")
 def exp_lane(x):
     """[num.exp.c1] exp(x) as transcendental.exp, branch-free.
 
     xc is x clamped to [EXP_UNDERFLOW, EXP_OVERFLOW] (NaN to 0): finite, so
     k is an integer in [-128, 128], and hi, lo, r, q and p are bounded; no
-    operation below sees a non-finite operand.  k * LN2_HI and k * LN2_LO are
-    +-0 or at least LN2_LO in magnitude, never subnormal, so their flush is
-    the identity too and they are plain products."""
+    operation below sees a non-finite operand.
+
+    Flushes ([num.flush.r2]): only the last product, the scaling by 2^k2,
+    can be subnormal for a normal x (x in [-88, -87.34]): it keeps its flush.
+    Before it: k * LN2_HI and k * LN2_LO are +-0 or at least LN2_LO in
+    magnitude; for k != 0, hi = xc - k LN2_HI is exact and a multiple of
+    2^-40 (or 0), so r, r*r and the Horner steps stay far above 2^-126
+    (r * r >= 2^-100 or 0), and p is in [0.7, 1.5], p * 2^k1 normal.  For
+    k = 0, |xc| < 0.35: a subnormal xc (or a subnormal kx, r, r*r q) is what
+    the scalar form flushes to zero, and either way p = 1 + (tiny) rounds to
+    1 (the unflushed tiny terms are below 2^-60).  Exhaustion:
+    test_exp_lane_all_inputs."""
     xc = min(max(x if x == x else core.ZERO, tr.EXP_UNDERFLOW), tr.EXP_OVERFLOW)  # identity where used
-    kx = mul_flush(xc, tr.INV_LN2)
+    kx = xc * tr.INV_LN2
     # [num.rint.c1] for |kx| < 2^23: (|kx| + 2^23) - 2^23, sign of kx put back
     kr = (abs(kx) + core.RINT_MAGIC) - core.RINT_MAGIC
     k = -kr if f32_bits(kx) >= SIGN else kr
-    hi = sub_flush(xc, k * tr.LN2_HI)
+    hi = xc - k * tr.LN2_HI
     lo = k * tr.LN2_LO
-    r = sub_flush(hi, lo)
-    q = add_flush(tr.EXP_C5, mul_flush(r, tr.EXP_C6))
-    q = add_flush(tr.EXP_C4, mul_flush(r, q))
-    q = add_flush(tr.EXP_C3, mul_flush(r, q))
-    q = add_flush(tr.EXP_C2, mul_flush(r, q))
-    p = add_flush(core.ONE, add_flush(hi, sub_flush(mul_flush(mul_flush(r, r), q), lo)))
+    r = hi - lo
+    q = tr.EXP_C5 + r * tr.EXP_C6
+    q = tr.EXP_C4 + r * q
+    q = tr.EXP_C3 + r * q
+    q = tr.EXP_C2 + r * q
+    p = core.ONE + (hi + ((r * r) * q - lo))
     ki = np.int32(k)
     k1 = ki >> 1
     k2 = ki - k1
-    y = mul_flush(mul_flush(p, bits_f32(np.uint32((k1 + 127) << 23))), bits_f32(np.uint32((k2 + 127) << 23)))
+    y = mul_flush(p * bits_f32(np.uint32((k1 + 127) << 23)), bits_f32(np.uint32((k2 + 127) << 23)))
     y = core.ZERO if x < tr.EXP_UNDERFLOW else y
     y = tr.INF if x > tr.EXP_OVERFLOW else y
     return tr.NAN if x != x else y
@@ -132,17 +156,25 @@ def tanh_lane(x):
     The polynomial is selected only for |x| < 0.75 (finite operands); the
     other branch sees e = exp(2|x|) in [1, inf] (NaN only for a NaN x, which
     the last select replaces), so e + 1, its reciprocal and 1 - 2/(e + 1)
-    have no NaN operand and no inf - inf."""
+    have no NaN operand and no inf - inf.
+
+    Flushes ([num.flush.r2]): the polynomial's result a + a (z P(z)) keeps
+    its flush: for a subnormal x the scalar form gives +-0 (z = a*a flushes
+    to 0, then a + 0 flushes), the unflushed sum would be x.  For a normal a
+    the terms a z P(z) are below a 2^-25 when they are subnormal (a < 2^-42),
+    so a + (flushed or not) rounds to a either way.  The large branch is at
+    least 0.63; inside it 1/(e + 1) may be subnormal (e > 2^126), and then
+    1 - 2 (flushed or not) rounds to 1.  Exhaustion: test_tanh_lane_all_inputs."""
     a = abs(x)
-    z = mul_flush(a, a)
-    p = add_flush(tr.TANH_T5, mul_flush(z, tr.TANH_T6))
-    p = add_flush(tr.TANH_T4, mul_flush(z, p))
-    p = add_flush(tr.TANH_T3, mul_flush(z, p))
-    p = add_flush(tr.TANH_T2, mul_flush(z, p))
-    p = add_flush(tr.TANH_T1, mul_flush(z, p))
-    small = add_flush(a, mul_flush(a, mul_flush(z, p)))
-    e = exp_lane(add_flush(a, a))
-    large = sub_flush(core.ONE, mul_flush(core.TWO, core.flush(core.ONE / add_flush(e, core.ONE))))
+    z = a * a
+    p = tr.TANH_T5 + z * tr.TANH_T6
+    p = tr.TANH_T4 + z * p
+    p = tr.TANH_T3 + z * p
+    p = tr.TANH_T2 + z * p
+    p = tr.TANH_T1 + z * p
+    small = add_flush(a, a * (z * p))
+    e = exp_lane(a + a)
+    large = core.ONE - core.TWO * (core.ONE / (e + core.ONE))
     y = small if a < tr.TANH_SMALL else large
     y = -y if f32_bits(x) >= SIGN else y
     return tr.NAN if x != x else y
@@ -153,11 +185,17 @@ def sigmoid_lane(x):
     """[num.sigmoid.c1] sigmoid(x) as transcendental.sigmoid, branch-free: both
     branches need exp of w = -x (x >= 0) or x (x < 0), one exp_lane serves both.
     w <= 0, so t = exp(w) is in [0, 1] (NaN only for a NaN x, replaced by the
-    last select): every operation below has finite operands."""
+    last select): every operation below has finite operands.
+
+    Flushes ([num.flush.r2]): d = 1/(1 + t) is in [0.5, 1], never subnormal;
+    t is exp_lane's flushed result (0 or >= 2^-126), t d = t for a tiny t, so
+    t * (t d) is the only term that can be subnormal, and t - (that term)
+    rounds the same whether it is flushed or not; the result keeps its flush.
+    Exhaustion: test_sigmoid_lane_all_inputs."""
     pos = x >= core.ZERO  # includes -0, as the clause's branch does
     t = exp_lane(-x if pos else x)
-    d = core.flush(core.ONE / add_flush(core.ONE, t))
-    y = d if pos else sub_flush(t, mul_flush(t, mul_flush(t, d)))
+    d = core.ONE / (core.ONE + t)
+    y = d if pos else sub_flush(t, t * (t * d))
     return tr.NAN if x != x else y
 
 

@@ -39,12 +39,38 @@ GELU_CUBE3 = np.array([0x3E095D4F], dtype=np.uint32).view(np.float32)[0]  # 3 * 
 
 _BLOCK = 2048  # elements per parallel task; any value gives the same bits
 
+# Flushes ([num.flush.r2]): GELU's lanes keep the flush of their result
+# (mul_flush before canon) and of tanh_lane's polynomial, and leave out the
+# others, which change no result bit on any of the 2^32 inputs: every
+# intermediate that can be subnormal (K x x x, (K3 x) x, th*th, 0.5 x, th for
+# a subnormal inner) is added to a term at least 2^25 times larger (x, 1) or
+# ends in the flushed result, so flushed or not it rounds the same.
+# Exhaustion: tests/test_lane_exhaustive.py (test_gelu_lanes_all_inputs)
+# compares gelu_lane and gelu_local with the clause's steps, every operation
+# flushed, on every bit pattern.
+
 @kernel(inline="always")
-def _gelu_lane(x_i):
-    """[act.gelu.fwd.c1] steps 1-5 for one element; (th, out)."""
-    cube = mul(mul(mul(GELU_CUBE, x_i), x_i), x_i)
-    th = tanh_lane(mul(GELU_SCALE, add(x_i, cube)))  # canonical: tanh_lane canonicalises a NaN
-    return th, canon(mul(mul(HALF, x_i), add(ONE, th)))
+def _gelu_th(x_i):
+    """[act.gelu.fwd.c1] steps 1-3 for one element: th (canonical if NaN)."""
+    cube = ((GELU_CUBE * x_i) * x_i) * x_i
+    return tanh_lane(GELU_SCALE * (x_i + cube))
+
+
+@kernel(inline="always")
+def gelu_lane(x_i):
+    """[act.gelu.fwd.c1] the result for one element."""
+    return canon(mul((HALF * x_i), (ONE + _gelu_th(x_i))))
+
+
+@kernel(inline="always")
+def gelu_local(x_i):
+    """[act.gelu.bwd.c1] steps 1-3 and 5-7 for one element: local, with the
+    bits of the clause's local wherever that is not NaN (a NaN here may carry
+    any payload: step 8's canon makes dx the canonical NaN either way)."""
+    th = _gelu_th(x_i)
+    sech2 = ONE - th * th  # tanh' = 1 - tanh^2
+    dinner = GELU_SCALE * (ONE + (GELU_CUBE3 * x_i) * x_i)
+    return HALF * (ONE + th) + ((HALF * x_i) * sech2) * dinner
 
 
 @parallel_kernel
@@ -57,7 +83,7 @@ def gelu_forward_kernel(out, x):
         xb = x[i0:min(i0 + _BLOCK, N)]
         ob = out[i0:min(i0 + _BLOCK, N)]
         for i in range(xb.shape[0]):
-            ob[i] = _gelu_lane(xb[i])[1]
+            ob[i] = gelu_lane(xb[i])
 
 
 @parallel_kernel
@@ -71,12 +97,7 @@ def gelu_backward_kernel(dx, dout, x):
         db = dout[i0:min(i0 + _BLOCK, N)]
         dxb = dx[i0:min(i0 + _BLOCK, N)]
         for i in range(xb.shape[0]):
-            x_i = xb[i]
-            th = _gelu_lane(x_i)[0]  # forward: th
-            sech2 = sub(ONE, mul(th, th))  # tanh' = 1 - tanh^2
-            dinner = mul(GELU_SCALE, add(ONE, mul(mul(GELU_CUBE3, x_i), x_i)))
-            local = add(mul(HALF, add(ONE, th)), mul(mul(mul(HALF, x_i), sech2), dinner))
-            dxb[i] = canon(mul(db[i], local))
+            dxb[i] = canon(mul(db[i], gelu_local(xb[i])))  # step 8
 
 
 # ---- SiLU ----------------------------------------------------------------------

@@ -129,10 +129,13 @@ def layernorm_backward_dwdb_kernel(dw, db, dout, x, mean, rstd):
             dout_n = dout[n, c0:c1]
             mean_n = mean[n]
             rstd_n = rstd[n]
-            for j in range(dw_blk.shape[0]):
-                norm = mul(sub(x_n[j], mean_n), rstd_n)
-                dw_blk[j] = add(dw_blk[j], mul(dout_n[j], norm))
-                db_blk[j] = add(db_blk[j], dout_n[j])
+            for j in range(dw_blk.shape[0]):  # NaN test left to the canon below ([num.nan.c1])
+                norm = mul_flush(sub_flush(x_n[j], mean_n), rstd_n)
+                dw_blk[j] = add_flush(dw_blk[j], mul_flush(dout_n[j], norm))
+                db_blk[j] = add_flush(db_blk[j], dout_n[j])
+        for j in range(dw_blk.shape[0]):  # each column's chain canonicalised once, at its end
+            dw_blk[j] = canon(dw_blk[j])
+            db_blk[j] = canon(db_blk[j])
 
 
 # ---- RMSNorm ---------------------------------------------------------------

@@ -85,8 +85,20 @@ def store_chunk(T, X, i0, rows, c0):
 @kernel
 def load_block(X, i0, rows):
     """A new tile T [C, RB] with T[c, r] = X[i0 + r, c] for r < rows and +0 in
-    the lanes r >= rows.  X: [N, C], C-contiguous."""
+    the lanes r >= rows.  X: [N, C], C-contiguous.
+
+    A full block is copied one tile row T[c] at a time (a strided gather of
+    column c of the RB rows, then one contiguous store): the row-by-row copy
+    wrote each element to a different line of a tile larger than L1 and took
+    two thirds of LayerNorm's forward at C = 768 (docs/performance-training.md)."""
     C = X.shape[1]
+    if rows == RB:
+        T = np.empty((C, RB), np.float32)
+        for c in range(C):
+            t = T[c]
+            for r in range(RB):
+                t[r] = X[i0 + r, c]
+        return T
     T = np.zeros((C, RB), np.float32)
     for r in range(rows):
         x_r = X[i0 + r]
