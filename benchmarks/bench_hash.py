@@ -28,9 +28,9 @@ TARGETS = {1: 0.9, 2: 1.6}
 
 
 def small_state() -> dict:
-    from refreplay.data import Batching, Stream
-    from refreplay.presets import preset
-    from refreplay.step import Trainer
+    from refreplay.training.data import Batching, Stream
+    from refreplay.training.presets import preset
+    from refreplay.training.step import Trainer
     import numpy as np
 
     mc, tc = preset("small")

@@ -36,10 +36,10 @@ def worker(M: int) -> dict:
 
     import numpy as np
 
-    from refreplay.data import Batching, Stream
-    from refreplay.launch.inproc import InProcess
-    from refreplay.presets import preset
-    from refreplay.step import Trainer
+    from refreplay.training.data import Batching, Stream
+    from refreplay.training.launch.inproc import InProcess
+    from refreplay.training.presets import preset
+    from refreplay.training.step import Trainer
 
     mc, tc = preset("small")
     tc = replace(tc, micro_batches=M, micro_batch_size=1)

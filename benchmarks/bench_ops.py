@@ -42,7 +42,7 @@ SHAPES = "small"
 def set_shapes(name: str) -> None:
     """Take B, T, C, NH, F, V from preset ``name`` (B: its micro-batch size)."""
     global B, T, C, NH, F, V, HS, N, SHAPES
-    from refreplay.presets import preset
+    from refreplay.training.presets import preset
 
     mc, tc = preset(name)
     B, T, C, NH, F, V = tc.micro_batch_size, mc.seq_len, mc.width, mc.heads, mc.mlp_hidden, mc.vocab
@@ -55,10 +55,10 @@ def cases():
     import torch
     import torch.nn.functional as tF
 
-    from refreplay.model import init_params
+    from refreplay.training.model import init_params
     from refreplay.ops import (activations, attention, embedding, linear, loss, norms, optim, rope,
                                softmax)
-    from refreplay.presets import preset
+    from refreplay.training.presets import preset
     from torch_gpt import rope as trope
     from torch_gpt import rope_tables
 

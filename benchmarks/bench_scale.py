@@ -83,7 +83,7 @@ def _gib(x) -> str:
 def _token_file(directory: Path, samples: int, t: int) -> Path:
     import numpy as np
 
-    from refreplay import tokens
+    from refreplay.training import tokens
 
     path = directory / "tokens.bin"
     ids = np.random.default_rng(0).integers(0, GPT2_VOCAB, size=samples * (t + 1))
@@ -98,11 +98,11 @@ def step_worker(threads: int) -> dict:
     import numpy as np
     import torch
 
-    from refreplay import estimate
-    from refreplay.data import Batching, Stream, inputs_targets
-    from refreplay.launch.inproc import InProcess
-    from refreplay.presets import preset
-    from refreplay.step import Trainer
+    from refreplay.training import estimate
+    from refreplay.training.data import Batching, Stream, inputs_targets
+    from refreplay.training.launch.inproc import InProcess
+    from refreplay.training.presets import preset
+    from refreplay.training.step import Trainer
     from torch_gpt import TorchTrainer
 
     torch.set_num_threads(threads)
@@ -197,13 +197,13 @@ def cmd_replay(args) -> dict:
 def cmd_billion(args) -> dict:
     import numpy as np
 
-    from refreplay import budget, estimate
-    from refreplay.data import Batching, Stream
-    from refreplay.launch.inproc import InProcess
-    from refreplay import backend as backends
-    from refreplay.model import init_scale, param_shapes
-    from refreplay.presets import preset
-    from refreplay.step import Trainer, TrainState
+    from refreplay.training import budget, estimate
+    from refreplay.training import backend as backends
+    from refreplay.training.data import Batching, Stream
+    from refreplay.training.launch.inproc import InProcess
+    from refreplay.training.model import init_scale, param_shapes
+    from refreplay.training.presets import preset
+    from refreplay.training.step import Trainer, TrainState
 
     sampler = Sampler(os.getpid())
     sampler.start()

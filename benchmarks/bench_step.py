@@ -33,10 +33,10 @@ def _setup(threads: int):
     import numpy as np
     import torch
 
-    from refreplay.data import Batching, Stream, inputs_targets
-    from refreplay.launch.inproc import InProcess
-    from refreplay.presets import preset
-    from refreplay.step import Trainer
+    from refreplay.training.data import Batching, Stream, inputs_targets
+    from refreplay.training.launch.inproc import InProcess
+    from refreplay.training.presets import preset
+    from refreplay.training.step import Trainer
     from torch_gpt import TorchTrainer
 
     torch.set_num_threads(threads)

@@ -1,6 +1,6 @@
 """What refreplay.torch costs: one training step of the `tiny` golden case
 (or of the `small` preset on random tokens, ``--preset small``), computed
-by the reference trainer (``refreplay.step.Trainer``) and by the
+by the reference trainer (``refreplay.training.step.Trainer``) and by the
 PyTorch-built GPT of examples/torch_gpt (same ops, plus autograd and tensor
 plumbing), in one process, alternating, medians and their ratio.
 
@@ -26,10 +26,10 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from refreplay.conformance import steps as golden  # noqa: E402
-from refreplay.data import Batching, Stream  # noqa: E402
-from refreplay.launch.inproc import InProcess  # noqa: E402
-from refreplay.presets import preset  # noqa: E402
-from refreplay.step import Trainer  # noqa: E402
+from refreplay.training.data import Batching, Stream  # noqa: E402
+from refreplay.training.launch.inproc import InProcess  # noqa: E402
+from refreplay.training.presets import preset  # noqa: E402
+from refreplay.training.step import Trainer  # noqa: E402
 
 
 def _example():

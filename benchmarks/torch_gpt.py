@@ -1,12 +1,12 @@
 """A PyTorch CPU eager model with refreplay's GPT architecture, for timing only.
 
-Same shapes and the same op sequence as ``refreplay.model`` ([model.forward.c1]):
+Same shapes and the same op sequence as ``refreplay.training.model`` ([model.forward.c1]):
 tied token embedding, per block RMSNorm (or LayerNorm) -> fused qkv linear ->
 rotary embedding on q and k (rotate-half pairs i, i + HS/2) -> causal softmax
 attention with scale 1/sqrt(HS) -> output projection -> residual add ->
 RMSNorm -> GELU(tanh) MLP (or SwiGLU) -> residual add; final norm, tied head,
 mean cross-entropy.  A step is forward, backward, global-norm clip, AdamW,
-like ``refreplay.step.Trainer.step`` minus the state hash.
+like ``refreplay.training.step.Trainer.step`` minus the state hash.
 
 Nothing here checks bits: PyTorch is the speed yardstick, not an oracle.
 The benchmarks import it; it never ships in the library.

@@ -1,7 +1,7 @@
 """Exact copies that rearrange the model's activations on the device (no
 arithmetic): the attention heads out of and back into the rows of a matrix
 ([model.forward.c1]), so that q, k, v and their gradients never leave the
-device.  Mirrors ``refreplay.arrays``.
+device.  Mirrors ``refreplay.training.arrays``.
 
 Element [b, h, t, d] of the heads [B, NH, T, HS] is element
 [b*T + t, col0 + h*HS + d] of the matrix [B*T, W]; one thread per element.

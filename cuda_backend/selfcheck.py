@@ -315,7 +315,7 @@ def _check_rng(rng, large):
 
 
 def _check_treefold(rng, large):
-    from refreplay import treefold as ref
+    from refreplay.training import treefold as ref
     from . import adapter
     out = []
     n = 4096 if large else 24

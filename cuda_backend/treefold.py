@@ -1,5 +1,5 @@
 """TreeFold on the device: the binary-carry tree of ``spec/22-treefold.txt``,
-elementwise; mirrors ``refreplay.treefold``.
+elementwise; mirrors ``refreplay.training.treefold``.
 
 ``fold_rows_k`` gives every element n of the M leaves (rows of an M×N array)
 its own thread, which runs the stack algorithm of the spec over m with the

@@ -1,5 +1,28 @@
 """refreplay: the portable, normative reference for bitwise-reproducible
-training arithmetic.  See ``spec/`` for the normative text."""
+training arithmetic.  See ``spec/`` for the normative text.
+
+The package in layers, bottom up: a module imports only from layers below
+its own (``tests/test_layering.py`` holds the code to this map).
+
+    0      errors _env _jit resources
+           exit codes, process set-up, the one compiler, where the data lies
+    1      environ untrusted numerics state spec
+           checked settings, files an adversary wrote, binary32 arithmetic,
+           the state hash, the spec's text
+    2      rng tensorio doctor linalg
+           Philox, tensor files, the platform check, reductions and matmul
+    3      ops
+           the transformer ops, forward and backward, and the optimizer
+    4      training
+           the trainer: recipe -> stream -> step -> TreeFold -> optimizer -> hash
+    5      verify conformance torch
+           replay and audit of a run; kernels against the vectors; PyTorch on the reference
+    6      testing pytest_plugin
+           tools for kernel authors' own tests
+    7      commands cli
+           the command line
+    8      __main__
+"""
 from . import _env  # noqa: F401  (must run before anything imports numba)
 
 __version__ = "0.3.0"

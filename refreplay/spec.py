@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import importlib
+import importlib.util
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -138,12 +139,28 @@ def _value(node: ast.AST):
     raise SpecError(f"unsupported example syntax: {ast.dump(node)[:80]}")
 
 
+# An example names a module of the reference relative to the package
+# ("numerics.exp", "ops.quant.step_size"); the trainer's modules (chapters
+# 20-23: "tokens", "data", "model", "treefold", "run") live in its training layer.
+_EXAMPLE_PACKAGES = ("refreplay", "refreplay.training")
+
+
+def _example_module(module: str):
+    for package in _EXAMPLE_PACKAGES:
+        try:
+            if importlib.util.find_spec(f"{package}.{module}") is not None:
+                return importlib.import_module(f"{package}.{module}")
+        except ModuleNotFoundError:  # a parent of the dotted name is missing
+            continue
+    raise SpecError(f"example calls module {module!r}: no such module of the reference")
+
+
 def _call(node: ast.Call):
     dotted = ast.unparse(node.func)
     if not re.fullmatch(r"[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+", dotted):
         raise SpecError(f"example calls {dotted!r}: expected module.function")
     module, _, name = dotted.rpartition(".")
-    fn = getattr(importlib.import_module(f"refreplay.{module}"), name)
+    fn = getattr(_example_module(module), name)
     args = [_value(a) for a in node.args]
     kwargs = {k.arg: _value(k.value) for k in node.keywords}
     return fn(*args, **kwargs)

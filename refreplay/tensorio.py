@@ -229,7 +229,7 @@ def load(path) -> tuple[dict[str, np.ndarray], str | None]:
 def load_mapped(path) -> tuple[dict[str, np.ndarray], str | None]:
     """[state.fileread.c1] As ``load``, validated the same way, but the tensors
     are read-only views of the file mapped into memory instead of copies: a
-    state larger than the machine's memory can be read (``refreplay.budget``).
+    state larger than the machine's memory can be read (``refreplay.training.budget``).
     A tensor whose offset does not suit its dtype's alignment is copied."""
     return _read(path, mapped=True)[:2]
 

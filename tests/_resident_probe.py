@@ -18,11 +18,11 @@ from numba.cuda.simulator import kernel as simkernel
 from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
 
 from refreplay.conformance.steps import recipe_sha256
-from refreplay.data import Batching, Stream
-from refreplay.launch.inproc import InProcess
-from refreplay.model import linear_names, param_shapes
-from refreplay.presets import ModelConfig, TrainConfig
-from refreplay.step import Trainer
+from refreplay.training.data import Batching, Stream
+from refreplay.training.launch.inproc import InProcess
+from refreplay.training.model import linear_names, param_shapes
+from refreplay.training.presets import ModelConfig, TrainConfig
+from refreplay.training.step import Trainer
 
 COUNTS = {"h2d": 0, "d2h": 0, "implicit": 0}
 
@@ -81,7 +81,7 @@ def api_checks() -> dict:
     from cuda_backend.host import arrays, numerics
     from cuda_backend.host._common import is_device
     from cuda_backend.host.ops import optim
-    from refreplay import arrays as cpu_arrays
+    from refreplay.training import arrays as cpu_arrays
     from refreplay.ops import optim as cpu_optim
 
     g = np.random.default_rng(3)

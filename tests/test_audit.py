@@ -6,7 +6,7 @@ from fractions import Fraction
 
 import pytest
 
-from refreplay import audit
+from refreplay.verify import audit
 from refreplay.errors import InputError
 
 HEAD = "ab" * 32

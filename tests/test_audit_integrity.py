@@ -14,13 +14,15 @@ import numpy as np
 import pytest
 import zstandard
 
-from refreplay import audit, presets, tensorio, train
+from refreplay import tensorio
 from refreplay import state as sh
+from refreplay.training import presets, train
+from refreplay.verify import audit
 
 from cli_helpers import run_cli as _cli
-from refreplay.data import SHARD_SAMPLES
-from refreplay.launch.inproc import InProcess
-from refreplay.run import open_run
+from refreplay.training.data import SHARD_SAMPLES
+from refreplay.training.launch.inproc import InProcess
+from refreplay.training.run import open_run
 
 STEPS, EVERY = 6, 3
 SEQ = 16

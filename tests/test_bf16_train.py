@@ -21,13 +21,13 @@ import shutil
 import numpy as np
 import pytest
 
-from refreplay import presets
-from refreplay.model import Model, init_params
+from refreplay.training import presets
+from refreplay.training.model import Model, init_params
 from refreplay.numerics import bf16 as B
 from refreplay.ops import bf16 as OB
 from refreplay.ops import linear, rope
-from refreplay.presets import ModelConfig
-from refreplay.run import open_run
+from refreplay.training.presets import ModelConfig
+from refreplay.training.run import open_run
 
 from cli_helpers import run_cli
 
@@ -315,7 +315,7 @@ def test_a_bf16_trace_is_taken_on_the_working_copies(runs, tmp_path):
     copies ([bf16.tensors.c1]): what the first norm saves is the bf16
     embedding of the working wte (the masters would give other bits), and
     replay with the trace published verifies."""
-    from refreplay import trace
+    from refreplay.verify import trace
 
     run = tmp_path / "run"
     shutil.copytree(runs[0], run)
@@ -337,8 +337,8 @@ def test_a_bf16_trace_is_taken_on_the_working_copies(runs, tmp_path):
 def test_a_bf16_run_replays_with_every_tensor_in_mapped_files(runs):
     """Under a memory budget the working copies live in mapped files too
     (``working_params(keep=...)``) and the bits are the same."""
-    from refreplay import budget
-    from refreplay.replay import replay
+    from refreplay.training import budget
+    from refreplay.verify.replay import replay
 
     mem = budget.Memory(True, min_bytes=0)
     res = replay(open_run(runs[0], strict=False), STEPS, memory=mem)

@@ -19,7 +19,7 @@ import numba
 import numpy as np
 import pytest
 
-from refreplay import treefold
+from refreplay.training import treefold
 from refreplay.numerics import core, elementwise
 from refreplay.numerics import transcendental as tr
 from refreplay.ops import optim

@@ -6,11 +6,12 @@ import mmap
 import numpy as np
 import pytest
 
-from refreplay import budget, estimate, launch, presets, run, tensorio
+from refreplay import tensorio
+from refreplay.training import budget, estimate, launch, presets, run
 from refreplay.cli import main
 from refreplay.errors import InputError
-from refreplay.replay import replay
-from refreplay.train import train
+from refreplay.training.train import train
+from refreplay.verify.replay import replay
 
 BYTE_CAP = 1 << 15
 

@@ -74,8 +74,8 @@ def test_kernel_edit_changes_the_key_plumbing_edit_does_not(tmp_path, monkeypatc
 
 def test_a_new_kernel_in_a_plumbing_module_joins_the_key(tmp_path, monkeypatch):
     pkg = _copy_package(tmp_path)
-    target = pkg / "audit.py"
-    assert "audit.py" not in _rel(_env.kernel_closure())
-    target.write_text(target.read_text() + "\nfrom ._jit import kernel as _k\n")
+    target = pkg / "verify" / "audit.py"
+    assert "verify/audit.py" not in _rel(_env.kernel_closure())
+    target.write_text(target.read_text() + "\nfrom .._jit import kernel as _k\n")
     monkeypatch.setattr(_env, "PACKAGE_DIR", pkg)
-    assert (pkg / "audit.py") in _env.kernel_closure()
+    assert target in _env.kernel_closure()

@@ -7,7 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from refreplay import data, rng, treefold
+from refreplay import rng
+from refreplay.training import data, treefold
 from refreplay.errors import InputError
 
 

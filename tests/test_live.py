@@ -10,7 +10,7 @@ import pytest
 from refreplay import cli
 from refreplay.conformance import live, store
 from refreplay.conformance.registry import OPS
-from refreplay.presets import PRESETS
+from refreplay.training.presets import PRESETS
 
 FOCUS = ("matmul", "matmul_nt", "dot", "sum", "softmax_forward", "layernorm_forward", "cross_entropy_forward")
 

@@ -33,13 +33,15 @@ import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from refreplay import audit, presets, tensorio, train, untrusted
-from refreplay import data as rdata
+from refreplay import tensorio, untrusted
 from refreplay import state as sh
+from refreplay.training import presets, train
+from refreplay.training import data as rdata
+from refreplay.verify import audit
 from refreplay.cli import main
 from refreplay.conformance import store
 from refreplay.errors import InputError
-from refreplay.launch.inproc import InProcess
+from refreplay.training.launch.inproc import InProcess
 
 FAST, SLOW = 40, 10_000
 MEMORY_LIMIT = 64 << 20  # bytes a loader may allocate for these small inputs

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from refreplay import model, presets, rng
+from refreplay import rng
+from refreplay.training import model, presets
 from refreplay.errors import InputError
 from refreplay.ops import quant
 from torch_oracle import rel_err

@@ -18,9 +18,9 @@ import sys
 import numba
 import pytest
 
-from refreplay import launch, presets, run
-from refreplay.launch import mpi as mpi_launch
-from refreplay.train import train
+from refreplay.training import launch, presets, run
+from refreplay.training.launch import mpi as mpi_launch
+from refreplay.training.train import train
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import zstandard
 
-from refreplay import presets, train
+from refreplay.training import presets, train
 
 from cli_helpers import run_cli as _cli
-from refreplay.launch.inproc import InProcess
-from refreplay.replay import replay
-from refreplay.run import open_run
+from refreplay.training.launch.inproc import InProcess
+from refreplay.training.run import open_run
+from refreplay.verify.replay import replay
 
 STEPS, EVERY = 30, 10
 

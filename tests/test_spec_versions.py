@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from refreplay import spec
-from refreplay.run import canonical_json
+from refreplay.training.run import canonical_json
 
 from cli_helpers import run_cli
 

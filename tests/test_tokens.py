@@ -10,11 +10,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from refreplay import data, launch, presets, run, tokens
+from refreplay.training import data, launch, presets, run, tokens
 from refreplay.cli import main
 from refreplay.errors import InputError
-from refreplay.replay import replay
-from refreplay.train import train
+from refreplay.training.train import train
+from refreplay.verify.replay import replay
 
 V = 300  # a small true vocabulary: the model's is 320
 T = 32  # the tiny preset's sequence length

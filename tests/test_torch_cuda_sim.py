@@ -30,7 +30,7 @@ import json, sys
 import numpy as np, torch
 sys.path.insert(0, "tests")
 import test_torch_functional as T
-from refreplay import backend as backends
+from refreplay.training import backend as backends
 from refreplay.torch import functional as rF
 cuda = backends.get("cuda")
 assert cuda.name == "cuda" and cuda.linear.__name__.startswith("cuda_backend.")
@@ -96,10 +96,10 @@ def test_every_function_through_the_cuda_twin_gives_the_cpu_bits(results):
 MICRO_BATCH = r"""
 import importlib.util, json, sys
 import numpy as np, torch
-from refreplay import backend as backends
+from refreplay.training import backend as backends
 from refreplay.conformance import steps as golden
-from refreplay.data import inputs_targets
-from refreplay.model import Model, init_params
+from refreplay.training.data import inputs_targets
+from refreplay.training.model import Model, init_params
 from refreplay.torch import functional as rF
 cuda = backends.get("cuda")
 rF.backend_of = lambda *t: cuda

@@ -319,7 +319,7 @@ def test_unsupported_inputs_raise_and_never_fall_back(what, monkeypatch):
 def test_a_cuda_tensor_without_a_usable_twin_is_refused(monkeypatch):
     """Where the CUDA twin cannot run (no GPU, no numba-cuda), a CUDA tensor
     is refused with the reason, never computed by PyTorch on the GPU."""
-    from refreplay import backend as backends
+    from refreplay.training import backend as backends
 
     class FakeCuda:
         device = torch.device("cuda")
@@ -357,7 +357,7 @@ def _py(code: str) -> subprocess.CompletedProcess:
 
 
 def test_import_refreplay_never_imports_torch():
-    r = _py("import sys, refreplay, refreplay.step, refreplay.cli, refreplay.ops, refreplay.treefold\n"
+    r = _py("import sys, refreplay, refreplay.training.step, refreplay.cli, refreplay.ops, refreplay.training.treefold\n"
             "assert 'torch' not in sys.modules, 'torch was imported'\nprint('ok')")
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr
 

@@ -16,8 +16,8 @@ import torch.nn.functional as TF
 
 import refreplay.torch as rt
 from refreplay.conformance import steps as golden
-from refreplay.data import inputs_targets
-from refreplay.model import Model, init_params
+from refreplay.training.data import inputs_targets
+from refreplay.training.model import Model, init_params
 from refreplay.torch import functional as rF
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,9 +52,9 @@ def test_torch_gpt_reproduces_the_golden_steps(case):
 def _reference_checkpoint(case, step):
     """The reference trainer's state after ``step`` steps, through its flat
     checkpoint form ([step.state.c1]), and the chain link of that step."""
-    from refreplay.data import Batching, Stream
-    from refreplay.launch.inproc import InProcess
-    from refreplay.step import Trainer, state_from_tensors
+    from refreplay.training.data import Batching, Stream
+    from refreplay.training.launch.inproc import InProcess
+    from refreplay.training.step import Trainer, state_from_tensors
 
     stream = Stream(case.samples, case.train.seed, Batching(case.train.micro_batches, case.train.micro_batch_size))
     trainer = Trainer(case.model, case.train, stream, case.recipe_sha256)
@@ -207,7 +207,7 @@ def test_ranks_holding_contiguous_micro_batches_give_the_one_device_bits():
     """[fold.ranks.c1] Each rank folds its micro-batches from its start and
     hands over its aligned blocks; the root's fold equals one GradFold over
     all M = 8 micro-batches, bit for bit, for 2, 3 and 5 ranks."""
-    from refreplay.treefold import rank_ranges
+    from refreplay.training.treefold import rank_ranges
 
     case = CASES[0]
     model, named, opt, _ = TRAIN.build(case.model, case.train)

@@ -249,7 +249,7 @@ def test_grad_fold_refuses_stale_gradients_and_missing_ones():
 
 
 def test_load_state_refuses_other_names_and_shapes():
-    from refreplay.step import TrainState
+    from refreplay.training.step import TrainState
 
     z = np.zeros((2, 2), np.float32)
     st = TrainState(3, {"w": z}, {"w": z}, {"w": z}, {}, (0, 3))

@@ -10,9 +10,10 @@ import shutil
 import numpy as np
 import pytest
 
-from refreplay import launch, presets, run, state, treefold
+from refreplay import state
+from refreplay.training import launch, presets, run, treefold
 from refreplay.errors import InputError
-from refreplay.train import train
+from refreplay.training.train import train
 
 BYTE_CAP = 1 << 16  # 64 KiB of the default corpus: ~2000 samples of the tiny preset
 
@@ -130,13 +131,13 @@ def test_step_loss_and_hparams(tiny_run):
     tr = r.trainer()
     st0 = r.load_checkpoint(0)
     batch = r.batch(1)
-    from refreplay.data import inputs_targets
+    from refreplay.training.data import inputs_targets
 
     losses = np.array([[tr.model.loss_and_grads(st0.params, *inputs_targets(batch[2 * m:2 * m + 2])).loss]
                        for m in range(8)], dtype=np.float32)
     want = treefold.scale(treefold.fold_rows(losses), 8)
     assert np.float32(r.records[1].loss).tobytes() == want.tobytes()
-    from refreplay.step import no_decay_names
+    from refreplay.training.step import no_decay_names
 
     nd = no_decay_names(st0.params)
     assert "lnf.w" in nd and "wte" not in nd and all(st0.params[k].ndim == 1 for k in nd)

@@ -4,7 +4,7 @@ evaluation of the tree in float64-free NumPy float32 arithmetic."""
 import numpy as np
 import pytest
 
-from refreplay import treefold
+from refreplay.training import treefold
 
 F32 = np.float32
 

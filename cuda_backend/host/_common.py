@@ -8,7 +8,7 @@ in -> NumPy arrays out (each call copies its inputs to the device and its
 results back, as the reference's drop-in twin).  Any device array in (a
 ``numba.cuda`` DeviceNDArray, directly or in a dict, list or tuple argument) ->
 results stay on the device, device inputs are used where they are and only
-host inputs are copied over: the device-resident step (``refreplay.backend``)
+host inputs are copied over: the device-resident step (``refreplay.training.backend``)
 keeps parameters, activations, gradients and optimizer state there.  Scalars
 (a mean loss, a clipping coefficient) always come back to the host.
 """

@@ -1,4 +1,4 @@
-"""The device twin of ``refreplay.arrays``: where the step's tensors live and
+"""The device twin of ``refreplay.training.arrays``: where the step's tensors live and
 the exact copies that rearrange them, on the device.  A device array stays
 there; ``to_host`` is the one way a tensor comes back (to be hashed or
 published).
@@ -38,7 +38,7 @@ def contiguous(a):
 @device_aware
 def split_heads(x, j, B, T, NH, HS):
     """[model.forward.c1] Part j of the rows of x [N, W] as heads [B, NH, T, HS]
-    (``refreplay.arrays.split_heads``), copied by ``split_heads_k``."""
+    (``refreplay.training.arrays.split_heads``), copied by ``split_heads_k``."""
     x = _array("x", x, ndim=2)
     C = NH * HS
     if x.shape[0] != B * T or x.shape[1] < (j + 1) * C:
@@ -53,7 +53,7 @@ def split_heads(x, j, B, T, NH, HS):
 @device_aware
 def merge_heads(parts, B, T, NH, HS):
     """The heads of each part side by side as rows [N, len(parts)*C]
-    (``refreplay.arrays.merge_heads``), copied by ``merge_heads_k``."""
+    (``refreplay.training.arrays.merge_heads``), copied by ``merge_heads_k``."""
     C = NH * HS
     rows = cuda.device_array((B * T, len(parts) * C), np.float32)
     for j, p in enumerate(parts):

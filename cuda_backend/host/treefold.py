@@ -1,4 +1,4 @@
-"""Host entry points of TreeFold (spec chapter 22), as ``refreplay.treefold``.
+"""Host entry points of TreeFold (spec chapter 22), as ``refreplay.training.treefold``.
 """
 from __future__ import annotations
 

@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from refreplay.data import Batching, Stream, inputs_targets
-from refreplay.model import init_params
-from refreplay.presets import f32_hex
+from refreplay.training.data import Batching, Stream, inputs_targets
+from refreplay.training.model import init_params
+from refreplay.training.presets import f32_hex
 from refreplay.torch import GradFold, chain_link, load_state, train_state
 from refreplay.torch.optim import AdamW, LRSchedule, clip_grad_norm_
 

@@ -17,7 +17,7 @@ def add_arguments(p):
     p.add_argument("--max-memory", metavar="GIB", default=None,
                    help="memory budget in GiB: state and gradients in memory-mapped files when a step "
                         "would not fit (bits never change)")
-    from ..backend import add_argument
+    from ..training.backend import add_argument
 
     add_argument(p)
 
@@ -27,11 +27,12 @@ def run(args) -> int:
     import os
     from pathlib import Path
 
-    from .. import __version__, audit, doctor, spec
+    from .. import __version__, doctor, spec
+    from ..verify import audit
     from ..errors import InputError
-    from ..backend import describe
-    from ..replay import replay
-    from ..run import open_run
+    from ..training.backend import describe
+    from ..training.run import open_run
+    from ..verify.replay import replay
     from .replay import check_head, memory_for, print_artifacts, progress_printer
 
     if not audit.AUDITOR_RE.fullmatch(args.auditor):

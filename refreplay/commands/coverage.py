@@ -38,8 +38,8 @@ CERT_LIMIT = 16 << 20  # bytes; a certificate is a few kilobytes
 
 
 def run(args) -> int:
-    from .. import audit
-    from ..run import open_run
+    from ..training.run import open_run
+    from ..verify import audit
 
     r = open_run(args.run)
     n = r.recipe.steps
@@ -64,7 +64,7 @@ def run(args) -> int:
                 p = audit.escape_probability(n, cov.sample_sizes, t)
                 print(f"  t = {t:3d}: {float(p):.6g}")
     if args.plot:
-        from ..plot import plot_coverage
+        from ..verify.plot import plot_coverage
 
         plot_coverage(args.plot, r, cov)
         print(f"plot written to {args.plot}")

@@ -36,12 +36,14 @@ def run(args) -> int:
     import time
     from pathlib import Path
 
-    from .. import __version__, audit, doctor, presets, spec
+    from .. import __version__, doctor, spec
     from ..errors import InputError
-    from ..launch.inproc import InProcess
-    from ..replay import replay
-    from ..run import open_run
-    from ..train import train
+    from ..training import presets
+    from ..training.launch.inproc import InProcess
+    from ..training.run import open_run
+    from ..training.train import train
+    from ..verify import audit
+    from ..verify.replay import replay
 
     t_start = time.perf_counter()
     out = Path(args.out)

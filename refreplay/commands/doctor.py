@@ -10,7 +10,8 @@ def add_arguments(p):
 def run(args) -> int:
     import json
 
-    from .. import backend, doctor
+    from .. import doctor
+    from ..training import backend
 
     findings = doctor.run_checks()
     fp = doctor.fingerprint()

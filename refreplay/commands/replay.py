@@ -8,7 +8,7 @@ def add_arguments(p):
                    help="the chain head published out of band; the run's head.json must equal it")
     p.add_argument("--quiet", action="store_true", help="no progress line")
     add_budget_arguments(p)
-    from ..backend import add_argument
+    from ..training.backend import add_argument
 
     add_argument(p)
 
@@ -24,7 +24,7 @@ def add_budget_arguments(p):
 
 def memory_for(args, model, train):
     """The ``budget.Memory`` that ``--max-memory`` asks for (None: no budget)."""
-    from .. import budget, estimate
+    from ..training import budget, estimate
 
     if args.max_memory is None:
         return None
@@ -33,7 +33,7 @@ def memory_for(args, model, train):
 
 
 def print_estimate(args, model, train, steps: int) -> int:
-    from .. import budget, estimate
+    from ..training import budget, estimate
 
     limit = None if args.max_memory is None else budget.parse_gib(args.max_memory)
     c = estimate.estimate(model, train)
@@ -71,9 +71,9 @@ def progress_printer(quiet):
 
 
 def run(args) -> int:
-    from ..backend import describe
-    from ..replay import replay
-    from ..run import open_run
+    from ..training.backend import describe
+    from ..training.run import open_run
+    from ..verify.replay import replay
 
     r = open_run(args.run, strict=False)
     check_head(r, args.expect_head)

@@ -11,8 +11,8 @@ def run(args) -> int:
     import json
 
     from ..errors import InputError
-    from ..run import open_run
-    from ..trace import TRACE_DIR, step_trace, trace_path
+    from ..training.run import open_run
+    from ..verify.trace import TRACE_DIR, step_trace, trace_path
 
     r = open_run(args.run)
     (r.path / TRACE_DIR).mkdir(exist_ok=True)

@@ -37,7 +37,7 @@ def add_arguments(p):
     from .replay import add_budget_arguments
 
     add_budget_arguments(p)
-    from ..backend import add_argument
+    from ..training.backend import add_argument
 
     add_argument(p)
 
@@ -69,7 +69,8 @@ def _configs(args):
     import dataclasses
     from pathlib import Path
 
-    from .. import presets, untrusted
+    from .. import untrusted
+    from ..training import presets
     from ..errors import InputError
 
     explicit_schedule = False
@@ -103,7 +104,7 @@ def _with_data_vocab(args, model):
     read from the token files' sidecars or --vocab without reading tokens."""
     import dataclasses
 
-    from .. import data, tokens
+    from ..training import data, tokens
 
     v = tokens.peek_vocab(args.tokens, args.vocab) if args.tokens else data.VOCAB
     return dataclasses.replace(model, vocab=tokens.padded_vocab(v))
@@ -114,7 +115,7 @@ def run(args) -> int:
     import traceback
 
     from ..errors import InputError
-    from ..launch import mpi as mpi_launch
+    from ..training.launch import mpi as mpi_launch
 
     if args.steps is None or args.steps < 1:
         raise InputError("--steps must be a positive integer")
@@ -139,10 +140,10 @@ def run(args) -> int:
         import numba
 
         numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
-    from .. import data, launch
-    from ..train import train
+    from ..training import data, launch
+    from ..training.train import train
 
-    from ..backend import describe
+    from ..training.backend import describe
 
     device = describe(args.device)  # refuses an unusable device before any work
     launcher = launch.get(args.launcher, args.ranks)

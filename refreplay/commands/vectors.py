@@ -14,7 +14,7 @@ def add_arguments(p):
     st.add_argument("--file", default=None, help="steps file (default: the repository's vectors/steps.json)")
     st.add_argument("--ranks", type=int, nargs="+", default=[1, 3], metavar="R",
                     help="in-process rank counts to compute with (default: 1 3)")
-    from ..backend import add_argument
+    from ..training.backend import add_argument
 
     add_argument(st)
     sub.add_parser("ops", help="list every covered op with its calling convention and clauses")
@@ -80,7 +80,7 @@ def _steps(args, directory) -> int:
     """[conf.steps.c1] Recompute the golden steps; exit 1 naming each differing record."""
     from pathlib import Path
 
-    from ..backend import describe
+    from ..training.backend import describe
     from ..conformance import steps
     from ..errors import InputError
 

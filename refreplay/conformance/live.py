@@ -426,7 +426,7 @@ def preset_shapes(name: str) -> dict[str, list[tuple[str, dict]]]:
     matmul forms: the forward x·Wᵀ (matmul_nt, and matmul_i8 for int8
     linears), the input gradient dy·W (matmul) and the weight gradient dyᵀ·x
     (matmul_tn)."""
-    from ..presets import preset
+    from ..training.presets import preset
 
     m, _ = preset(name)
     C, NH, HS, T, F, Vv = m.width, m.heads, m.head_size, m.seq_len, m.mlp_hidden, m.vocab

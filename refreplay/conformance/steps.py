@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InputError
-from ..presets import ModelConfig, TrainConfig, model_from_json, model_to_json, preset, train_from_json, \
-    train_to_json
+from ..training.presets import (ModelConfig, TrainConfig, model_from_json, model_to_json, preset,
+                                train_from_json, train_to_json)
 
 FORMAT = "refreplay-steps/1"
 STEPS_FILE = "steps.json"
@@ -85,9 +85,9 @@ def run_case(model: ModelConfig, train: TrainConfig, samples: np.ndarray, steps:
              ranks: int = 1, device=None) -> list[dict]:
     """The records of steps 0..steps of one case, computed on ``device`` with
     ``ranks`` in-process ranks."""
-    from ..data import Batching, Stream
-    from ..launch.inproc import InProcess
-    from ..step import Trainer
+    from ..training.data import Batching, Stream
+    from ..training.launch.inproc import InProcess
+    from ..training.step import Trainer
 
     stream = Stream(samples, train.seed, Batching(train.micro_batches, train.micro_batch_size))
     trainer = Trainer(model, train, stream, recipe_sha256(model, train, samples), device)

@@ -8,7 +8,7 @@ touches both PyTorch and NumPy memory.
   view, say) is first copied into C order; the copy is exact and counted in
   ``COPIES`` so tests can see when it happens.
 * CUDA tensors: the CUDA twin's host entry points (``cuda_backend.host``,
-  through ``refreplay.backend``) take host NumPy arrays and launch the
+  through ``refreplay.training.backend``) take host NumPy arrays and launch the
   device kernels themselves, so a CUDA tensor is copied to the host, the op
   runs on the GPU, and the result is copied back to the tensor's device.
   Not zero-copy (two host round trips per op), and never run on a GPU in
@@ -26,7 +26,7 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from .. import backend as backends
+from ..training import backend as backends
 from ..errors import InputError
 from ..numerics.core import load as np_load
 

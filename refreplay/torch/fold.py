@@ -23,9 +23,9 @@ import numpy as np
 import torch
 
 from .. import state as statehash
-from ..presets import f32_hex
-from ..step import LOSS, TrainState
-from ..treefold import FoldStack, fold_blocks
+from ..training.presets import f32_hex
+from ..training.step import LOSS, TrainState
+from ..training.treefold import FoldStack, fold_blocks
 from ._bridge import Unsupported, backend_of, eager, from_numpy, inside_reference, named_tensors, to_numpy
 
 

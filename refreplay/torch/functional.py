@@ -48,7 +48,7 @@ IGNORE_INDEX = -1  # [loss.token.c1]
 
 
 def _softmax_ops(ops):
-    """The softmax module of a backend (``refreplay.backend`` bundles none)."""
+    """The softmax module of a backend (``refreplay.training.backend`` bundles none)."""
     if ops.name == "cpu":
         from ..ops import softmax
     else:

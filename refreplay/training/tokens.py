@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import InputError
+from ..errors import InputError
 
 LLMC_MAGIC = 20240520
 LLMC_HEADER_INTS = 256

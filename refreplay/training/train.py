@@ -16,8 +16,8 @@ import sys
 import time
 from dataclasses import dataclass
 
+from ..errors import InputError
 from . import data, tokens
-from .errors import InputError
 from .presets import ModelConfig, TrainConfig
 from .run import RunWriter, checkpoint_steps, new_recipe
 from .step import Trainer

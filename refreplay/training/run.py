@@ -33,9 +33,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__, data, spec, tensorio, untrusted
-from . import state as statehash
-from .errors import InputError
+from .. import __version__, spec, tensorio, untrusted
+from .. import state as statehash
+from ..errors import InputError
+from . import data
 from .tokens import padded_vocab
 from .presets import (PRESETS, ModelConfig, TrainConfig, model_from_json, model_to_json,
                       train_from_json, train_to_json)
@@ -424,8 +425,8 @@ class Run:
     # -- replay
     def trainer(self, device=None, memory=None):
         """A Trainer of this recipe whose ops run on ``device`` ("cpu", the
-        default, or "cuda"; ``refreplay.backend``), its large tensors placed
-        by ``memory`` (``refreplay.budget``)."""
+        default, or "cuda"; ``refreplay.training.backend``), its large tensors placed
+        by ``memory`` (``refreplay.training.budget``)."""
         from .step import Trainer
 
         return Trainer(self.recipe.model, self.recipe.train, self.stream(), self.recipe_sha256, device, memory)

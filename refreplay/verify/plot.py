@@ -3,7 +3,7 @@ curve from the published (bit-exact) per-step losses.  Needs matplotlib (the
 ``plot`` extra); nothing on the normative path uses it."""
 from __future__ import annotations
 
-from .errors import InputError
+from ..errors import InputError
 
 
 def plot_coverage(path, run, cov) -> None:

@@ -7,7 +7,7 @@ with R = 1, 2, 3, 4, 8 here proves the bits do not depend on the rank count.
 """
 from __future__ import annotations
 
-from ..errors import InputError
+from ...errors import InputError
 from ..treefold import fold_blocks, fold_local, rank_ranges
 
 

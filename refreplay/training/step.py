@@ -10,7 +10,7 @@ The data flows one way ([step.order.c1]):
 * [step.hparams.c1] the hyper-parameters and where each enters;
 * [step.record.c1] the per-step hash record.
 
-The TreeFold itself is delegated to a *launcher* (``refreplay.launch``):
+The TreeFold itself is delegated to a *launcher* (``refreplay.training.launch``):
 an object with ``fold(leaf, M)`` that evaluates ``leaf(m)`` for the
 micro-batches its ranks own and returns the folded sum of [fold.ranks.c1].
 """
@@ -21,13 +21,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import doctor
+from .. import state as statehash
+from ..ops import optim
 from . import backend as backends
-from . import budget, doctor
-from . import state as statehash
+from . import budget
 from .arrays import on_host
 from .data import Stream, inputs_targets
 from .model import Model, init_params, linear_names, param_shapes, quant_steps
-from .ops import optim
 from .presets import ModelConfig, TrainConfig
 from .tokens import token_bytes
 
@@ -40,7 +41,7 @@ class TrainState:
     """[step.state.c1] Parameters, AdamW moments, re-pinned quantizer step
     sizes, the number of steps taken and the data position.  The tensors are
     host arrays, or device arrays after a step on a device-resident backend
-    (``refreplay.backend``); ``tensors()`` and ``copy()`` give host arrays."""
+    (``refreplay.training.backend``); ``tensors()`` and ``copy()`` give host arrays."""
     step: int
     params: dict
     m: dict

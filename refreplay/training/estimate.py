@@ -133,8 +133,8 @@ def _micro_seconds(cfg: ModelConfig, layers: int, t: int, repeat: int = 1) -> fl
 
 def _stream_seconds_per_byte() -> tuple[float, float]:
     """(seconds per byte of an elementwise pass, of the state hash)."""
+    from .. import state as statehash
     from . import backend as backends
-    from . import state as statehash
 
     ops = backends.get("cpu")
     n = 1 << 22

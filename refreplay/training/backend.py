@@ -8,7 +8,7 @@ arrays in and out), plus ``arrays``: where the step's tensors live
 (``to_device``/``to_host``) and the exact copies between layouts.
 
 * ``cpu``  — ``refreplay.ops``, ``refreplay.numerics.elementwise``,
-  ``refreplay.treefold`` and ``refreplay.rng``: the reference itself.
+  ``refreplay.training.treefold`` and ``refreplay.rng``: the reference itself.
 * ``cuda`` — ``cuda_backend.host``: every op runs as numba.cuda kernels on
   the GPU (or in numba-cuda's simulator under ``NUMBA_ENABLE_CUDASIM=1``),
   implementing the same clauses, so the same bits come out.
@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import ModuleType
 
-from .errors import InputError
+from ..errors import InputError
 
 DEVICES = ("cpu", "cuda")
 
@@ -56,9 +56,10 @@ class Backend:
 
 
 def _cpu() -> Backend:
-    from . import arrays, rng, treefold
-    from .numerics import bf16, elementwise
-    from .ops import activations, attention, embedding, linear, loss, norms, optim, quant, rope
+    from .. import rng
+    from ..numerics import bf16, elementwise
+    from ..ops import activations, attention, embedding, linear, loss, norms, optim, quant, rope
+    from . import arrays, treefold
 
     return Backend("cpu", embedding, linear, norms, activations, attention, loss, quant, rope,
                    optim, elementwise, treefold, rng, arrays, bf16)

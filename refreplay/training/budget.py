@@ -22,7 +22,7 @@ import tempfile
 
 import numpy as np
 
-from .errors import InputError
+from ..errors import InputError
 
 GIB = 1 << 30
 MIN_MAPPED = 1 << 16  # bytes: smaller tensors stay in RAM (file handles are not free)

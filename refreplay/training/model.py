@@ -1,6 +1,6 @@
 """The GPT-style decoder of the reference trainer (``spec/20-model.txt``),
 composed from the ops of ``refreplay.ops`` (or, on ``device="cuda"``, their
-CUDA twins in ``cuda_backend.host``, see ``refreplay.backend``); no arithmetic of its own beyond
+CUDA twins in ``cuda_backend.host``, see ``refreplay.training.backend``); no arithmetic of its own beyond
 the residual additions ([model.residual.c1]).
 
 Shapes (spec letters): tokens, targets [B, T] int32; the residual stream
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..numerics.core import F32, mul, sqrt
 from . import backend as backends
-from .numerics.core import F32, mul, sqrt
 from .presets import ModelConfig
 
 

@@ -14,16 +14,16 @@ step 0, since the chain binds state 0 only through the recipe
 ([step.record.c1]).
 
 This module decides where a replay starts and checks one checkpoint; the
-step loop is ``refreplay.replay``.
+step loop is ``refreplay.verify.replay``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import state as statehash
-from . import tensorio
-from .errors import InputError
-from .run import CKPT_DIR, checkpoint_metadata, checkpoint_name
+from .. import state as statehash
+from .. import tensorio
+from ..errors import InputError
+from ..training.run import CKPT_DIR, checkpoint_metadata, checkpoint_name
 
 
 @dataclass(frozen=True)

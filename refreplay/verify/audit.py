@@ -3,7 +3,7 @@
 Many auditors each replay a few steps of a published run.  This module decides
 *which* steps (so a publisher cannot predict them), writes what an auditor
 certifies, and adds certificates up into coverage with the probability that
-tampered steps escaped every sample.  Replaying a step is ``refreplay.replay``.
+tampered steps escaped every sample.  Replaying a step is ``refreplay.verify.replay``.
 
 Sampling (method ``refreplay-audit-sample/1``): the seed is
 ``SHA-256("refreplay-audit-sample/1" 0x00 chain_head 0x00 beacon 0x00 secret)``
@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from .errors import InputError
+from ..errors import InputError
 
 SAMPLE_METHOD = "refreplay-audit-sample/1"
 CERT_FORMAT = "refreplay-certificate/2"
@@ -167,12 +167,12 @@ class RunFacts:
 
 
 def run_facts(run) -> RunFacts:
-    from .run import CKPT_DIR, checkpoint_name
+    from ..training.run import CKPT_DIR, checkpoint_name
 
     published = {rec.step: {"state_root": rec.state_root, "data_hash": rec.data_hash,
                             "chain_link": rec.chain_link} for rec in run.records}
     present = frozenset(k for k in run.checkpoints if (run.path / CKPT_DIR / checkpoint_name(k)).is_file())
-    from . import spec
+    from .. import spec
 
     same = run.recipe.spec_version == spec.version()
     later = () if same else ((spec.version(), spec.spec_sha256()),)  # the run opened: this version replays it
@@ -303,7 +303,7 @@ def _checked(cert, facts, verified):
     """[step.verified.c1] A verified step lists a replay from a checkpoint
     before it through the step, and every checkpoint the run publishes for a
     recomputed step, each with the published root of its step."""
-    from .run import CKPT_DIR, checkpoint_name
+    from ..training.run import CKPT_DIR, checkpoint_name
 
     c = cert["checked"]
     _keys(c, ("replayed_from", "steps", "checkpoints"), "checked")

@@ -2,7 +2,7 @@
 was published; when not, localise the first divergence.
 
 ``replay(run, n)`` starts from the nearest usable checkpoint before step n
-(``refreplay.artifacts``), runs every step up to n on one in-process rank,
+(``refreplay.verify.artifacts``), runs every step up to n on one in-process rank,
 and compares each step's data hash, state root, loss bits and chain link with
 the published record, and every checkpoint published for a recomputed step
 (step n's own included) with the replayed state ([step.verified.c1]).  The
@@ -27,10 +27,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from . import artifacts, tensorio
-from . import state as statehash
-from .errors import InputError
-from .run import CKPT_DIR, checkpoint_name
+from .. import tensorio
+from .. import state as statehash
+from ..errors import InputError
+from ..training.run import CKPT_DIR, checkpoint_name
+from . import artifacts
 
 
 @dataclass

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 import numpy as np
 from numba import prange
 
-from ._jit import kernel, parallel_kernel
-from .numerics import elementwise
-from .numerics.core import F32, finish, recip
+from .._jit import kernel, parallel_kernel
+from ..numerics import elementwise
+from ..numerics.core import F32, finish, recip
 
 
 # ---- elementwise kernels ------------------------------------------------------

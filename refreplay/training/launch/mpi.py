@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import InputError, VerificationFailure
+from ...errors import InputError, VerificationFailure
 from ..arrays import on_host
 from ..treefold import Block, fold_blocks, fold_local, rank_ranges
 

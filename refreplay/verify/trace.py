@@ -19,10 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .arrays import on_host
-from .data import inputs_targets
-from . import untrusted
-from .errors import InputError
+from .. import untrusted
+from ..errors import InputError
+from ..training.arrays import on_host
+from ..training.data import inputs_targets
 
 TRACE_FORMAT = "refreplay-trace/1"
 TRACE_DIR = "traces"

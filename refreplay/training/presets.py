@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
-from .errors import InputError
+from ..errors import InputError
 
 F32 = np.float32
 

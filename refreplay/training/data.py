@@ -2,7 +2,7 @@
 the topology-invariant stream (``spec/21-data.txt``).
 
 * [data.tokens.c1]  a token is a byte (V = 256) of the default corpus, or a
-  token id of pre-tokenized files (``refreplay.tokens``, [data.tokenfile.c1]);
+  token id of pre-tokenized files (``refreplay.training.tokens``, [data.tokenfile.c1]);
 * [data.corpus.c1]  the default corpus is the running Python's standard
   library ``.py`` sources in a stated order, capped; or files the user names;
 * [data.samples.c1] sample i is bytes [i*(T+1), (i+1)*(T+1)) of the corpus;
@@ -27,8 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import rng, tokens, untrusted
-from .errors import InputError
+from .. import rng, untrusted
+from ..errors import InputError
+from . import tokens
 
 VOCAB = 256
 DEFAULT_BYTE_CAP = 1 << 20  # [data.corpus.c1]

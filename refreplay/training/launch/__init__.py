@@ -18,7 +18,7 @@ messages only -- never an MPI reduction, whose order MPI would choose.
 """
 from __future__ import annotations
 
-from ..errors import InputError
+from ...errors import InputError
 
 LAUNCHERS = ("inproc", "mpi")
 

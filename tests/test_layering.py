@@ -1,0 +1,103 @@
+"""The package's layers: the map in ``refreplay/__init__.py`` places every
+top-level module and sub-package, and every import of one package module by
+another (lazy imports inside functions included) goes to a lower layer, so
+there is no upward import and no import cycle between them."""
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+import refreplay
+
+PKG = Path(refreplay.__file__).resolve().parent
+
+
+def layer_map(doc: str) -> dict[str, int]:
+    """{unit: layer} from the docstring's lines "    N      unit unit ..."."""
+    out = {}
+    for m in re.finditer(r"^    (\d)      (\S.*)$", doc, re.M):
+        for name in m.group(2).split():
+            assert name not in out, f"{name} is placed twice in the layer map"
+            out[name] = int(m.group(1))
+    return out
+
+
+LAYERS = layer_map(refreplay.__doc__)
+
+
+def units_on_disk() -> set[str]:
+    return ({p.stem for p in PKG.glob("*.py") if p.stem != "__init__"}
+            | {p.parent.name for p in PKG.glob("*/__init__.py")})
+
+
+def imported_units(rel: Path, source: str) -> list[tuple[int, str]]:
+    """(line, unit) of every package import in the module at ``rel`` (relative
+    to the package directory); the unit of refreplay.a.b is "a", of a name
+    imported from the package root ("from .. import doctor") the name itself,
+    and "" for the root's own names (``__version__``)."""
+    pkg = ["refreplay", *rel.parent.parts]
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg[: len(pkg) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            if mod == "refreplay":
+                names = [a.name if a.name in LAYERS else "" for a in node.names]
+            elif mod.startswith("refreplay."):
+                names = [mod.split(".")[1]]
+            else:
+                names = []
+        elif isinstance(node, ast.Import):
+            names = [a.name.split(".")[1] for a in node.names
+                     if a.name.startswith("refreplay.")]
+        else:
+            continue
+        out += [(node.lineno, n) for n in names]
+    return out
+
+
+def upward_imports(rel: Path, source: str) -> list[str]:
+    unit = rel.parts[0].removesuffix(".py")
+    return [f"{rel}:{line}: layer {LAYERS[unit]} ({unit}) imports layer {LAYERS[target]} ({target})"
+            for line, target in imported_units(rel, source)
+            if target and target != unit and LAYERS[target] >= LAYERS[unit]]
+
+
+def test_every_module_is_placed_in_the_layer_map():
+    assert set(LAYERS) == units_on_disk(), (
+        "refreplay/__init__.py's layer map and the package differ: "
+        f"missing {sorted(units_on_disk() - set(LAYERS))}, stale {sorted(set(LAYERS) - units_on_disk())}")
+
+
+def test_imports_go_only_downward():
+    bad = []
+    for path in sorted(PKG.rglob("*.py")):
+        rel = path.relative_to(PKG)
+        if rel.name == "__init__.py" and rel.parent == Path("."):
+            continue  # the root only sets up the process (_env)
+        bad += upward_imports(rel, path.read_text())
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("rel, source", [
+    ("training/step.py", "from ..verify import replay\n"),
+    ("training/step.py", "def f():\n    from ..verify.replay import replay\n"),
+    ("ops/linear.py", "from ..training import treefold\n"),
+    ("numerics/core.py", "import refreplay.training.step\n"),
+    ("state.py", "from . import tensorio\n"),       # same layer is not below
+    ("verify/replay.py", "from .. import conformance\n"),
+])
+def test_an_upward_import_is_caught(rel, source):
+    assert upward_imports(Path(rel), source)
+
+
+@pytest.mark.parametrize("rel, source", [
+    ("verify/replay.py", "from ..training.run import open_run\nfrom .. import __version__, state\n"),
+    ("training/launch/mpi.py", "from ...errors import InputError\nfrom ..treefold import fold_blocks\n"),
+])
+def test_a_downward_import_passes(rel, source):
+    assert not upward_imports(Path(rel), source)
