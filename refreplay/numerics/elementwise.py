@@ -119,14 +119,14 @@ def exp_lane(x):
 
     Flushes ([num.flush.r2]): only the last product, the scaling by 2^k2,
     can be subnormal for a normal x (x in [-88, -87.34]): it keeps its flush.
-    Before it: k * LN2_HI and k * LN2_LO are +-0 or at least LN2_LO in
-    magnitude; for k != 0, hi = xc - k LN2_HI is exact and a multiple of
-    2^-40 (or 0), so r, r*r and the Horner steps stay far above 2^-126
-    (r * r >= 2^-100 or 0), and p is in [0.7, 1.5], p * 2^k1 normal.  For
-    k = 0, |xc| < 0.35: a subnormal xc (or a subnormal kx, r, r*r q) is what
-    the scalar form flushes to zero, and either way p = 1 + (tiny) rounds to
-    1 (the unflushed tiny terms are below 2^-60).  Exhaustion:
-    test_exp_lane_all_inputs."""
+    Why the others change nothing (the proof is the exhaustion): for k != 0,
+    |xc| > 0.34, so hi = xc - k LN2_HI is exact and a multiple of 2^-25, and
+    r = hi - lo stays far above 2^-63 in magnitude (or is 0), so r * r and
+    the Horner steps are normal; p is in [0.7, 1.5] and p * 2^k1 normal.
+    For k = 0, |xc| < 0.35: a subnormal xc, kx, r or r*r q is what the
+    scalar form flushes to zero, and either way p = 1 + (hi + tiny) rounds
+    the same.  Exhaustion: tests/test_lane_exhaustive.py,
+    test_lane_all_inputs[exp]."""
     xc = min(max(x if x == x else core.ZERO, tr.EXP_UNDERFLOW), tr.EXP_OVERFLOW)  # identity where used
     kx = xc * tr.INV_LN2
     # [num.rint.c1] for |kx| < 2^23: (|kx| + 2^23) - 2^23, sign of kx put back
@@ -164,7 +164,8 @@ def tanh_lane(x):
     the terms a z P(z) are below a 2^-25 when they are subnormal (a < 2^-42),
     so a + (flushed or not) rounds to a either way.  The large branch is at
     least 0.63; inside it 1/(e + 1) may be subnormal (e > 2^126), and then
-    1 - 2 (flushed or not) rounds to 1.  Exhaustion: test_tanh_lane_all_inputs."""
+    1 - 2 (flushed or not) rounds to 1.  Exhaustion:
+    tests/test_lane_exhaustive.py, test_lane_all_inputs[tanh]."""
     a = abs(x)
     z = a * a
     p = tr.TANH_T5 + z * tr.TANH_T6
@@ -191,7 +192,7 @@ def sigmoid_lane(x):
     t is exp_lane's flushed result (0 or >= 2^-126), t d = t for a tiny t, so
     t * (t d) is the only term that can be subnormal, and t - (that term)
     rounds the same whether it is flushed or not; the result keeps its flush.
-    Exhaustion: test_sigmoid_lane_all_inputs."""
+    Exhaustion: tests/test_lane_exhaustive.py, test_lane_all_inputs[sigmoid]."""
     pos = x >= core.ZERO  # includes -0, as the clause's branch does
     t = exp_lane(-x if pos else x)
     d = core.ONE / (core.ONE + t)

@@ -45,7 +45,7 @@ _BLOCK = 2048  # elements per parallel task; any value gives the same bits
 # intermediate that can be subnormal (K x x x, (K3 x) x, th*th, 0.5 x, th for
 # a subnormal inner) is added to a term at least 2^25 times larger (x, 1) or
 # ends in the flushed result, so flushed or not it rounds the same.
-# Exhaustion: tests/test_lane_exhaustive.py (test_gelu_lanes_all_inputs)
+# Exhaustion: tests/test_lane_exhaustive.py (test_lane_all_inputs[gelu])
 # compares gelu_lane and gelu_local with the clause's steps, every operation
 # flushed, on every bit pattern.
 
