@@ -1,5 +1,7 @@
 """The flush-reduced lane forms equal the scalar clause functions on every
-binary32 bit pattern ([num.flush.r2]).
+binary32 bit pattern ([num.flush.c1]: a flush that provably never changes a
+value may be left out, [mm.flush.r1]; for a function of one argument the
+proof is exhaustion).
 
 ``elementwise.exp_lane``, ``tanh_lane``, ``sigmoid_lane`` and the GELU lanes
 ``activations.gelu_lane`` / ``gelu_local`` leave out flushes that change no
@@ -145,7 +147,7 @@ def subset():
 
 @pytest.mark.parametrize("name", sorted(COUNTERS))
 def test_lane_equals_scalar_on_subset(name, subset):
-    """[num.flush.r2] [num.exp.c1] [num.tanh.c1] [num.sigmoid.c1] [act.gelu.fwd.c1]
+    """[num.flush.c1] [num.exp.c1] [num.tanh.c1] [num.sigmoid.c1] [act.gelu.fwd.c1]
     [act.gelu.bwd.c1] lane form == scalar clause on the default subset."""
     check(name, subset)
 
@@ -160,7 +162,7 @@ def all_patterns_in_chunks(size=1 << 24):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(COUNTERS))
 def test_lane_all_inputs(name):
-    """[num.flush.r2] every one of the 2^32 bit patterns (measured on 2 shared
+    """[num.flush.c1] every one of the 2^32 bit patterns (measured on 2 shared
     cores: see docs/performance-training.md, GELU)."""
     for pats in all_patterns_in_chunks():
         check(name, pats)

@@ -94,7 +94,7 @@ def mul_flush(a, b):
     return core.flush(a * b)
 
 
-# Flushes proved identities ([num.flush.r2]).  [num.flush.c1] replaces a
+# Flushes proved identities ([num.flush.c1], left out as [mm.flush.r1] allows).  [num.flush.c1] replaces a
 # subnormal result by a signed zero; where no input of a lane form can make an
 # operation's result subnormal, or where the flushed and the unflushed value
 # lead to the same final bits, the flush changes no result bit and is left
@@ -117,7 +117,7 @@ def exp_lane(x):
     k is an integer in [-128, 128], and hi, lo, r, q and p are bounded; no
     operation below sees a non-finite operand.
 
-    Flushes ([num.flush.r2]): only the last product, the scaling by 2^k2,
+    Flushes ([num.flush.c1]): only the last product, the scaling by 2^k2,
     can be subnormal for a normal x (x in [-88, -87.34]): it keeps its flush.
     Why the others change nothing (the proof is the exhaustion): for k != 0,
     |xc| > 0.34, so hi = xc - k LN2_HI is exact and a multiple of 2^-25, and
@@ -158,7 +158,7 @@ def tanh_lane(x):
     the last select replaces), so e + 1, its reciprocal and 1 - 2/(e + 1)
     have no NaN operand and no inf - inf.
 
-    Flushes ([num.flush.r2]): the polynomial's result a + a (z P(z)) keeps
+    Flushes ([num.flush.c1]): the polynomial's result a + a (z P(z)) keeps
     its flush: for a subnormal x the scalar form gives +-0 (z = a*a flushes
     to 0, then a + 0 flushes), the unflushed sum would be x.  For a normal a
     the terms a z P(z) are below a 2^-25 when they are subnormal (a < 2^-42),
@@ -188,7 +188,7 @@ def sigmoid_lane(x):
     w <= 0, so t = exp(w) is in [0, 1] (NaN only for a NaN x, replaced by the
     last select): every operation below has finite operands.
 
-    Flushes ([num.flush.r2]): d = 1/(1 + t) is in [0.5, 1], never subnormal;
+    Flushes ([num.flush.c1]): d = 1/(1 + t) is in [0.5, 1], never subnormal;
     t is exp_lane's flushed result (0 or >= 2^-126), t d = t for a tiny t, so
     t * (t d) is the only term that can be subnormal, and t - (that term)
     rounds the same whether it is flushed or not; the result keeps its flush.

@@ -39,7 +39,7 @@ GELU_CUBE3 = np.array([0x3E095D4F], dtype=np.uint32).view(np.float32)[0]  # 3 * 
 
 _BLOCK = 2048  # elements per parallel task; any value gives the same bits
 
-# Flushes ([num.flush.r2]): GELU's lanes keep the flush of their result
+# Flushes ([num.flush.c1], left out as [mm.flush.r1] allows): GELU's lanes keep the flush of their result
 # (mul_flush before canon) and of tanh_lane's polynomial, and leave out the
 # others, which change no result bit on any of the 2^32 inputs: every
 # intermediate that can be subnormal (K x x x, (K3 x) x, th*th, 0.5 x, th for
