@@ -163,3 +163,23 @@ def test_state_zero_from_the_recipe_is_built_in_mapped_files(tiny_run):
     assert not np.any(mapped.m["wte"].view(np.uint32)) and not np.any(mapped.v["wte"].view(np.uint32))
     z = budget.Memory(True, min_bytes=1 << 30).zeros((3, 2), np.float32)  # below min_bytes: RAM
     assert not _mapped(z) and z.shape == (3, 2) and not np.any(z)
+
+
+def test_calibration_scales_by_the_step_flops():
+    """The calibration's FLOP model of one micro-batch agrees with the step's
+    count (a whole step is M micro-batches plus the optimizer's few FLOPs per
+    parameter), for a tied and an untied model, and a model cut to fewer
+    layers or a shorter sequence has fewer FLOPs."""
+    import dataclasses
+
+    for name in ("gpt2-124m", "small"):
+        m, t = presets.preset(name)
+        step = estimate.cost(m, t).flops
+        micro = estimate.micro_flops(m, m.layers, m.seq_len) * t.micro_batch_size
+        optim = (t.micro_batches + 23) * estimate.param_count(m)
+        assert abs(t.micro_batches * micro + optim - step) <= 0.01 * step, name
+        assert estimate.micro_flops(m, 1, m.seq_len) < estimate.micro_flops(m, m.layers, m.seq_len)
+        assert estimate.micro_flops(m, m.layers, m.seq_len // 2) < estimate.micro_flops(m, m.layers, m.seq_len) / 2 + \
+            3.0 * m.vocab * m.width * m.seq_len
+    untied = dataclasses.replace(presets.preset("small")[0], tied=False)
+    assert estimate.micro_flops(untied, 1, 64) == estimate.micro_flops(presets.preset("small")[0], 1, 64)

@@ -146,24 +146,34 @@ def _stream_seconds_per_byte() -> tuple[float, float]:
     return merge, hashing
 
 
+CAL_LAYERS = 4  # layers of the model that calibration times (fewer if the model has fewer)
+CAL_SEQ = 512  # its sequence length (shorter if the model's is)
+
+
+def micro_flops(cfg: ModelConfig, layers: int, t: int) -> float:
+    """FLOPs of one micro-batch (B = 1) of ``cfg`` cut to ``layers`` layers at
+    sequence length t: every matmul weight twice forward and four times
+    backward per token, causal attention 6*t*t*C per layer."""
+    per_layer = (param_count(dataclasses.replace(cfg, layers=2))
+                 - param_count(dataclasses.replace(cfg, layers=1)))
+    head = cfg.vocab * cfg.width
+    return layers * (6.0 * per_layer * t + 6.0 * t * t * cfg.width) + 6.0 * head * t
+
+
 def calibrate(cfg: ModelConfig, train: TrainConfig, c: Cost) -> Cost:
-    """Fill in ``c.seconds``: the predicted time of one step here."""
+    """Fill in ``c.seconds``: the predicted time of one step here.
+
+    Times one micro-batch of the model cut to CAL_LAYERS layers at CAL_SEQ
+    tokens (after one untimed call, which loads or compiles every kernel
+    those sizes use), and scales it by the FLOPs of the real micro-batch:
+    one measurement of a few seconds, no difference of two noisy timings
+    extrapolated (the earlier fit of per-layer and head times at T = 32 and
+    64 moved by 10x between runs on a quiet machine)."""
     t0 = time.perf_counter()
-    _micro_seconds(cfg, 1, min(cfg.seq_len, 8))  # loads (or compiles) every kernel once
-    tc = max(min(cfg.seq_len // 2, 32), 1)
-    # layer(T) = two - one; head(T) = one - layer(T); each through T = tc, 2*tc
-    points = []
-    for t_ in (tc, 2 * tc):
-        one = _micro_seconds(cfg, 1, t_)
-        layer = max(_micro_seconds(cfg, 2, t_) - one, 0.0)
-        points.append((layer, max(one - layer, 0.0)))
-    (l1, h1), (l2, h2) = points
-    q = max((l2 - 2 * l1) / (2 * tc * tc), 0.0)
-    a = max((l1 - q * tc * tc) / tc, 0.0)
-    h_t = max((h2 - h1) / tc, 0.0)
-    h_0 = max(h1 - h_t * tc, 0.0)
-    t = cfg.seq_len
-    micro = train.micro_batch_size * (cfg.layers * (a * t + q * t * t) + h_t * t) + h_0
+    layers, t = min(cfg.layers, CAL_LAYERS), min(cfg.seq_len, CAL_SEQ)
+    _micro_seconds(cfg, layers, t)
+    cut = _micro_seconds(cfg, layers, t, repeat=2)
+    micro = train.micro_batch_size * cut * micro_flops(cfg, cfg.layers, cfg.seq_len) / micro_flops(cfg, layers, t)
     per_byte, hash_per_byte = _stream_seconds_per_byte()
     stream_bytes = c.bytes_moved - 3 * c.params * F32_BYTES * 2  # what the hash reads is timed apart
     seconds = (train.micro_batches * micro + per_byte * stream_bytes
