@@ -33,7 +33,7 @@ def test_a_sum_started_from_plus_zero_is_named():
     report = rc.check(lambda op, *xs: kernel(*xs), ops=["embedding_backward"])
     assert report.ops["embedding_backward"]["fail"] > 0
     (msg,) = _messages(report, "embedding_backward")
-    assert "the spec's -0 comes out +0" in msg and "started from +0" in msg
+    assert msg.startswith("the spec's -0 comes out +0") and "started from +0" in msg
 
 
 def test_a_nan_code_is_located_at_nan_inputs():
@@ -45,7 +45,7 @@ def test_a_nan_code_is_located_at_nan_inputs():
 
     report = rc.check(lambda op, *xs: kernel(*xs), ops=["fake_quantize"])
     msgs = _messages(report, "fake_quantize")
-    assert any("all where the input x is NaN" in m for m in msgs), msgs
+    assert any(m.startswith("differs only where the input x is NaN") for m in msgs), msgs
     assert not any("subnormal" in m for m in msgs), msgs
 
 
@@ -64,7 +64,7 @@ def test_the_size_of_unexplained_differences_is_measured(ulps, words):
     report = rc.check(lambda op, *xs: kernel(*xs), ops=["layernorm_backward"])
     assert report.ops["layernorm_backward"]["fail"] > 0
     (msg,) = _messages(report, "layernorm_backward")
-    assert "in its random cases" in msg and words in msg, msg
+    assert msg.startswith("differs by a median of") and "in its random cases" in msg and words in msg, msg
     assert "median of 1 ulp" not in msg or ulps == 1
 
 

@@ -234,18 +234,19 @@ def diagnose(op_name: str, results) -> list[Finding]:
 
 def _unexplained_finding(op, bad, failing):
     """What can still be said when no probe isolates a failure and the op has
-    no variant model: a sign of zero alone (a sum started from +0), or how far
-    the binary32 outputs are off (a few ulp: another order, fused or vendor
-    arithmetic; far: another formula)."""
-    first = bad[0].case.id
-    where = f"fails {', '.join(sorted(failing))} cases while every diagnostic probe passes (first: {first})"
+    no variant model: a sign of zero alone (a sum started from +0), special
+    inputs under every difference, or how far the binary32 outputs are off
+    (a few ulp: another order, fused or vendor arithmetic; far: another
+    formula).  The finding leads (the results table shows the message up to
+    its first detail); where it was measured follows."""
+    where = (f"no diagnostic probe isolates it (fails {', '.join(sorted(failing))} cases, "
+             f"first: {bad[0].case.id})")
     if all(_zero_sign_only(r) for r in bad):
         if _outputs_where({"x": (bad, [])}, "x", lambda e, a: (e == 0) & (a == 0) & (fp.bits(e) != fp.bits(a))
                           & (fp.bits(e) != np.uint32(0x80000000))):
-            return Finding(op.name, f"{where}: only the sign of zero differs", list(op.clauses))
-        return Finding(op.name, f"{where}: only the sign of zero differs, the spec's -0 comes out +0 (a sum "
-                                f"started from +0 instead of -0 does this)",
-                       list(dict.fromkeys(list(op.clauses) + ["red.sum.c1"])))
+            return Finding(op.name, f"only the sign of zero differs; {where}", list(op.clauses))
+        return Finding(op.name, f"the spec's -0 comes out +0 (a sum started from +0 instead of -0 does this); "
+                                f"{where}", list(dict.fromkeys(list(op.clauses) + ["red.sum.c1"])))
     # ordinary values first: edge cases hold specials and extremes whose ulp distances say little
     measured = [r for r in bad if r.case.family == "random"] or bad
     dists, total, nan_vs_number = [], 0, 0
@@ -261,21 +262,22 @@ def _unexplained_finding(op, bad, failing):
     d = np.concatenate(dists) if dists else np.zeros(0, np.int64)
     differ = d.size + nan_vs_number
     if not differ:
-        return Finding(op.name, where, list(op.clauses))
-    med, worst = (int(np.median(d)), int(d.max())) if d.size else (0, 0)
+        return Finding(op.name, f"outputs differ; {where}", list(op.clauses))
+    counted = f"{where}; in its {measured[0].case.family} cases {differ} of {total} binary32 output elements differ"
     special = _special_inputs_at_differences(op, measured)
     if special:
-        return Finding(op.name, f"{where}; in its {measured[0].case.family} cases {differ} of {total} binary32 "
-                                f"output elements differ, all where the input {special}", list(op.clauses))
-    size = ("some are a NaN where the other side has a number" if nan_vs_number else
-            f"by a median of {med} ulp (max {worst}"
-            + (", where cancellation leaves a result near zero" if worst > 1 << 10 else "")
-            + "): a different summation order, fused operations or vendor functions give differences of this size"
-            if med <= 16 else
-            f"by a median of {med} ulp (max {worst}): more than rounding, another formula")
-    return Finding(op.name, f"{where}; in its {measured[0].case.family} cases {differ} of {total} binary32 output "
-                            f"elements differ, {size}",
-                   list(op.clauses))
+        return Finding(op.name, f"differs only where the input {special}; {counted}", list(op.clauses))
+    if nan_vs_number:
+        return Finding(op.name, f"gives a NaN where the spec has a number, or the reverse; {counted}",
+                       list(op.clauses))
+    med, worst = (int(np.median(d)), int(d.max())) if d.size else (0, 0)
+    if med <= 16:
+        near_zero = ", where cancellation leaves a result near zero" if worst > 1 << 10 else ""
+        size = (f"differs by a median of {med} ulp (max {worst}{near_zero}): a different summation order, "
+                f"fused operations or vendor functions give differences of this size")
+    else:
+        size = f"differs by a median of {med} ulp (max {worst}): more than rounding, another formula"
+    return Finding(op.name, f"{size}; {counted}", list(op.clauses))
 
 
 def _size(r):
