@@ -38,48 +38,32 @@ CHUNK = 1 << 16  # patterns per parallel task
 # ---- counters: (mismatches, first mismatching pattern or -1) per function ----------
 
 @parallel_kernel
+def _count(lane, scalar, pats):
+    """Patterns where lane(x) and scalar(x) differ in any bit (lane, scalar:
+    compiled functions of one binary32 argument)."""
+    n_t = (pats.size + CHUNK - 1) // CHUNK
+    bad = np.zeros(n_t, np.int64)
+    first = np.full(n_t, -1, np.int64)
+    for t in prange(n_t):
+        for i in range(t * CHUNK, min(t * CHUNK + CHUNK, pats.size)):
+            x = bits_f32(pats[i])
+            if f32_bits(lane(x)) != f32_bits(scalar(x)):
+                bad[t] += 1
+                if first[t] < 0:
+                    first[t] = pats[i]
+    return bad, first
+
+
 def _count_exp(pats):
-    n_t = (pats.size + CHUNK - 1) // CHUNK
-    bad = np.zeros(n_t, np.int64)
-    first = np.full(n_t, -1, np.int64)
-    for t in prange(n_t):
-        for i in range(t * CHUNK, min(t * CHUNK + CHUNK, pats.size)):
-            x = bits_f32(pats[i])
-            if f32_bits(elementwise.exp_lane(x)) != f32_bits(tr.exp(x)):
-                bad[t] += 1
-                if first[t] < 0:
-                    first[t] = pats[i]
-    return bad, first
+    return _count(elementwise.exp_lane, tr.exp, pats)
 
 
-@parallel_kernel
 def _count_tanh(pats):
-    n_t = (pats.size + CHUNK - 1) // CHUNK
-    bad = np.zeros(n_t, np.int64)
-    first = np.full(n_t, -1, np.int64)
-    for t in prange(n_t):
-        for i in range(t * CHUNK, min(t * CHUNK + CHUNK, pats.size)):
-            x = bits_f32(pats[i])
-            if f32_bits(elementwise.tanh_lane(x)) != f32_bits(tr.tanh(x)):
-                bad[t] += 1
-                if first[t] < 0:
-                    first[t] = pats[i]
-    return bad, first
+    return _count(elementwise.tanh_lane, tr.tanh, pats)
 
 
-@parallel_kernel
 def _count_sigmoid(pats):
-    n_t = (pats.size + CHUNK - 1) // CHUNK
-    bad = np.zeros(n_t, np.int64)
-    first = np.full(n_t, -1, np.int64)
-    for t in prange(n_t):
-        for i in range(t * CHUNK, min(t * CHUNK + CHUNK, pats.size)):
-            x = bits_f32(pats[i])
-            if f32_bits(elementwise.sigmoid_lane(x)) != f32_bits(tr.sigmoid(x)):
-                bad[t] += 1
-                if first[t] < 0:
-                    first[t] = pats[i]
-    return bad, first
+    return _count(elementwise.sigmoid_lane, tr.sigmoid, pats)
 
 
 @parallel_kernel
