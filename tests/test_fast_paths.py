@@ -545,6 +545,117 @@ def test_row_blocks_norms_equal_naive():
             assert_same_bits(norms.rmsnorm_backward(dout, x, w, rwant[1])[0], dx_want)
 
 
+def layernorm_scale_cases(rng):
+    """(x, w, b, dout) at [70, 77] (three blocks, the last partial) whose
+    blocks take either form of layernorm's element-wise passes: ordinary
+    values (flush-free), and scales where a result is subnormal unless it is
+    flushed: tiny x (x - mean and norm*w underflow), tiny w, b or dout,
+    constant rows (mean exact, var 0), a tiny value in one row of one block
+    only, and rows of huge values (rstd tiny)."""
+    N, C = 70, 77
+
+    def gen(x_scale=1.0, w_scale=1.0, b_scale=1.0, d_scale=1.0):
+        x = (rng.standard_normal((N, C)) * x_scale).astype(F32)
+        w = (rng.standard_normal(C) * w_scale).astype(F32)
+        b = (rng.standard_normal(C) * b_scale).astype(F32)
+        d = (rng.standard_normal((N, C)) * d_scale).astype(F32)
+        return x, w, b, d
+
+    yield gen()
+    yield gen(x_scale=1e-36)
+    yield gen(w_scale=1e-37)
+    yield gen(w_scale=1e-37, b_scale=0.0)  # out = norm*w: some subnormal before the flush
+    yield gen(w_scale=1e-30, b_scale=1e-38)
+    yield gen(d_scale=1e-37)
+    yield gen(d_scale=1e-20, w_scale=1e-19)
+    yield gen(x_scale=1e30)
+    x, w, b, d = gen()
+    x[40] = F32(3.0)
+    x[41, :] = F32(1e-38)
+    x[45, 3] = F32(-2e-38)
+    yield x, w, b, d
+    x, w, b, d = gen()
+    x[::9] *= F32(1e-34)  # some rows of every block tiny
+    d[1::5] *= F32(1e-36)
+    yield x, w, b, d
+    x, w, b, d = gen()
+    x[33:40] = (1.0 + rng.integers(-3, 4, size=(7, C)) * 2.0 ** -23).astype(F32)  # x - mean a few ulp
+    yield x, w, b, d
+
+
+def _layernorm_both(x, w, b, d, eps, threads):
+    import numba
+    numba.set_num_threads(threads)
+    try:
+        out = norms.layernorm_forward(x, w, b, eps)
+        return out, norms.layernorm_backward(d, x, w, out[1], out[2])
+    finally:
+        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+
+
+def test_layernorm_flush_free_forms_equal_naive():
+    """[norm.layer.fwd.c1] [norm.layer.bwd.c1] [mm.flush.r1] each block's
+    flush-free or flushed form, with the one-pass backward (one thread) and
+    the dx + dw/db kernels (all threads): every bit as the naive kernels."""
+    import numba
+    rng = np.random.default_rng(18)
+    cases = list(layernorm_scale_cases(rng))
+    for x, w, b, d in cases:
+        N, C = x.shape
+        for e in (F32(1e-5), F32(0.0)):
+            want = [np.empty_like(x), np.empty(N, F32), np.empty(N, F32)]
+            layernorm_forward_naive(*want, x, w, b, e)
+            dx_want = np.empty_like(x)
+            layernorm_backward_dx_naive(dx_want, d, x, w, want[1], want[2])
+            dw_want, db_want = np.empty(C, F32), np.empty(C, F32)
+            layernorm_backward_dwdb_naive(dw_want, db_want, d, x, want[1], want[2])
+            for threads in sorted({1, numba.config.NUMBA_NUM_THREADS}):
+                fwd, bwd = _layernorm_both(x, w, b, d, e, threads)
+                for g, wv in zip(fwd + bwd, want + [dx_want, dw_want, db_want]):
+                    assert_same_bits(g, wv)
+
+
+def _without_flush_bounds(fn, **callees):
+    """fn (a compiled layernorm kernel) rebuilt with a bound that every block
+    passes: the flush-free form everywhere, a wrong reading of [mm.flush.r1].
+    ``callees``: global names of fn to replace (by rebuilt kernels)."""
+    import types
+
+    import numba
+    f = fn.py_func
+    g = dict(f.__globals__, _MIN_NORMAL=-(1 << 40), **callees)
+    return numba.njit(error_model="numpy")(types.FunctionType(f.__code__, g, f.__name__))
+
+
+def test_layernorm_without_its_flush_bounds_fails():
+    """The bounds decide bits: a kernel that always takes the flush-free form
+    differs from the naive kernels on the tiny-scale cases (and agrees on the
+    ordinary one), forward and backward."""
+    rng = np.random.default_rng(18)
+    cases = list(layernorm_scale_cases(rng))
+    fwd_mutant = _without_flush_bounds(norms.layernorm_forward_kernel)
+    bwd_mutant = _without_flush_bounds(norms.layernorm_backward_dx_kernel,
+                                       layernorm_backward_block=_without_flush_bounds(norms.layernorm_backward_block))
+    e = F32(1e-5)
+    fwd_differs = bwd_differs = 0
+    for i, (x, w, b, d) in enumerate(cases):
+        N, C = x.shape
+        want = [np.empty_like(x), np.empty(N, F32), np.empty(N, F32)]
+        layernorm_forward_naive(*want, x, w, b, e)
+        got = [np.empty_like(x), np.empty(N, F32), np.empty(N, F32)]
+        fwd_mutant(*got, x, w, b, e)
+        dx_want, dx_got = np.empty_like(x), np.empty_like(x)
+        layernorm_backward_dx_naive(dx_want, d, x, w, want[1], want[2])
+        bwd_mutant(dx_got, d, x, w, want[1], want[2])
+        f_same = np.array_equal(bits(got[0]), bits(want[0]))
+        b_same = np.array_equal(bits(dx_got), bits(dx_want))
+        if i == 0:
+            assert f_same and b_same  # ordinary values: the flush-free form is right
+        fwd_differs += not f_same
+        bwd_differs += not b_same
+    assert fwd_differs >= 1 and bwd_differs >= 2, (fwd_differs, bwd_differs)
+
+
 def test_row_blocks_do_not_depend_on_threads():
     """[red.order.r1] a block never splits a row: 1 thread == all threads."""
     import numba
@@ -556,7 +667,8 @@ def test_row_blocks_do_not_depend_on_threads():
     for threads in (1, numba.config.NUMBA_NUM_THREADS):
         numba.set_num_threads(threads)
         try:
-            runs.append([softmax.softmax_forward(x), norms.layernorm_forward(x, w, w)[0],
+            out, mean, rstd = norms.layernorm_forward(x, w, w)
+            runs.append([softmax.softmax_forward(x), out, *norms.layernorm_backward(x, x, w, mean, rstd),
                          norms.rmsnorm_forward(x, w)[0], loss.cross_entropy_backward(x, tgt)])
         finally:
             numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)

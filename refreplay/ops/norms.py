@@ -14,15 +14,18 @@ over rows put columns in the lanes.
 """
 from __future__ import annotations
 
+import numba
 import numpy as np
 from numba import prange
 
-from .._jit import parallel_kernel
+from .._jit import kernel, parallel_kernel
+from .._tiles import stack_keys, stack_lanes
 from ..linalg.common import sum_start
-from ..numerics.core import F32, add, canon, mul, recip, sqrt, sub
+from ..numerics._bits import f32_bits
+from ..numerics.core import F32, ZERO, add, canon, flush, mul, recip, sqrt, sub
 from ..numerics.elementwise import add_flush, mul_flush, sub_flush
 from . import check_f32, check_scalar_f32, check_shape
-from .rowblock import RB, lane_sum, lane_vector, load_block, n_blocks, new_block
+from .rowblock import RB, lane_sum, lane_vector, load_block, n_blocks, new_block, prefetch_block
 
 # Columns per parallel task in the dw/db sums: any width gives the same bits,
 # each column's sum runs over rows n in increasing order inside one task.
@@ -31,82 +34,287 @@ _MAX_C = 1 << 24  # C converts to binary32 exactly up to 2**24
 
 
 # ---- LayerNorm -------------------------------------------------------------
+#
+# The row sums (steps 1-4 of each clause) run with every flush, one row per
+# lane.  The element-wise passes that follow (the forward's normalisation,
+# the backward's dx) leave out the flushes that are proved identities for a
+# block of rows, as [mm.flush.r1] allows: [num.flush.c1] turns a subnormal
+# result into a signed zero, and where no result of an operation can be
+# subnormal the flush changes nothing (the pass then uses plain IEEE ``+``,
+# ``-``, ``*``: rounded one at a time as before, never contracted).  The
+# proof uses two facts, with E(v) the least e such that |v| >= 2^e over the
+# values concerned (zeros, infinities and NaN never need a flush and are
+# left out; a subnormal input counts as below every bound):
+#   * a product a*b is >= 2^(E(a) + E(b)) in magnitude; if that sum is at
+#     least -126 the product is normal (the power of two is a normal float
+#     and rounding is monotone);
+#   * a normal v is an integer multiple of 2^(E(v) - 23), and a sum or
+#     difference of multiples of 2^g is a multiple of 2^g after rounding
+#     too; if g >= -126, a nonzero such result is normal, >= 2^g.
+# Each block bounds E of its inputs (x and dout: the least |value| over the
+# tile, taken in the row sums' pass, ``_key``; w, b: once per call; the
+# statistics mean, rstd and the backward's means dm, dnm over the block's
+# rows) and follows the bounds through the clause's steps (the conditions
+# at each call of _ln_normalise_rows and _ln_dx_rows).  Where all hold, the
+# block takes the flush-free form, otherwise the flushed one: both give the
+# same bits.  tests/test_fast_paths.py holds both forms to the
+# one-row-at-a-time kernels at scales that take either, and a kernel that
+# skips the bounds fails there.
+
+_E_NONE = 1 << 20  # the bound of an empty set: no value to bound
+_MIN_NORMAL = -126  # 2^-126: the least normal binary32
+_GRID = 23  # a normal v is a multiple of 2^(E(v) - 23)
+_KEY_NONE = np.uint32(0xFFFFFFFF)
+
+
+@kernel(inline="always")
+def _fl(v, keep):
+    """[num.flush.c1] where keep; otherwise the caller has proved it an identity."""
+    return flush(v) if keep else v
+
+
+@kernel(inline="always")
+def _key(v):
+    """|v|'s bits minus 1, as uint32: ordered as |v| for finite nonzero v,
+    largest (never the minimum of a set that has one) for +-0, inf and NaN."""
+    return np.uint32((f32_bits(v) & np.uint32(0x7FFFFFFF)) - np.uint32(1))  # 0 wraps round
+
+
+@kernel(inline="always")
+def _e_of_key(k):
+    """E(v) (unbiased) of the v whose _key is the minimum k; _E_NONE for none."""
+    if k >= np.uint32(0x7F7FFFFF):  # only zeros, infinities and NaN
+        return _E_NONE
+    return np.int64((k + np.uint32(1)) >> np.uint32(23)) - 127  # a subnormal: -127 (below any bound used)
+
+
+@kernel(inline="always")
+def _lanes_key_min(k):
+    """The least of the RB per-lane minima k (a stack_keys array)."""
+    m = _KEY_NONE
+    for r in range(RB):
+        m = min(m, k[r])
+    return m
+
+
+@kernel
+def _e_min(v):
+    """E over the values of v [n] (zeros, infinities and NaN left out)."""
+    k = _KEY_NONE
+    for i in range(v.shape[0]):
+        k = min(k, _key(v[i]))
+    return _e_of_key(k)
+
+
+@kernel(inline="always")
+def _ln_row_sums(X, m, q, start, inv_C):
+    """[norm.layer.fwd.c1] steps 1-4 on a tile X [C, RB]: m[r] = mean of lane
+    r (step 2, flushed), q[r] = the sum of squared deviations (steps 3-4,
+    NaN not yet canonical).  Returns the least _key of X (the tile's bound)."""
+    C = X.shape[0]
+    k = stack_keys(RB)
+    s = stack_lanes(RB)
+    for r in range(RB):
+        s[r] = start
+        k[r] = _KEY_NONE
+    for c in range(C):  # step 1 (NaN test left to the mul below, rowblock.lane_sum_into)
+        x_c = X[c]
+        for r in range(RB):
+            s[r] = add_flush(s[r], x_c[r])
+            k[r] = min(k[r], _key(x_c[r]))
+    for r in range(RB):
+        m[r] = mul(s[r], inv_C)  # step 2
+        q[r] = start
+    for c in range(C):
+        x_c = X[c]
+        for r in range(RB):
+            d = sub_flush(x_c[r], m[r])  # step 3
+            q[r] = add_flush(q[r], mul_flush(d, d))  # step 4
+    return _lanes_key_min(k)
+
+
+@kernel(inline="always")
+def _ln_normalise_rows(out, x, w, b, mean_b, rstd_b, i0, rows, keep):
+    """[norm.layer.fwd.c1] steps 3, 7, 8 for rows i0 .. i0+rows-1."""
+    C = x.shape[1]
+    for r in range(rows):
+        mean_n = mean_b[r]
+        rstd_n = rstd_b[r]
+        x_n = x[i0 + r]
+        out_n = out[i0 + r]
+        for c in range(C):  # one chain per element: canonicalised at its end ([num.nan.c1])
+            norm_c = _fl(_fl(x_n[c] - mean_n, keep) * rstd_n, keep)  # steps 3, 7
+            out_n[c] = canon(_fl(_fl(norm_c * w[c], keep) + b[c], keep))  # step 8
 
 
 @parallel_kernel
 def layernorm_forward_kernel(out, mean, rstd, x, w, b, eps):
     """[norm.layer.fwd.c1] out: [N, C], mean, rstd: [N] (all overwritten);
     x: [N, C]; w, b: [C]; eps: binary32.  Threads take blocks of RB rows;
-    a block's sums s and q run side by side, one row per lane (rowblock.py)."""
+    a block's sums s and q run side by side, one row per lane (rowblock.py),
+    their accumulators in registers (stack_lanes); each block without the
+    flushes its bounds prove identities (above)."""
     N, C = x.shape
     inv_C = recip(F32(C))  # [norm.meanop.c1] once for all rows
     start = sum_start(C)
+    ew = _e_min(w)
+    eb = _e_min(b)
     for blk in prange(n_blocks(N)):
         i0 = blk * RB
         rows = min(RB, N - i0)
         X = load_block(x, i0, rows)  # X[c, r] = x[i0 + r, c]
-        mean_b = lane_sum(X, start)  # step 1: s
+        prefetch_block(x, i0 + RB)  # the next block, while this one computes
+        m = stack_lanes(RB)
+        q = stack_lanes(RB)
+        ex = _e_of_key(_ln_row_sums(X, m, q, start, inv_C))
+        mean_b = np.empty(RB, np.float32)
         for r in range(RB):
-            mean_b[r] = mul(mean_b[r], inv_C)  # step 2
-        q = np.full(RB, start, np.float32)
-        for c in range(C):  # NaN test left to mul(q, inv_C) below (rowblock.lane_sum_into)
-            x_c = X[c]
-            for r in range(RB):
-                d = sub_flush(x_c[r], mean_b[r])  # step 3
-                q[r] = add_flush(q[r], mul_flush(d, d))  # step 4
+            mean_b[r] = m[r] if r < rows else ZERO
+        gd = min(ex, _e_min(mean_b)) - _GRID  # x - mean lies on the grid 2^gd
+        rstd_b = np.empty(RB, np.float32)
+        for r in range(RB):
+            rstd_b[r] = recip(sqrt(add(mul(q[r], inv_C), eps))) if r < rows else ZERO  # steps 5, 6
+        en = gd + _e_min(rstd_b)  # norm = d * rstd >= 2^en
+        if gd >= _MIN_NORMAL and en >= _MIN_NORMAL and en + ew - _GRID >= _MIN_NORMAL and eb - _GRID >= _MIN_NORMAL:
+            _ln_normalise_rows(out, x, w, b, mean_b, rstd_b, i0, rows, False)
+        else:
+            _ln_normalise_rows(out, x, w, b, mean_b, rstd_b, i0, rows, True)
         for r in range(rows):
-            n = i0 + r
-            mean_n = mean_b[r]
-            rstd_n = recip(sqrt(add(mul(q[r], inv_C), eps)))  # steps 5, 6
-            x_n = x[n]
-            out_n = out[n]
-            for c in range(C):  # one chain per element: canonicalised at its end ([num.nan.c1])
-                norm_c = mul_flush(sub_flush(x_n[c], mean_n), rstd_n)  # steps 3, 7
-                out_n[c] = canon(add_flush(mul_flush(norm_c, w[c]), b[c]))  # step 8
-            mean[n] = mean_n
-            rstd[n] = rstd_n
+            mean[i0 + r] = mean_b[r]
+            rstd[i0 + r] = rstd_b[r]
+
+
+@kernel(inline="always")
+def _ln_grad_sums(X, D, w, mean_l, rstd_l, a, g, start):
+    """[norm.layer.bwd.c1] steps 1-2 on tiles X, D [C, RB]: a[r] = sum of
+    dnorm, g[r] = sum of dnorm*norm over lane r's row (NaN not yet
+    canonical).  Returns the least _key of X and of D."""
+    C = X.shape[0]
+    kx = stack_keys(RB)
+    kd = stack_keys(RB)
+    for r in range(RB):
+        a[r] = start
+        g[r] = start
+        kx[r] = _KEY_NONE
+        kd[r] = _KEY_NONE
+    for c in range(C):
+        x_c = X[c]
+        dout_c = D[c]
+        w_c = w[c]
+        for r in range(RB):
+            norm = mul_flush(sub_flush(x_c[r], mean_l[r]), rstd_l[r])  # forward: norm
+            dnorm = mul_flush(dout_c[r], w_c)  # out = norm*w + b
+            a[r] = add_flush(a[r], dnorm)
+            g[r] = add_flush(g[r], mul_flush(dnorm, norm))
+            kx[r] = min(kx[r], _key(x_c[r]))
+            kd[r] = min(kd[r], _key(dout_c[r]))
+    return _lanes_key_min(kx), _lanes_key_min(kd)
+
+
+@kernel(inline="always")
+def _ln_dx_rows(dx, dout, x, w, mean, rstd, dm, dnm, i0, rows, dw, db, with_dwdb, keep):
+    """[norm.layer.bwd.c1] steps 3-4 for rows i0 .. i0+rows-1, with dm, dnm
+    [RB] the block's two means; with ``with_dwdb``, step 5's chains go on
+    through these rows, always flushed (they span all blocks)."""
+    C = x.shape[1]
+    for r in range(rows):
+        n = i0 + r
+        x_n = x[n]
+        dout_n = dout[n]
+        dx_n = dx[n]
+        mean_n = mean[n]
+        rstd_n = rstd[n]
+        dm_n = dm[r]
+        dnm_n = dnm[r]
+        for c in range(C):  # one chain per element: canonicalised at its end ([num.nan.c1])
+            norm_c = _fl(_fl(x_n[c] - mean_n, keep) * rstd_n, keep)
+            dnorm_c = _fl(dout_n[c] * w[c], keep)
+            t = _fl(_fl(dnorm_c - dm_n, keep) - _fl(norm_c * dnm_n, keep), keep)
+            dx_n[c] = canon(_fl(t * rstd_n, keep))
+            if with_dwdb:
+                dw[c] = add_flush(dw[c], mul_flush(dout_n[c], norm_c))  # step 5
+                db[c] = add_flush(db[c], dout_n[c])
+
+
+@kernel
+def layernorm_backward_block(dx, dout, x, w, ew, mean, rstd, i0, rows, dw, db, with_dwdb):
+    """[norm.layer.bwd.c1] steps 1-4 for rows i0 .. i0+rows-1 (rows <= RB):
+    dx there (overwritten) from dout, x [N, C], w [C] (ew: its bound) and the
+    saved mean, rstd [N].  The block's sums a and g run side by side
+    (rowblock.py), their accumulators in registers (stack_lanes), without the
+    flushes the block's bounds prove identities (above).  With
+    ``with_dwdb``, step 5's chains dw[c] += dout[n, c]*norm[n, c] and db[c]
+    += dout[n, c] go on through these rows, n increasing, as each row's dx is
+    computed (the caller runs blocks in increasing order and canonicalises
+    at the end)."""
+    C = x.shape[1]
+    inv_C = recip(F32(C))
+    start = sum_start(C)
+    X = load_block(x, i0, rows)
+    D = load_block(dout, i0, rows)
+    prefetch_block(x, i0 + RB)  # the next block, while this one computes
+    prefetch_block(dout, i0 + RB)
+    mean_b = np.empty(RB, np.float32)
+    rstd_b = np.empty(RB, np.float32)
+    for r in range(RB):
+        mean_b[r] = mean[i0 + r] if r < rows else ZERO
+        rstd_b[r] = rstd[i0 + r] if r < rows else ZERO
+    mean_l = stack_lanes(RB)
+    rstd_l = stack_lanes(RB)
+    for r in range(RB):
+        mean_l[r] = mean_b[r]
+        rstd_l[r] = rstd_b[r]
+    a = stack_lanes(RB)
+    g = stack_lanes(RB)
+    kx, kd = _ln_grad_sums(X, D, w, mean_l, rstd_l, a, g, start)
+    gd = min(_e_of_key(kx), _e_min(mean_b)) - _GRID  # x - mean: on the grid 2^gd
+    en = gd + _e_min(rstd_b)  # norm >= 2^en
+    edn = _e_of_key(kd) + ew  # dnorm >= 2^edn
+    dm = np.empty(RB, np.float32)
+    dnm = np.empty(RB, np.float32)
+    for r in range(RB):
+        dm[r] = mul(a[r], inv_C) if r < rows else ZERO
+        dnm[r] = mul(g[r], inv_C) if r < rows else ZERO
+    # t = (dnorm - dm) - norm*dnm lies on the grid 2^gt; dx = t * rstd
+    gt = min(edn, _e_min(dm), en + _e_min(dnm)) - _GRID
+    if gd >= _MIN_NORMAL and en >= _MIN_NORMAL and edn >= _MIN_NORMAL and gt >= _MIN_NORMAL \
+            and gt + _e_min(rstd_b) >= _MIN_NORMAL:
+        _ln_dx_rows(dx, dout, x, w, mean, rstd, dm, dnm, i0, rows, dw, db, with_dwdb, False)
+    else:
+        _ln_dx_rows(dx, dout, x, w, mean, rstd, dm, dnm, i0, rows, dw, db, with_dwdb, True)
 
 
 @parallel_kernel
 def layernorm_backward_dx_kernel(dx, dout, x, w, mean, rstd):
-    """[norm.layer.bwd.c1] steps 1-4: dx [N, C] (overwritten) from dout, x
-    [N, C], w [C] and the saved mean, rstd [N].  Threads take blocks of RB
-    rows; a block's sums a and g run side by side (rowblock.py)."""
-    N, C = x.shape
-    inv_C = recip(F32(C))
-    start = sum_start(C)
+    """[norm.layer.bwd.c1] steps 1-4: dx [N, C] (overwritten).  Threads take
+    blocks of RB rows (layernorm_backward_block)."""
+    N = x.shape[0]
+    ew = _e_min(w)
+    no_sums = np.empty(0, np.float32)
     for blk in prange(n_blocks(N)):
         i0 = blk * RB
-        rows = min(RB, N - i0)
-        X = load_block(x, i0, rows)
-        D = load_block(dout, i0, rows)
-        mean_b = lane_vector(mean, i0, rows)
-        rstd_b = lane_vector(rstd, i0, rows)
-        s_dnorm = np.full(RB, start, np.float32)
-        s_dnorm_norm = np.full(RB, start, np.float32)
-        for c in range(C):  # NaN test left to the mul(., inv_C) below (rowblock.lane_sum_into)
-            x_c = X[c]
-            dout_c = D[c]
-            w_c = w[c]
-            for r in range(RB):
-                norm = mul_flush(sub_flush(x_c[r], mean_b[r]), rstd_b[r])  # forward: norm
-                dnorm = mul_flush(dout_c[r], w_c)  # out = norm*w + b
-                s_dnorm[r] = add_flush(s_dnorm[r], dnorm)
-                s_dnorm_norm[r] = add_flush(s_dnorm_norm[r], mul_flush(dnorm, norm))
-        for r in range(rows):
-            n = i0 + r
-            x_n = x[n]
-            dout_n = dout[n]
-            dx_n = dx[n]
-            mean_n = mean_b[r]
-            rstd_n = rstd_b[r]
-            dnorm_mean = mul(s_dnorm[r], inv_C)
-            dnorm_norm_mean = mul(s_dnorm_norm[r], inv_C)
-            for c in range(C):  # one chain per element: canonicalised at its end ([num.nan.c1])
-                norm_c = mul_flush(sub_flush(x_n[c], mean_n), rstd_n)
-                dnorm_c = mul_flush(dout_n[c], w[c])
-                t = sub_flush(sub_flush(dnorm_c, dnorm_mean), mul_flush(norm_c, dnorm_norm_mean))
-                dx_n[c] = canon(mul_flush(t, rstd_n))
+        layernorm_backward_block(dx, dout, x, w, ew, mean, rstd, i0, min(RB, N - i0), no_sums, no_sums, False)
+
+
+@kernel
+def layernorm_backward_one_pass_kernel(dx, dw, db, dout, x, w, mean, rstd):
+    """[norm.layer.bwd.c1] all steps in one pass over x and dout, for one
+    thread: the blocks of RB rows in increasing order, each block's rows
+    adding to the dw/db chains as their dx is computed.  The same chains as
+    layernorm_backward_dx_kernel + layernorm_backward_dwdb_kernel, without
+    reading x and dout a second time (at [1024 x 768] the second read, from
+    memory, cost as much as the rest of the backward)."""
+    N = x.shape[0]
+    ew = _e_min(w)
+    start = sum_start(N)
+    dw[:] = start
+    db[:] = start
+    for blk in range(n_blocks(N)):
+        i0 = blk * RB
+        layernorm_backward_block(dx, dout, x, w, ew, mean, rstd, i0, min(RB, N - i0), dw, db, True)
+    for c in range(dw.shape[0]):  # each column's chain canonicalised once, at its end
+        dw[c] = canon(dw[c])
+        db[c] = canon(db[c])
 
 
 @parallel_kernel
@@ -259,8 +467,11 @@ def layernorm_backward(dout, x, w, mean, rstd):
     dx = np.empty((N, C), dtype=np.float32)
     dw = np.empty(C, dtype=np.float32)
     db = np.empty(C, dtype=np.float32)
-    layernorm_backward_dx_kernel(dx, dout, x, w, mean, rstd)
-    layernorm_backward_dwdb_kernel(dw, db, dout, x, mean, rstd)
+    if numba.get_num_threads() == 1:
+        layernorm_backward_one_pass_kernel(dx, dw, db, dout, x, w, mean, rstd)
+    else:
+        layernorm_backward_dx_kernel(dx, dout, x, w, mean, rstd)
+        layernorm_backward_dwdb_kernel(dw, db, dout, x, mean, rstd)
     return dx, dw, db
 
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._jit import kernel
+from .._tiles import prefetch, transpose8
 from ..numerics.elementwise import add_flush
 
 RB = 32  # rows per block: the SIMD lanes of every lane loop (a [256, 32] tile is 32 KiB)
@@ -64,8 +65,19 @@ def new_tile():
 @kernel
 def load_chunk(X, i0, rows, c0, T):
     """T[c, r] = X[i0 + r, c0 + c] for r < rows and c < T.shape[0] (the
-    chunk's width; T a [width, RB] view of a tile).  X: [N, V], C-contiguous."""
+    chunk's width; T a [width, RB] view of a tile).  X: [N, V], C-contiguous.
+    Lanes r >= rows keep what they held."""
     w = T.shape[0]
+    if rows == RB:
+        w8 = w - w % 8
+        for c in range(0, w8, 8):  # 8 x 8 blocks moved by vector shuffles (_tiles.py)
+            for r in range(0, RB, 8):
+                transpose8(X, i0 + r, c0 + c, T, c, r)
+        for r in range(RB):  # the last w % 8 columns, element by element
+            x_r = X[i0 + r]
+            for c in range(w8, w):
+                T[c, r] = x_r[c0 + c]
+        return
     for r in range(rows):
         x_r = X[i0 + r, c0:c0 + w]
         for c in range(w):
@@ -76,6 +88,16 @@ def load_chunk(X, i0, rows, c0, T):
 def store_chunk(T, X, i0, rows, c0):
     """X[i0 + r, c0 + c] = T[c, r] for r < rows and c < T.shape[0]."""
     w = T.shape[0]
+    if rows == RB:
+        w8 = w - w % 8
+        for c in range(0, w8, 8):
+            for r in range(0, RB, 8):
+                transpose8(T, c, r, X, i0 + r, c0 + c)
+        for r in range(RB):
+            x_r = X[i0 + r]
+            for c in range(w8, w):
+                x_r[c0 + c] = T[c, r]
+        return
     for r in range(rows):
         x_r = X[i0 + r, c0:c0 + w]
         for c in range(w):
@@ -87,24 +109,28 @@ def load_block(X, i0, rows):
     """A new tile T [C, RB] with T[c, r] = X[i0 + r, c] for r < rows and +0 in
     the lanes r >= rows.  X: [N, C], C-contiguous.
 
-    A full block is copied one tile row T[c] at a time (a strided gather of
-    column c of the RB rows, then one contiguous store): the row-by-row copy
-    wrote each element to a different line of a tile larger than L1 and took
-    two thirds of LayerNorm's forward at C = 768 (docs/performance-training.md)."""
+    A full block moves by 8 x 8 transposes (``_tiles.py``): copied element
+    by element, the block went as a gather, and its copies took about half
+    of LayerNorm's time at C = 768 (docs/performance-training.md)."""
     C = X.shape[1]
     if rows == RB:
         T = np.empty((C, RB), np.float32)
-        for c in range(C):
-            t = T[c]
-            for r in range(RB):
-                t[r] = X[i0 + r, c]
+        load_chunk(X, i0, RB, 0, T)
         return T
     T = np.zeros((C, RB), np.float32)
-    for r in range(rows):
-        x_r = X[i0 + r]
-        for c in range(C):
-            T[c, r] = x_r[c]
+    load_chunk(X, i0, rows, 0, T)
     return T
+
+
+@kernel
+def prefetch_block(X, i0):
+    """Start fetching rows i0 .. i0+RB-1 of X [N, C] (those that exist) into
+    the cache, one request per 64-byte line; call it a block ahead of
+    load_block.  A hint only (_tiles.prefetch)."""
+    N, C = X.shape
+    for i in range(i0, min(i0 + RB, N)):
+        for j in range(0, C, 16):
+            prefetch(X, i, j)
 
 
 @kernel

@@ -1,0 +1,172 @@
+"""What the compiler does not find on its own: the 8 x 8 transpose, and
+lane arrays it can keep in registers.
+
+The row kernels (``ops/rowblock.py``) copy a block of rows into a tile with
+rows and columns swapped, so that the sequential sums of 32 rows can run
+side by side in SIMD lanes.  Written as loops, that copy is a gather: LLVM
+moves one element at a time, and at C = 768 the copies took about half of
+LayerNorm's time.  ``transpose8`` moves an 8 x 8 block with 8 vector loads,
+24 shuffles and 8 vector stores instead (about 3x faster per element here).
+
+It moves bits and computes nothing: no value is rounded, flushed or
+compared, so it cannot change a result bit, and it cites no clause.  The
+shuffles are written in LLVM's generic vector IR, which every target lowers
+(AVX on x86, NEON on AArch64); tests/test_rowblock.py checks every position
+against the element-by-element copy.
+
+``stack_lanes(n)`` is a float32 array of n (a literal) elements on the
+stack.  A row kernel's accumulators (one per lane, RB of them) live in such
+an array: LLVM knows that nothing else can point into it, so once the lane
+loops are unrolled it keeps the lanes in vector registers.  In a heap array
+(``np.zeros``) every step of every chain went through memory, a store and a
+load between two adds, which made a 32-lane chain about twice as slow.  It
+changes where a value is kept, never an operation.
+"""
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic, overload
+
+from ._jit import kernel
+
+_N = 8
+_VEC = ir.VectorType(ir.FloatType(), _N)
+_IDX = ir.VectorType(ir.IntType(32), _N)
+
+# The three shuffle stages of an 8 x 8 transpose: interleave single lanes,
+# then pairs, then quadruples.  A stage's step (a, b, lo, hi) shuffles
+# vectors a and b (indices into their concatenation) into the new vectors
+# lo and hi.
+_LO1, _HI1 = [0, 8, 1, 9, 4, 12, 5, 13], [2, 10, 3, 11, 6, 14, 7, 15]
+_LO2, _HI2 = [0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15]
+_LO3, _HI3 = [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15]
+_STAGES = (
+    ((_LO1, _HI1), ((0, 1, 0, 1), (2, 3, 2, 3), (4, 5, 4, 5), (6, 7, 6, 7))),
+    ((_LO2, _HI2), ((0, 2, 0, 1), (1, 3, 2, 3), (4, 6, 4, 5), (5, 7, 6, 7))),
+    ((_LO3, _HI3), ((0, 4, 0, 4), (1, 5, 1, 5), (2, 6, 2, 6), (3, 7, 3, 7))),
+)
+
+def transpose8(X, xi, xj, T, ti, tj):
+    """T[ti + c, tj + r] = X[xi + r, xj + c] for r, c < 8.  X, T: 2-D
+    float32 arrays; the caller keeps every index in bounds (nothing is
+    checked, as in any compiled kernel).  Callable from compiled code only;
+    this body is the definition the compiled form must agree with."""
+    for r in range(_N):
+        for c in range(_N):
+            T[ti + c, tj + r] = X[xi + r, xj + c]
+
+
+def _element_pointer(context, builder, arrty, arr, i, j):
+    a = context.make_array(arrty)(context, builder, arr)
+    return cgutils.get_item_pointer2(context, builder, a.data, cgutils.unpack_tuple(builder, a.shape, 2),
+                                     cgutils.unpack_tuple(builder, a.strides, 2), arrty.layout, [i, j])
+
+
+def _stack_array(n, dtype, lltype):
+    """Typing and code of a new 1-D array of n (a literal int) elements on
+    the caller's stack (see stack_lanes)."""
+    if not isinstance(n, types.IntegerLiteral) or not 0 < n.literal_value <= 1024:
+        return None
+    size = n.literal_value
+    arrty = types.Array(dtype, 1, "C")
+
+    def codegen(context, builder, signature, args):
+        data = cgutils.alloca_once(builder, lltype, size=size)  # in the entry block
+        intp = lambda v: context.get_constant(types.intp, v)  # noqa: E731
+        item = context.get_abi_sizeof(lltype)
+        ary = context.make_array(arrty)(context, builder)
+        context.populate_array(ary, data=data, shape=[intp(size)], strides=[intp(item)], itemsize=intp(item),
+                               meminfo=None)
+        return ary._getvalue()
+
+    return arrty(n), codegen
+
+
+@intrinsic
+def stack_lanes(typingctx, n):
+    """A new float32 [n] array on the caller's stack, contents undefined; n
+    must be a literal int.  The array lives as long as the compiled function
+    that called this (the intrinsic is inlined there): it must never be
+    returned or kept; read it out in a loop of constant trip count (n), so
+    that the compiler still sees each element at a fixed place."""
+    return _stack_array(n, types.float32, ir.FloatType())
+
+
+@intrinsic
+def stack_keys(typingctx, n):
+    """stack_lanes for uint32 elements (per-lane minima of bit patterns)."""
+    return _stack_array(n, types.uint32, ir.IntType(32))
+
+
+@intrinsic
+def prefetch(typingctx, X, i, j):
+    """Ask the cache to fetch the line that holds X[i, j] (X: a 2-D array;
+    the address must lie inside X).  A hint: it moves nothing and changes no
+    value.  The row kernels fetch the next block of rows while they work on
+    one: the transposed copy reads 32 rows at once, a pattern the hardware
+    prefetcher does not follow, so without it each line came from memory on
+    demand (the cost that makes a cold call twice a warm one)."""
+    if not (isinstance(X, types.Array) and X.ndim == 2):
+        return None
+    sig = types.void(X, i, j)
+
+    def codegen(context, builder, signature, args):
+        Xt, it, jt = signature.args
+        X_, i_, j_ = args
+        i_ = context.cast(builder, i_, it, types.intp)
+        j_ = context.cast(builder, j_, jt, types.intp)
+        p = _element_pointer(context, builder, Xt, X_, i_, j_)
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [p.type, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
+        builder.call(fn, [p, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])  # read, keep, data
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def _transpose8_vectors(typingctx, X, xi, xj, T, ti, tj):
+    """transpose8 on C-contiguous arrays: 8 rows loaded as vectors, shuffled, stored."""
+    sig = types.void(X, xi, xj, T, ti, tj)
+
+    def codegen(context, builder, signature, args):
+        Xt, xit, xjt, Tt, tit, tjt = signature.args
+        X_, xi_, xj_, T_, ti_, tj_ = args
+        xi_, xj_, ti_, tj_ = (context.cast(builder, v, t, types.intp)
+                              for v, t in ((xi_, xit), (xj_, xjt), (ti_, tit), (tj_, tjt)))
+        v = []
+        for r in range(_N):
+            p = _element_pointer(context, builder, Xt, X_, builder.add(xi_, ir.Constant(xi_.type, r)), xj_)
+            load = builder.load(builder.bitcast(p, _VEC.as_pointer()))
+            load.align = 4  # element alignment only
+            v.append(load)
+        for (lo_idx, hi_idx), steps in _STAGES:
+            out = [None] * _N
+            for a, b, lo, hi in steps:
+                out[lo] = builder.shuffle_vector(v[a], v[b], ir.Constant(_IDX, lo_idx))
+                out[hi] = builder.shuffle_vector(v[a], v[b], ir.Constant(_IDX, hi_idx))
+            v = out
+        for c in range(_N):
+            p = _element_pointer(context, builder, Tt, T_, builder.add(ti_, ir.Constant(ti_.type, c)), tj_)
+            store = builder.store(v[c], builder.bitcast(p, _VEC.as_pointer()))
+            store.align = 4
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+_transpose8_elements = kernel(transpose8)  # any layout: element by element
+
+
+@overload(transpose8, jit_options=dict(cache=True))
+def _transpose8_impl(X, xi, xj, T, ti, tj):
+    f32_2d = (isinstance(X, types.Array) and isinstance(T, types.Array) and X.ndim == 2 and T.ndim == 2
+              and X.dtype == types.float32 and T.dtype == types.float32)
+    if not f32_2d:
+        return None
+    if X.layout == "C" and T.layout == "C":  # rows of 8 adjacent elements: vector loads and stores
+        return lambda X, xi, xj, T, ti, tj: _transpose8_vectors(X, xi, xj, T, ti, tj)
+    return lambda X, xi, xj, T, ti, tj: _transpose8_elements(X, xi, xj, T, ti, tj)
