@@ -25,7 +25,7 @@ from ..numerics._bits import f32_bits
 from ..numerics.core import F32, ZERO, add, canon, flush, mul, recip, sqrt, sub
 from ..numerics.elementwise import add_flush, mul_flush, sub_flush
 from . import check_f32, check_scalar_f32, check_shape
-from .rowblock import RB, lane_sum, lane_vector, load_block, n_blocks, new_block, prefetch_block
+from .rowblock import RB, lane_sum, load_block, n_blocks, new_block, prefetch_block
 
 # Columns per parallel task in the dw/db sums: any width gives the same bits,
 # each column's sum runs over rows n in increasing order inside one task.

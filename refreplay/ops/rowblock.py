@@ -134,15 +134,6 @@ def prefetch_block(X, i0):
 
 
 @kernel
-def lane_vector(v, i0, rows):
-    """A new [RB] array of v[i0 + r] for r < rows, +0 in the other lanes."""
-    out = np.zeros(RB, np.float32)
-    for r in range(rows):
-        out[r] = v[i0 + r]
-    return out
-
-
-@kernel
 def lane_sum(T, start):
     """[red.sum.c1] acc[r] = sum over c increasing of T[c, r], from start
     (the caller's sum_start or -0).  T: [C, RB]; a new [RB] array, NaN not
