@@ -166,6 +166,7 @@ def layernorm_forward_kernel(out, mean, rstd, x, w, b, eps):
         rows = min(RB, N - i0)
         X = load_block(x, i0, rows)  # X[c, r] = x[i0 + r, c]
         prefetch_block(x, i0 + RB)  # the next block, while this one computes
+        prefetch_block(out, i0 + RB)  # (its lines are written whole: fetched for the stores)
         m = stack_lanes(RB)
         q = stack_lanes(RB)
         ex = _e_of_key(_ln_row_sums(X, m, q, start, inv_C))
@@ -256,6 +257,7 @@ def layernorm_backward_block(dx, dout, x, w, ew, mean, rstd, i0, rows, dw, db, w
     D = load_block(dout, i0, rows)
     prefetch_block(x, i0 + RB)  # the next block, while this one computes
     prefetch_block(dout, i0 + RB)
+    prefetch_block(dx, i0 + RB)
     mean_b = np.empty(RB, np.float32)
     rstd_b = np.empty(RB, np.float32)
     for r in range(RB):
