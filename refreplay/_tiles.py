@@ -1,5 +1,5 @@
-"""What the compiler does not find on its own: the 8 x 8 transpose, and
-lane arrays it can keep in registers.
+"""What the compiler does not find on its own: the 8 x 8 transpose, lane
+arrays it can keep in registers, and a prefetch hint.
 
 The row kernels (``ops/rowblock.py``) copy a block of rows into a tile with
 rows and columns swapped, so that the sequential sums of 32 rows can run
@@ -20,7 +20,11 @@ an array: LLVM knows that nothing else can point into it, so once the lane
 loops are unrolled it keeps the lanes in vector registers.  In a heap array
 (``np.zeros``) every step of every chain went through memory, a store and a
 load between two adds, which made a 32-lane chain about twice as slow.  It
-changes where a value is kept, never an operation.
+changes where a value is kept, never an operation.  ``stack_keys`` is the
+same for uint32 (per-lane minima of bit patterns).
+
+``prefetch(X, i, j)`` asks the cache for the line that holds X[i, j]: a hint
+that moves no value.
 """
 from __future__ import annotations
 
@@ -47,6 +51,7 @@ _STAGES = (
     ((_LO2, _HI2), ((0, 2, 0, 1), (1, 3, 2, 3), (4, 6, 4, 5), (5, 7, 6, 7))),
     ((_LO3, _HI3), ((0, 4, 0, 4), (1, 5, 1, 5), (2, 6, 2, 6), (3, 7, 3, 7))),
 )
+
 
 def transpose8(X, xi, xj, T, ti, tj):
     """T[ti + c, tj + r] = X[xi + r, xj + c] for r, c < 8.  X, T: 2-D
