@@ -20,6 +20,9 @@ def add_arguments(p):
     from ..training.backend import add_argument
 
     add_argument(p)
+    from ._cluster import add_arguments as add_cluster_arguments  # issue 27
+
+    add_cluster_arguments(p, estimate=True)
 
 
 def run(args) -> int:
@@ -46,6 +49,10 @@ def run(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     print(f"run {args.run}: {r.recipe.steps} steps, chain head {head}")
     print(f"sampled steps {steps} (beacon {args.beacon}, secret {secret})")
+    if args.cluster is not None or args.estimate:  # issue 27: the steps as Dask tasks
+        from ._cluster import audit as audit_on_cluster
+
+        return audit_on_cluster(args, r, steps, secret, out)
     fp = doctor.fingerprint()
     fp["device"] = describe(args.device)
     memory = memory_for(args, r.recipe.model, r.recipe.train)
