@@ -21,7 +21,8 @@ is retried (``retries``).  A step whose task fails on every try is reported
 by name; a bad run (``InputError``) is not retried.  With ``replicas`` > 1
 a step runs as several tasks, and results that differ are a disagreement
 naming both workers' platform fingerprints.  Bits never depend on the
-number of workers: each task is the serial replay of its step.
+number of workers: each task is the serial replay of its step
+([step.verified.r2]).
 """
 from __future__ import annotations
 
