@@ -13,6 +13,13 @@ import auditor_keys
 
 KEY, BOB = auditor_keys.key("alice"), auditor_keys.key("bob")
 
+
+def _pkcs1_hex(key):
+    """The public key's numbers in PKCS#1 DER: a valid key, not the canonical encoding."""
+    from cryptography.hazmat.primitives import serialization
+
+    return key.public.key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.PKCS1).hex()
+
 HEAD = "ab" * 32
 BEACON = "00112233445566778899aabbccddeeff"
 
@@ -210,6 +217,7 @@ FORGERIES = [
     (("key", "algorithm"), "ed25519", "key.algorithm"),
     (("key", "fingerprint"), "0" * 64, "key.fingerprint"),
     (("key", "public"), "3000", "key.public"),
+    (("key", "public"), _pkcs1_hex(KEY), "canonical DER"),
     (("warnings",), "none", "warnings"),
     (("warnings",), [1], "warnings"),
     (("checked",), DELETE, "missing fields"),

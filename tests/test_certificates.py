@@ -353,7 +353,7 @@ def test_a_freely_chosen_secret_selects_nothing(run0, keydir, tmp_path):
     assert not hasattr(audit, "sample_steps") and not hasattr(audit, "seal")
 
 
-@pytest.mark.parametrize("kind", ["ed25519", "rsa-1024", "rsa-e3", "private", "garbage"])
+@pytest.mark.parametrize("kind", ["ed25519", "rsa-1024", "rsa-e3", "private", "garbage", "pkcs1-der"])
 def test_keys_that_are_not_auditor_keys_are_refused(kind, run0, honest, tmp_path):
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
@@ -363,13 +363,16 @@ def test_keys_that_are_not_auditor_keys_are_refused(kind, run0, honest, tmp_path
             "rsa-1024": lambda: rsa.generate_private_key(65537, 1024).public_key().public_bytes(*pem),
             "rsa-e3": lambda: rsa.generate_private_key(3, 2048).public_key().public_bytes(*pem),
             "private": lambda: ALICE.pem(),
-            "garbage": lambda: b"\xff\xfe not a key"}[kind]()
+            "garbage": lambda: b"\xff\xfe not a key",
+            # the same numbers in another DER encoding: would be a second fingerprint of one key
+            "pkcs1-der": lambda: ALICE.public.key.public_bytes(serialization.Encoding.DER,
+                                                               serialization.PublicFormat.PKCS1).hex().encode()}[kind]()
     f = tmp_path / "k.pem"
     f.write_bytes(text)
     res = run_cli("coverage", run0, tmp_path, "--trust", f)
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stdout + res.stderr
     want = {"ed25519": "not an RSA key", "rsa-1024": "1024 bits", "rsa-e3": "exponent 3",
-            "private": "no PEM PUBLIC KEY", "garbage": "neither PEM nor"}[kind]
+            "private": "no PEM PUBLIC KEY", "garbage": "neither PEM nor", "pkcs1-der": "canonical DER"}[kind]
     assert want in res.stderr, res.stderr
 
 
