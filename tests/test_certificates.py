@@ -406,6 +406,21 @@ def test_audit_refuses_a_key_that_is_not_a_private_key(run0, keydir, tmp_path):
     assert not (tmp_path / "c").exists()
 
 
+def test_audit_refuses_an_encrypted_or_foreign_private_key(run0, tmp_path):
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    enc = tmp_path / "enc.key"
+    enc.write_bytes(ALICE.key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                            serialization.BestAvailableEncryption(b"pw")))
+    ed = tmp_path / "ed.key"
+    ed.write_bytes(ed25519.Ed25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    for f, words in ((enc, "is encrypted"), (ed, "not an RSA private key")):
+        res = run_cli("audit", run0, "--sample", 1, "--beacon", BEACON, "--key", f, "--out", tmp_path / "c")
+        assert res.returncode == 2 and words in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
 def test_a_link_planted_in_out_is_not_written_through(run0, keydir, tmp_path):
     r = open_run(run0)
     sample = audit.draw_sample(ALICE, r.head["chain_link"], BEACON, STEPS, 1)

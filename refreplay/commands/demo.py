@@ -1,5 +1,6 @@
 HELP = ("the whole story in under two minutes: train a tiny run on 4 in-process ranks, publish it, audit "
-        "two steps sampled by an auditor's key on one device, write signed certificates, print coverage, run a conformance summary")
+        "two steps sampled by an auditor's key on one device, write signed certificates, print coverage, "
+        "run a conformance summary")
 
 
 def add_arguments(p):

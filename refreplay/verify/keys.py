@@ -40,6 +40,13 @@ def _crypto():
     return InvalidSignature, hashes, serialization, padding, rsa
 
 
+def _parse_errors() -> tuple:
+    """What the library raises for bytes that are not a usable key."""
+    from cryptography.exceptions import UnsupportedAlgorithm
+
+    return ValueError, TypeError, UnsupportedAlgorithm
+
+
 def _check_numbers(key, what: str):
     _, _, _, _, rsa = _crypto()
     if not isinstance(key, rsa.RSAPublicKey):
@@ -91,7 +98,7 @@ def public_from_der(der: bytes, what: str = "public key") -> PublicKey:
     _, _, serialization, _, _ = _crypto()
     try:
         key = serialization.load_der_public_key(der)
-    except (ValueError, TypeError) as exc:
+    except _parse_errors() as exc:
         raise InputError(f"{what} is not a DER public key ({exc})") from None
     _check_numbers(key, what)
     canon = key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
@@ -150,7 +157,7 @@ def load_private(path) -> PrivateKey:
     except TypeError:
         raise InputError(f"{path}: the private key is encrypted; refreplay reads unencrypted keys "
                          "(keep the file 0600)") from None
-    except (ValueError, TypeError) as exc:
+    except _parse_errors() as exc:
         raise InputError(f"{path}: not a PEM private key ({exc})") from None
     return _private(key, f"{path}")
 
@@ -165,7 +172,7 @@ def _keys_in(raw: bytes, where: str) -> list[PublicKey]:
         for i, block in enumerate(blocks):
             try:
                 key = serialization.load_pem_public_key(block)
-            except (ValueError, TypeError) as exc:
+            except _parse_errors() as exc:
                 raise InputError(f"{where}: PEM block {i + 1} is not a public key ({exc})") from None
             _check_numbers(key, f"{where}: key {i + 1}")
             der = key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
