@@ -399,6 +399,18 @@ def test_keygen_writes_a_private_key_only_its_owner_reads(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporaries left
 
 
+def test_audit_warns_about_a_private_key_others_can_read(run0, keydir, tmp_path):
+    loose = tmp_path / "loose.key"
+    shutil.copy(keydir / "alice.key", loose)
+    loose.chmod(0o644)
+    res = run_cli("audit", run0, "--sample", 1, "--beacon", BEACON, "--key", loose, "--out", tmp_path / "c",
+                  "--quiet")
+    assert res.returncode == 0 and "can be read by other users" in res.stderr, res.stderr
+    res = run_cli("audit", run0, "--sample", 1, "--beacon", BEACON, "--key", keydir / "alice.key",
+                  "--out", tmp_path / "c", "--quiet")
+    assert res.returncode == 0 and "warning" not in res.stderr, res.stderr
+
+
 def test_audit_refuses_a_key_that_is_not_a_private_key(run0, keydir, tmp_path):
     res = run_cli("audit", run0, "--sample", 1, "--beacon", BEACON, "--key", keydir / "alice.pub.pem",
                   "--out", tmp_path / "c")

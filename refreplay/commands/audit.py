@@ -23,6 +23,7 @@ def add_arguments(p):
 
 
 def run(args) -> int:
+    import sys
     from pathlib import Path
 
     from .. import doctor, files
@@ -34,6 +35,9 @@ def run(args) -> int:
     from .replay import check_head, memory_for, print_artifacts, progress_printer
 
     key = keys.load_private(args.key)
+    if keys.readable_by_others(args.key):
+        print(f"warning: {args.key} can be read by other users; anyone who reads it can sign as you "
+              f"(chmod 600 {args.key})", file=sys.stderr)
     auditor = args.auditor or f"key-{key.public.fingerprint[:16]}"
     if not audit.AUDITOR_RE.fullmatch(auditor):
         raise InputError("--auditor must be 1-64 characters of letters, digits, _ . @ -")

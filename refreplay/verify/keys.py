@@ -162,6 +162,17 @@ def load_private(path) -> PrivateKey:
     return _private(key, f"{path}")
 
 
+def readable_by_others(path) -> bool:
+    """Whether the group or other users may read the key file (POSIX modes)."""
+    import os
+    import stat
+
+    try:
+        return bool(os.stat(path).st_mode & (stat.S_IRGRP | stat.S_IROTH))
+    except OSError:
+        return False
+
+
 def _keys_in(raw: bytes, where: str) -> list[PublicKey]:
     _, _, serialization, _, _ = _crypto()
     out = []
