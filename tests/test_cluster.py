@@ -16,6 +16,7 @@ import pytest
 distributed = pytest.importorskip("distributed")
 cloudpickle = pytest.importorskip("cloudpickle")
 
+import auditor_keys  # noqa: E402
 from cli_helpers import run_cli  # noqa: E402
 from test_doctor import csr_lib  # noqa: E402,F401  (the MXCSR-setting library)
 from refreplay.training import presets, train  # noqa: E402
@@ -25,7 +26,7 @@ from refreplay.verify import cluster  # noqa: E402
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the injected tasks travel by value
 
 STEPS, EVERY, K = 12, 4, 3
-BEACON, SECRET = "c0ffee", "5ec7e7"
+BEACON = "c0ffee"
 TIMEOUT = 300
 
 
@@ -40,24 +41,38 @@ def run(tmp_path_factory):
     return path
 
 
-def _audit(run, out, *extra):
-    return run_cli("audit", run, "--sample", K, "--beacon", BEACON, "--auditor", "alice", "--secret", SECRET,
-                   "--out", out, "--quiet", *extra)
+@pytest.fixture(scope="module")
+def keypair(tmp_path_factory):
+    return auditor_keys.key_files(tmp_path_factory.mktemp("keys"), "alice")
+
+
+@pytest.fixture(scope="module")
+def key(keypair):
+    return keypair[0]
+
+
+@pytest.fixture
+def _audit(run, key):
+    def audit(run, out, *extra):
+        return run_cli("audit", run, "--sample", K, "--beacon", BEACON, "--auditor", "alice", "--key", key,
+                       "--out", out, "--quiet", *extra)
+    return audit
 
 
 def _certs(d):
-    """step -> certificate without the fields that name the platform."""
+    """step -> certificate without the fields that name the platform (and the signature over it)."""
     out = {}
     for f in sorted(d.glob("cert-*.json")):
         c = json.loads(f.read_text())
-        out[c["step"]] = {k: v for k, v in c.items() if k not in ("platform", "digest")}
+        out[c["step"]] = {k: v for k, v in c.items() if k not in ("platform", "signature")}
     return out
 
 
 @pytest.fixture(scope="module")
-def serial(run, tmp_path_factory):
+def serial(run, key, tmp_path_factory):
     d = tmp_path_factory.mktemp("serial")
-    a = _audit(run, d)
+    a = run_cli("audit", run, "--sample", K, "--beacon", BEACON, "--auditor", "alice", "--key", key,
+                "--out", d, "--quiet")
     assert a.returncode == 0, a.stdout + a.stderr
     certs = _certs(d)
     assert len(certs) == K and all(c["verdict"] == "verified" for c in certs.values())
@@ -76,12 +91,15 @@ def local2():
 
 
 @pytest.mark.parametrize("n", [1, 2, pytest.param(3, marks=pytest.mark.slow)])
-def test_cluster_audit_writes_the_serial_certificates(run, serial, tmp_path, n):
-    """Bits and verdicts do not depend on the number of workers."""
+def test_cluster_audit_writes_the_serial_certificates(run, serial, tmp_path, n, _audit, keypair):
+    """[step.verified.r2] Bits and verdicts do not depend on the number of
+    workers; the client's signed certificates pass coverage --trust."""
     a = _audit(run, tmp_path, "--cluster", f"local:{n}")
     assert a.returncode == 0, a.stdout + a.stderr
     assert a.stdout.count(": fit (") == n
     assert _certs(tmp_path) == serial
+    cov = run_cli("coverage", run, tmp_path, "--trust", keypair[1])
+    assert cov.returncode == 0 and "REJECTED" not in cov.stdout, cov.stdout + cov.stderr
 
 
 def test_cluster_audit_reports_a_mismatch(run, tmp_path_factory, tmp_path):
@@ -110,7 +128,7 @@ def test_replay_segment_is_split_at_checkpoints(run):
 
 
 @pytest.mark.parametrize("bad", ["local:0", "local:x", "udp://1.2.3.4:5", "tcp://127.0.0.1"])
-def test_bad_cluster_spec_is_exit_2(run, tmp_path, bad):
+def test_bad_cluster_spec_is_exit_2(run, tmp_path, bad, _audit):
     a = _audit(run, tmp_path, "--cluster", bad)
     assert a.returncode == 2 and "--cluster" in a.stderr, a.stdout + a.stderr
 
@@ -135,7 +153,7 @@ def _wait_workers(client, n):
     client.wait_for_workers(n, timeout=TIMEOUT)
 
 
-def test_unfit_worker_gets_no_task(run, serial, tmp_path, csr_lib):  # noqa: F811
+def test_unfit_worker_gets_no_task(run, serial, tmp_path, csr_lib, _audit):  # noqa: F811
     """[num.flush.c1] A worker with hardware FTZ on is reported and refused;
     the fit worker certifies every step; with only the unfit one: exit 2."""
     lc = distributed.LocalCluster(n_workers=0, processes=True, host="127.0.0.1", dashboard_address=None)
@@ -163,7 +181,7 @@ def test_unfit_worker_gets_no_task(run, serial, tmp_path, csr_lib):  # noqa: F81
         lc.close()
 
 
-def test_killed_worker_task_runs_again(run, serial, tmp_path, local2):
+def test_killed_worker_task_runs_again(run, serial, tmp_path, local2, _audit):
     """SIGKILL of the worker replaying a step: the step is certified by the
     other (or the restarted) worker; exactly one certificate per step."""
     addr = local2.scheduler_address
@@ -198,7 +216,7 @@ def _fails_at_step(bad_step, run_path, head, target, device=None, max_memory=Non
     return c.replay_task(run_path, head, target, device, max_memory)
 
 
-def test_step_failing_on_every_try_is_named_and_exit_1(run, serial, tmp_path, monkeypatch):
+def test_step_failing_on_every_try_is_named_and_exit_1(run, serial, tmp_path, monkeypatch, _audit):
     import functools
 
     bad = sorted(serial)[1]
@@ -224,7 +242,7 @@ def _tamper_first(marker, run_path, head, target, device=None, max_memory=None):
     return out
 
 
-def test_disagreeing_replicas_name_both_platforms(run, serial, tmp_path, monkeypatch):
+def test_disagreeing_replicas_name_both_platforms(run, serial, tmp_path, monkeypatch, _audit):
     import functools
 
     monkeypatch.setattr(cluster, "replay_task", functools.partial(_tamper_first, str(tmp_path / "marker")))
@@ -238,7 +256,7 @@ def test_disagreeing_replicas_name_both_platforms(run, serial, tmp_path, monkeyp
     assert len(_certs(tmp_path / "c")) == K - 1
 
 
-def test_estimate_is_cluster_wide(run, tmp_path):
+def test_estimate_is_cluster_wide(run, tmp_path, _audit):
     a = _audit(run, tmp_path, "--estimate", "--cluster", "local:3")
     assert a.returncode == 0, a.stdout + a.stderr
     assert "on 3 worker(s): about" in a.stdout and "task(s)" in a.stdout

@@ -114,15 +114,15 @@ def _exit(out, bad) -> int:
     return 2 if out.errors else 0
 
 
-def audit(args, r, steps, secret, out_dir) -> int:
+def audit(args, r, sample, key, auditor, out_dir) -> int:
     """``audit --cluster``: the sampled steps as tasks; the client writes the certificates."""
     from ..verify import cluster
     from .replay import print_artifacts
 
     _check(args)
+    steps = sample.steps
     if getattr(args, "estimate", False):
         return print_estimate(args, r, steps)
-    ctx = cluster.AuditContext(args.auditor, args.beacon, secret, args.sample, tuple(steps))
     head = r.head["chain_link"]
     show = _progress(args.quiet, len(steps), "audit: steps settled")
     bad = [0]
@@ -130,7 +130,8 @@ def audit(args, r, steps, secret, out_dir) -> int:
     def settled(t, out):
         if t in out.results:
             x = out.results[t]
-            cert, path = cluster.certify_and_write(r, t, x["result"], x["platform"], ctx, out_dir)
+            cert, path = cluster.certify_and_write(r, t, x["result"], x["platform"], sample, key, auditor,
+                                                   out_dir)
             bad[0] += cert["verdict"] != "verified"
             print(f"  step {t}: {cert['verdict'].upper()}  -> {path}  (worker {x['worker']})")
             print_artifacts(x["result"], "  ")

@@ -6,7 +6,8 @@ checkpoint before it, exactly as the serial ``replay`` does.  A task is a
 plain function submitted with ``client.submit``; the worker returns the
 replay evidence (the ``ReplayResult``) and its platform fingerprint, never a
 certificate: the client builds, signs and writes the certificates
-(``certify_and_write``), so the auditor's key never leaves the client.
+(``certify_and_write``), so the auditor's private key never leaves the
+client.
 
 Fitness before work: a worker plugin runs the ``doctor`` checks on every
 worker when it joins (again after a restart), in the worker's task thread
@@ -259,43 +260,15 @@ def settle(t: int, tries: list[dict], out: Outcome) -> None:
 # ---- certificates (the client's side) ---------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class AuditContext:
-    """What the client alone holds: who certifies, the sample and its evidence."""
-    auditor: str
-    beacon: str
-    secret: str
-    k: int
-    steps: tuple
-
-
-def certify_and_write(run, step: int, res, platform: dict, ctx: AuditContext, out_dir):
-    """THE seam to the certificate API: build, seal and write one step's
-    certificate exactly as the serial ``audit`` does, from a worker's replay
-    result and platform.  (With signed certificates this becomes
-    ``audit.certify_step(run, step, res, sample, key, auditor, platform)``
-    then ``audit.write_certificate(out_dir, cert)``.)  Returns (cert, path)."""
-    from .. import __version__, files, spec
+def certify_and_write(run, step: int, res, platform: dict, sample, key, auditor: str, out_dir):
+    """The seam to the certificate API: the client signs and writes one
+    step's certificate through the serial audit's one certificate maker and
+    writer (``audit.certify_step``, ``audit.write_certificate``), from a
+    worker's replay result and platform.  Returns (cert, path)."""
     from . import audit
 
-    pub = run.records[step]
-    published = {"state_root": pub.state_root, "data_hash": pub.data_hash, "chain_link": pub.chain_link}
-    if res.verified:
-        replayed, verdict, mismatch = dict(published), "verified", None
-    else:
-        verdict = "mismatch"
-        replayed = {"state_root": None, "data_hash": None, "chain_link": None}
-        mismatch = {"step": res.divergence.step, "kind": res.divergence.kind, "lines": res.divergence.lines()}
-    cert = audit.make_certificate(
-        run={"chain_head": run.head["chain_link"], "recipe_sha256": run.recipe_sha256, "steps": run.recipe.steps},
-        step=step, verdict=verdict, replayed=replayed, published=published,
-        sampling={"beacon": ctx.beacon, "secret": ctx.secret, "k": ctx.k, "steps": list(ctx.steps)},
-        auditor=ctx.auditor, spec_version=spec.version(), spec_sha256=spec.spec_sha256(),
-        refreplay_version=__version__, platform=platform, mismatch=mismatch,
-        checked=audit.replay_evidence(res), warnings=res.warnings)
-    path = out_dir / f"cert-{ctx.auditor}-step-{step:07d}.json"
-    files.write_atomic(path, json.dumps(cert, indent=1, sort_keys=True) + "\n")
-    return cert, path
+    cert = audit.certify_step(run, step, res, sample, key, auditor, platform)
+    return cert, audit.write_certificate(out_dir, cert)
 
 
 # ---- the cluster itself -----------------------------------------------------------------------
