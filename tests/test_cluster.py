@@ -261,3 +261,41 @@ def test_estimate_is_cluster_wide(run, tmp_path, _audit):
     assert a.returncode == 0, a.stdout + a.stderr
     assert "on 3 worker(s): about" in a.stdout and "task(s)" in a.stdout
     assert not list(tmp_path.glob("cert-*.json"))
+
+
+def test_cluster_seconds_places_longest_tasks_first():
+    from refreplay.commands import _cluster
+
+    # targets 4, 7, 12 with checkpoints every 4: tasks of 4, 3 (from 4) and 4 (from 8) steps
+    assert _cluster.cluster_seconds([0, 4, 8, 12], [4, 7, 12], 2, 2.0) == (22.0, 14.0, 11)
+    assert _cluster.cluster_seconds([0, 4, 8, 12], [4, 7, 12], 1, 2.0) == (22.0, 22.0, 11)
+    assert _cluster.cluster_seconds([0, 4, 8, 12], [4, 7, 12], 8, 2.0)[1] == 8.0
+
+
+class _Tty:
+    def __init__(self):
+        self.text = ""
+
+    def isatty(self):
+        return True
+
+    def write(self, s):
+        self.text += s
+
+    def flush(self):
+        pass
+
+
+def test_one_progress_line_with_eta_from_the_estimate():
+    from refreplay.commands import _cluster
+
+    tty = _Tty()
+    show = _cluster._progress(False, 3, "audit: steps settled", lambda: 120.0, stream=tty)
+    assert tty.text.startswith("\raudit: steps settled 0/3  ETA 120 s (estimate)")
+    show(1)
+    show(3)
+    assert tty.text.count("\n") == 1 and tty.text.endswith("3/3  ETA 0 s\n")
+    assert "\raudit: steps settled 1/3  ETA " in tty.text
+    quiet = _Tty()
+    _cluster._progress(True, 3, "x", lambda: 1 / 0, stream=quiet)(1)  # quiet: nothing, no estimate
+    assert quiet.text == ""

@@ -42,42 +42,67 @@ def workers_of(spec_text) -> int:
         client.close()
 
 
+def cluster_seconds(checkpoints, targets, workers: int, per_step: float) -> tuple[float, float, int]:
+    """(total seconds in one process, predicted wall seconds on ``workers``,
+    steps replayed): every task's steps at ``per_step`` seconds, tasks
+    placed longest first on the least busy worker."""
+    from ..verify import cluster
+
+    lengths = sorted((cluster.steps_replayed(checkpoints, t) for t in targets), reverse=True)
+    busy = [0] * max(1, workers)
+    for steps in lengths:
+        busy[busy.index(min(busy))] += steps
+    return sum(lengths) * per_step, max(busy) * per_step, sum(lengths)
+
+
 def print_estimate(args, r, targets) -> int:
-    """The cluster-wide cost: every task's steps at the calibrated time per
-    step, spread over the workers longest first."""
+    """The cluster-wide cost, from the calibrated time per step."""
     from ..training import estimate
     from ..verify import cluster
 
     c = estimate.estimate(r.recipe.model, r.recipe.train)
-    lengths = sorted((cluster.steps_replayed(r.checkpoints, t) for t in targets), reverse=True)
     n = workers_of(args.cluster)
-    busy = [0] * n
-    for steps in lengths:  # longest task first, to the least busy worker
-        busy[busy.index(min(busy))] += steps
+    serial, wall, total = cluster_seconds(r.checkpoints, targets, n, c.seconds)
+    longest = max(cluster.steps_replayed(r.checkpoints, t) for t in targets)
     for line in c.lines(None):
         print(line)
-    total = sum(lengths)
-    print(f"{len(targets)} task(s), {total} step(s) replayed in all: {total * c.seconds:.1f} s in one process")
-    print(f"on {n} worker(s): about {max(busy) * c.seconds:.1f} s (each worker one replay at a time, "
-          f"{c.seconds:.1f} s per step measured here; the longest task alone {lengths[0] * c.seconds:.1f} s)")
+    print(f"{len(targets)} task(s), {total} step(s) replayed in all: {serial:.1f} s in one process")
+    print(f"on {n} worker(s): about {wall:.1f} s (each worker one replay at a time, "
+          f"{c.seconds:.1f} s per step measured here; the longest task alone {longest * c.seconds:.1f} s)")
     return 0
 
 
-def _progress(quiet, total, what):
-    """One line for the whole job: done/total and the ETA from the rate so far."""
+def _progress(quiet, total, what, predict=None, stream=None):
+    """One line for the whole job: done/total and the ETA, from the
+    estimate (``predict()``: predicted wall seconds, called only when the
+    line is shown) until the first task is in, then from the rate so far."""
     import sys
     import time
 
-    if quiet or not sys.stderr.isatty():
+    stream = sys.stderr if stream is None else stream
+    if quiet or not stream.isatty():
         return lambda done: None
+    predicted = predict() if predict else None
     t0 = time.perf_counter()
 
     def show(done):
-        eta = (time.perf_counter() - t0) / done * (total - done) if done else float("nan")
-        print(f"\r{what} {done}/{total}  ETA {eta:.0f} s", end="" if done < total else "\n",
-              file=sys.stderr, flush=True)
+        elapsed = time.perf_counter() - t0
+        if done:
+            eta = f"{elapsed / done * (total - done):.0f} s"
+        else:
+            eta = "?" if predicted is None else f"{max(0.0, predicted - elapsed):.0f} s (estimate)"
+        print(f"\r{what} {done}/{total}  ETA {eta}", end="" if done < total else "\n", file=stream, flush=True)
     show(0)
     return show
+
+
+def _predictor(r, targets, workers):
+    def predict():
+        from ..training import estimate
+
+        c = estimate.estimate(r.recipe.model, r.recipe.train)
+        return cluster_seconds(r.checkpoints, targets, workers, c.seconds)[1]
+    return predict
 
 
 def _start(args):
@@ -94,7 +119,29 @@ def _start(args):
             print(f"worker {addr}: fit ({cluster.fingerprint_id(rep['platform'])})")
         else:
             print(f"worker {addr}: UNFIT, gets no task: {'; '.join(rep['failed'])}")
-    return client, lc
+    return client, lc, sum(rep["fit"] for rep in reports.values())
+
+
+def _run(args, r, targets, settled, what):
+    """Start or reach the cluster, prove fitness, run the tasks, close."""
+    from ..errors import InputError
+    from ..verify import cluster
+
+    try:
+        client, lc, fit = _start(args)
+        try:
+            show = _progress(args.quiet, len(targets), what, _predictor(r, targets, fit))
+
+            def on_settled(t, out):
+                settled(t, out)
+                show(len(out.results) + len(out.failed) + len(out.disagreements) + len(out.errors))
+            return cluster.run_tasks(client, r.path, r.head["chain_link"], targets, device=args.device,
+                                     max_memory=args.max_memory, replicas=args.replicas, retries=args.retries,
+                                     on_settled=on_settled)
+        finally:
+            cluster.close(client, lc)
+    except (OSError, TimeoutError) as exc:  # distributed's CommClosedError is an OSError
+        raise InputError(f"the Dask cluster {args.cluster} failed: {type(exc).__name__}: {exc}") from None
 
 
 def _report_unsettled(out, name):
@@ -123,8 +170,6 @@ def audit(args, r, sample, key, auditor, out_dir) -> int:
     steps = sample.steps
     if getattr(args, "estimate", False):
         return print_estimate(args, r, steps)
-    head = r.head["chain_link"]
-    show = _progress(args.quiet, len(steps), "audit: steps settled")
     bad = [0]
 
     def settled(t, out):
@@ -137,14 +182,8 @@ def audit(args, r, sample, key, auditor, out_dir) -> int:
             print_artifacts(x["result"], "  ")
             for line in cert.get("mismatch", {}).get("lines", []):
                 print(f"    {line}")
-        show(len(out.results) + len(out.failed) + len(out.disagreements) + len(out.errors))
 
-    client, lc = _start(args)
-    try:
-        out = cluster.run_tasks(client, r.path, head, steps, device=args.device, max_memory=args.max_memory,
-                                replicas=args.replicas, retries=args.retries, on_settled=settled)
-    finally:
-        cluster.close(client, lc)
+    out = _run(args, r, steps, settled, "audit: steps settled")
     _report_unsettled(out, "step")
     print(f"{len(out.results) - bad[0]} of {len(steps)} sampled steps verified"
           + (f"; {len(steps) - len(out.results)} not certified" if len(out.results) < len(steps) else ""))
@@ -172,7 +211,6 @@ def replay_segment(args, r) -> int:
     print(f"run {args.run}: steps {first}..{last} in {len(targets)} task(s) ending at {targets}")
     if args.estimate:
         return print_estimate(args, r, targets)
-    show = _progress(args.quiet, len(targets), "replay: segments settled")
     bad = [0]
 
     def settled(t, out):
@@ -184,20 +222,16 @@ def replay_segment(args, r) -> int:
             if res.divergence is not None:
                 for line in res.divergence.lines():
                     print(f"    {line}")
-        show(len(out.results) + len(out.failed) + len(out.disagreements) + len(out.errors))
 
     if args.cluster is None:
+        show = _progress(args.quiet, len(targets), "replay: segments settled", _predictor(r, targets, 1))
         out = cluster.Outcome()
         for t in targets:
             cluster.settle(t, [cluster.replay_task(str(r.path), head, t, args.device, args.max_memory)], out)
             settled(t, out)
+            show(len(out.results) + len(out.errors))
     else:
-        client, lc = _start(args)
-        try:
-            out = cluster.run_tasks(client, r.path, head, targets, device=args.device, max_memory=args.max_memory,
-                                    replicas=args.replicas, retries=args.retries, on_settled=settled)
-        finally:
-            cluster.close(client, lc)
+        out = _run(args, r, targets, settled, "replay: segments settled")
     _report_unsettled(out, "segment ending at step")
     ok = not bad[0] and len(out.results) == len(targets)
     print(f"VERIFIED: steps {first}..{last} reproduce bit for bit" if ok else

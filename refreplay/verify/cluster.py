@@ -94,7 +94,11 @@ def fitness_plugin(expected: dict):
             import asyncio
 
             pool = worker.executors["default"]  # the task thread: FTZ/DAZ are per thread
-            report = await asyncio.get_running_loop().run_in_executor(pool, fitness, self.expected)
+            try:
+                report = await asyncio.get_running_loop().run_in_executor(pool, fitness, self.expected)
+            except Exception as exc:  # a worker that cannot even run the checks is unfit, and says why
+                report = {"fit": False, "failed": [f"the fitness checks raised {type(exc).__name__}: {exc}"],
+                          "platform": {}}
             worker.refreplay_fitness = report
             if report["fit"]:
                 await worker.set_resources(**{RESOURCE: 1})
@@ -206,8 +210,11 @@ def run_tasks(client, run_path, head, targets, *, device=None, max_memory=None, 
     """Replay every target on the fit workers; ``on_settled(target, outcome)``
     as soon as each target's tries are all in (certificates are written
     then, not at the end)."""
+    import os
+
     from distributed import as_completed
 
+    run_path = os.path.abspath(run_path)  # the same path on every worker of a shared filesystem
     futures = {}
     for t in targets:
         for rep in range(replicas):
