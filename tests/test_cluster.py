@@ -299,3 +299,56 @@ def test_one_progress_line_with_eta_from_the_estimate():
     quiet = _Tty()
     _cluster._progress(True, 3, "x", lambda: 1 / 0, stream=quiet)(1)  # quiet: nothing, no estimate
     assert quiet.text == ""
+
+
+def test_a_task_refuses_another_run_at_the_path(run):
+    """The worker checks the head the client opened; an InputError comes
+    back as the step's error (not retried), never as a result."""
+    out = cluster.replay_task(str(run), "0" * 64, 2)
+    assert "error" in out and "result" not in out and "not the client's" in out["error"]
+    good = cluster.replay_task(str(run), run_cli("replay", run, "--step", 1).stdout.split("chain head ")[1][:64], 2)
+    assert good["result"].verified and good["bytes_read"] > 0
+
+
+def test_settle_never_drops_a_step():
+    """Every combination of tries ends in exactly one of: result, failed,
+    disagreement, error."""
+    import itertools
+    from types import SimpleNamespace
+
+    def ok(root):
+        res = SimpleNamespace(verified=root == "a", checked=[SimpleNamespace(step=1, state_root=root, chain_link="l")],
+                              divergence=None if root == "a" else SimpleNamespace(step=1, kind="state"))
+        return {"result": res, "platform": {"cpu_model": root}, "worker": root, "seconds": 1.0, "bytes_read": 1}
+
+    kinds = [ok("a"), ok("b"), {"failed": "KilledWorker: x"}, {"step": 1, "error": "bad run"}]
+    for n in (1, 2, 3):
+        for tries in itertools.product(kinds, repeat=n):
+            out = cluster.Outcome()
+            cluster.settle(1, list(tries), out)
+            where = [1 in d for d in (out.results, out.failed, out.disagreements, out.errors)]
+            assert sum(where) == 1, tries
+            results = [t for t in tries if "result" in t]
+            if not any("error" in t for t in tries) and len({t["worker"] for t in results}) > 1:
+                assert 1 in out.disagreements, tries  # two different replays of one step
+            if 1 in out.results:
+                assert len(results) == n and len({t["worker"] for t in results}) == 1
+
+
+@pytest.mark.parametrize("bad", ["", "local:", "local:-1", "local:999", "tcp://", "tcp://h:p", "tcp://a:1:2",
+                                 "local:1x", "tcp://" + "a" * 400 + ":1", "\x00"])
+def test_parse_cluster_refuses_bad_specs(bad):
+    from refreplay.errors import InputError
+
+    with pytest.raises(InputError):
+        cluster.parse_cluster(bad)
+
+
+@pytest.mark.parametrize("bad", ["", "3", "3:", ":3", "0:3", "3:2", "1:13", "a:b", "1:2:3", "-1:2"])
+def test_parse_steps_refuses_bad_segments(bad):
+    from refreplay.commands import _cluster
+    from refreplay.errors import InputError
+
+    with pytest.raises(InputError):
+        _cluster.parse_steps(bad, STEPS)
+    assert _cluster.parse_steps("3:12", STEPS) == (3, 12)
