@@ -8,8 +8,8 @@ first (into a temporary directory), so that each task replays exactly one
 step.  Then, for 1 and 2 one-thread worker processes (NUMBA_NUM_THREADS=1),
 every step is replayed as one task (``refreplay.verify.cluster.run_tasks``,
 the code behind ``audit --cluster``), after one warm-up task per worker that
-loads the compiled code.  Reported per worker count: wall time, steps per
-hour, the replay seconds the workers measured inside the tasks, and
+loads the compiled code; ``--rounds`` rounds, alternating 1 and 2 workers.
+Reported per measurement: wall time, steps per hour, the replay seconds the workers measured inside the tasks, and
 ``overhead``: wall time x workers - task seconds, per task (scheduling,
 transfer, result pickling, idle tails).  Scheduler overhead alone: the
 median round trip of 50 no-op tasks with the same resource restriction.
@@ -90,6 +90,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="small")
     ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=2, help="1-worker and 2-worker measurements, alternated")
     ap.add_argument("--json", default=None, help="write results here (default benchmarks/results/cluster.json)")
     a = ap.parse_args(argv)
     os.environ.setdefault("NUMBA_NUM_THREADS", "1")
@@ -98,14 +99,16 @@ def main(argv=None) -> int:
         t = time.perf_counter()
         run_path = train_run(a.preset, a.steps, Path(tmp) / "run")
         print(f"trained {a.steps} {a.preset} steps in {time.perf_counter() - t:.1f} s")
-        rows = [measure(run_path, w, a.steps) for w in (1, 2)]
+        rows = [measure(run_path, w, a.steps) for w in (1, 2) * a.rounds]  # alternated: load drifts
     print(table(["workers", "wall s", "steps/h", "task s", "overhead s/task", "no-op ms", "read MB/task",
                  "wire kB/task"],
                 [[x["workers"], f"{x['wall_s']:.1f}", f"{x['steps_per_hour']:.0f}", f"{x['task_s_median']:.2f}",
                   f"{x['overhead_s_per_task']:.2f}", f"{x['noop_rtt_ms_median']:.1f}",
                   f"{(x['bytes_read_per_task_median'] or 0) / 1e6:.1f}", f"{x['bytes_on_wire_per_task'] / 1e3:.1f}"]
                  for x in rows]))
-    print(f"scaling 2 workers / 1 worker: {rows[1]['steps_per_hour'] / rows[0]['steps_per_hour']:.2f}x")
+    med = {w: statistics.median(x["steps_per_hour"] for x in rows if x["workers"] == w) for w in (1, 2)}
+    print(f"median steps/hour: 1 worker {med[1]:.0f}, 2 workers {med[2]:.0f}; "
+          f"scaling 2 workers / 1 worker: {med[2] / med[1]:.2f}x")
     print(load_line())
     path = write_json("cluster.json", {"machine": machine(), "preset": a.preset, "steps": a.steps, "rows": rows},
                       a.json)
