@@ -103,9 +103,16 @@ def train(model: ModelConfig, train_cfg: TrainConfig, *, steps: int, checkpoint_
     if writer:
         writer.record(rec)
         writer.checkpoint(st, rec.state_root)
+    return _steps(trainer, st, rec, steps, saves, writer, launcher, progress, model, train_cfg, recipe)
+
+
+def _steps(trainer, st, rec, steps, saves, writer, launcher, progress, model, train_cfg, recipe) -> Summary:
+    """Steps st.step+1..steps: each record appended, the scheduled
+    checkpoints saved, then the head."""
     step_tokens = train_cfg.micro_batches * train_cfg.micro_batch_size * model.seq_len
+    first = st.step
     losses, t0 = [], time.perf_counter()
-    for n in range(1, steps + 1):
+    for n in range(first + 1, steps + 1):
         t = time.perf_counter()
         st, rec = trainer.step(st, rec.chain_link, launcher)
         launcher.same_on_all(rec.state_root, f"the state root of step {n}")
@@ -117,7 +124,65 @@ def train(model: ModelConfig, train_cfg: TrainConfig, *, steps: int, checkpoint_
             if progress is not None:
                 now = time.perf_counter()
                 _progress(progress, n, steps, rec.loss, step_tokens / max(now - t, 1e-9),
-                          (now - t0) / n * (steps - n), final=n == steps)
+                          (now - t0) / (n - first) * (steps - n), final=n == steps)
     if writer:
         writer.finish(rec)
     return Summary(steps, rec.chain_link, recipe.sha256(), losses, time.perf_counter() - t0)
+
+
+def resume(out, *, progress=sys.stderr, device=None, memory=None) -> tuple[Summary, int]:
+    """Continue the crashed run in ``out`` from its last complete checkpoint
+    (or from state 0, recomputed from the recipe, when none is usable) and
+    finish it: the files end up byte for byte those an uninterrupted run
+    writes (``docs/run-format.md``, "After a crash").  Returns (summary, the
+    step resumed from).
+
+    The run is reopened with every integrity check (``open_run`` strict):
+    what was written must be this recipe's own output.  The steps run on the
+    recipe's rank count in this process: bits do not depend on the ranks or
+    the launcher ([fold.ranks.c1]), and recipe.json, which names them, is
+    kept as written."""
+    from pathlib import Path
+
+    from .launch.inproc import InProcess
+    from .run import CKPT_DIR, HEAD_FILE, RECIPE_FILE, checkpoint_name, open_run
+
+    path = Path(out)
+    if not path.is_dir() or path.is_symlink():
+        raise InputError(f"--resume {path}: not a run directory")
+    if (path / HEAD_FILE).exists() or (path / HEAD_FILE).is_symlink():
+        raise InputError(f"--resume {path}: the run is complete (it has {HEAD_FILE}); nothing to resume")
+    if not (path / RECIPE_FILE).exists():
+        raise InputError(f"--resume {path}: no {RECIPE_FILE}: training stopped before the recipe was written, "
+                         "so there is nothing to resume; remove the directory and train again")
+    run = open_run(path, strict=True, incomplete=True)
+    recipe = run.recipe
+    trainer = run.trainer(device, memory)
+    start = None
+    for k in sorted((c for c in run.checkpoints if c <= run.last_step), reverse=True):
+        try:
+            start = run.load_checkpoint(k, memory)  # root checked against record k
+            break
+        except InputError:
+            continue  # torn or missing: an earlier one (every write is atomic, so this is rare)
+    writer = RunWriter(path, recipe)
+    launcher = InProcess(recipe.ranks)
+    saves = set(checkpoint_steps(recipe.steps, recipe.checkpoint_every))
+    if start is not None:
+        writer.reopen(start.step)
+        rec = run.records[start.step]
+        st = start
+    else:
+        st = trainer.initial_state()
+        rec = trainer.initial_record(st)
+        if run.records and run.records[0].state_root != rec.state_root:
+            raise InputError(f"--resume {path}: the record of step 0 does not hold the recipe's initial state "
+                             f"(published {run.records[0].state_root}, recomputed {rec.state_root}); "
+                             "this is not the output of this recipe")
+        writer.reopen(-1)
+        writer.record(rec)
+        if not (path / CKPT_DIR / checkpoint_name(0)).exists():
+            writer.checkpoint(st, rec.state_root)
+    summary = _steps(trainer, st, rec, recipe.steps, saves, writer, launcher, progress, recipe.model,
+                     recipe.train, recipe)
+    return summary, st.step
