@@ -27,16 +27,23 @@ def add_budget_arguments(p):
     p.add_argument("--estimate", action="store_true",
                    help="print FLOPs, bytes moved, predicted peak memory and time (from a few seconds of "
                         "kernel calibration) and exit without replaying")
+    p.add_argument("--no-memory-check", action="store_true",
+                   help="run even when the predicted memory exceeds what this machine has available "
+                        "(by default such a recipe is refused before anything is allocated)")
 
 
-def memory_for(args, model, train):
-    """The ``budget.Memory`` that ``--max-memory`` asks for (None: no budget)."""
+def memory_for(args, model, train, what="a step of this recipe"):
+    """The ``budget.Memory`` that ``--max-memory`` asks for (None: no budget),
+    after checking, from the configuration alone and before anything is
+    allocated, that the step fits this machine's available memory
+    (``budget.plan``; ``--no-memory-check`` skips the check)."""
     from ..training import budget, estimate
 
-    if args.max_memory is None:
-        return None
-    limit = budget.parse_gib(args.max_memory)
-    return budget.Memory.for_budget(limit, estimate.cost(model, train).peak_ram)
+    limit = None if args.max_memory is None else budget.parse_gib(args.max_memory)
+    c = estimate.cost(model, train)
+    available = None if getattr(args, "no_memory_check", False) else budget.available_memory()
+    memory = budget.plan(c.peak_ram, c.peak_mapped, limit, available, what)
+    return memory if limit is not None else None
 
 
 def print_estimate(args, model, train, steps: int) -> int:
