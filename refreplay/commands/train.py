@@ -208,10 +208,10 @@ def _resume(args) -> int:
 
         numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
     from ..training.backend import describe
-    from ..training.run import open_run
+    from ..training.train import open_for_resume
     from .replay import memory_for
 
-    recipe = open_run(args.resume, strict=True, incomplete=True).recipe
+    recipe = open_for_resume(args.resume).recipe
     memory = memory_for(args, recipe.model, recipe.train)
     device = describe(args.device)
     summary, start = resume(args.resume, progress=None if args.quiet else sys.stderr, device=args.device,

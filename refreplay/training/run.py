@@ -248,7 +248,7 @@ class Run:
         self.warnings: list[str] = []  # faults of localisation aids (digests, traces): never a verdict
         self.path = Path(path)
         _need(self.path.is_dir(), f"run directory not found: {self.path}")
-        self._root = self.path.resolve()
+        self._root = untrusted.resolve(self.path)
         obj = untrusted.parse_json(self._read(RECIPE_FILE, "recipe"), str(self.path / RECIPE_FILE))
         published = []
 
@@ -304,8 +304,9 @@ class Run:
         """A path inside the run directory that exists; symbolic links that
         lead outside it are refused."""
         p = self.path.joinpath(*parts)
+        resolved = untrusted.resolve(p)  # a loop of links: an InputError saying so
         try:
-            p.resolve().relative_to(self._root)
+            resolved.relative_to(self._root)
         except ValueError:
             raise InputError(f"{p}: leads outside the run directory") from None
         _need(p.is_file(), f"missing file {p}")
@@ -522,7 +523,7 @@ class RunWriter:
             (p / DATA_DIR).mkdir(parents=True, exist_ok=True)
             (p / CKPT_DIR).mkdir(exist_ok=True)
         except OSError as exc:
-            raise InputError(f"output {p}: cannot create the run directory ({exc.strerror})") from None
+            raise files.write_error(exc, p / DATA_DIR) from None
         return p
 
     def write_recipe(self) -> None:

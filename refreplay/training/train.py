@@ -130,6 +130,25 @@ def _steps(trainer, st, rec, steps, saves, writer, launcher, progress, model, tr
     return Summary(steps, rec.chain_link, recipe.sha256(), losses, time.perf_counter() - t0)
 
 
+def open_for_resume(out):
+    """The crashed run in ``out``, opened with every check of a published run
+    but allowed to be incomplete; refused when it is complete or has no
+    recipe (killed before it was written: nothing to resume)."""
+    from pathlib import Path
+
+    from .run import HEAD_FILE, RECIPE_FILE, open_run
+
+    path = Path(out)
+    if not path.is_dir() or path.is_symlink():
+        raise InputError(f"--resume {path}: not a run directory")
+    if (path / HEAD_FILE).exists() or (path / HEAD_FILE).is_symlink():
+        raise InputError(f"--resume {path}: the run is complete (it has {HEAD_FILE}); nothing to resume")
+    if not ((path / RECIPE_FILE).exists() or (path / RECIPE_FILE).is_symlink()):
+        raise InputError(f"--resume {path}: no {RECIPE_FILE}: training stopped before the recipe was written, "
+                         "so there is nothing to resume; remove the directory and train again")
+    return open_run(path, strict=True, incomplete=True)
+
+
 def resume(out, *, progress=sys.stderr, device=None, memory=None) -> tuple[Summary, int]:
     """Continue the crashed run in ``out`` from its last complete checkpoint
     (or from state 0, recomputed from the recipe, when none is usable) and
@@ -142,20 +161,11 @@ def resume(out, *, progress=sys.stderr, device=None, memory=None) -> tuple[Summa
     recipe's rank count in this process: bits do not depend on the ranks or
     the launcher ([fold.ranks.c1]), and recipe.json, which names them, is
     kept as written."""
-    from pathlib import Path
-
     from .launch.inproc import InProcess
-    from .run import CKPT_DIR, HEAD_FILE, RECIPE_FILE, checkpoint_name, open_run
+    from .run import CKPT_DIR, checkpoint_name
 
-    path = Path(out)
-    if not path.is_dir() or path.is_symlink():
-        raise InputError(f"--resume {path}: not a run directory")
-    if (path / HEAD_FILE).exists() or (path / HEAD_FILE).is_symlink():
-        raise InputError(f"--resume {path}: the run is complete (it has {HEAD_FILE}); nothing to resume")
-    if not (path / RECIPE_FILE).exists():
-        raise InputError(f"--resume {path}: no {RECIPE_FILE}: training stopped before the recipe was written, "
-                         "so there is nothing to resume; remove the directory and train again")
-    run = open_run(path, strict=True, incomplete=True)
+    run = open_for_resume(out)
+    path = run.path
     recipe = run.recipe
     trainer = run.trainer(device, memory)
     start = None
