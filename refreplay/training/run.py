@@ -346,8 +346,8 @@ class Run:
               f"{self.recipe.steps + 1}, steps 0..{self.recipe.steps})")
         _need(len(recs) == self.recipe.steps + 1 or self.incomplete_ok,
               f"{where}: {len(recs)} records for a run of {self.recipe.steps} steps (expected "
-              f"{self.recipe.steps + 1}, steps 0..{self.recipe.steps}); the run is incomplete or truncated (a crashed training run is "
-              f"continued with `refreplay train --resume {self.path}`)")
+              f"{self.recipe.steps + 1}, steps 0..{self.recipe.steps}); the run is incomplete or truncated "
+              f"(a crashed training run is continued with `refreplay train --resume {self.path}`)")
         return recs
 
     def _read_head(self) -> dict:
