@@ -1,6 +1,6 @@
 HELP = "replay a published step on this machine and verify it bit for bit against the run's hashes"
 
-# Exit status of a replay of an incomplete run (training stopped early: fewer
+# Exit status of a replay of an incomplete run ([step.incomplete.r1]; training stopped early: fewer
 # records than steps, no head.json) in which every step replayed, all of them
 # with whole records, reproduced: not 0, since no chain head vouches for the
 # records and the step asked for may have no record at all; not 1, since
