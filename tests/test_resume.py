@@ -5,6 +5,8 @@ whole files or none ([step.record.c1], docs/run-format.md "After a crash")."""
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -183,3 +185,32 @@ def test_records_are_appended_whole_or_not_at_all(tmp_path, monkeypatch):
     monkeypatch.undo()
     f.close()
     assert (tmp_path / "steps.jsonl").read_bytes() == b'{"step":0}\n'
+
+
+def test_resume_is_refused_while_another_process_writes_the_run(whole_run, tmp_path):
+    """A train still running (or another --resume) holds the writer lock."""
+    import fcntl
+
+    p = crash_copy(whole_run, tmp_path / "run", 3, keep_ckpts={0, 2})
+    before = tree(p)
+    holder = subprocess.Popen([sys.executable, "-c",
+                               "import fcntl, os, sys, time\n"
+                               "fd = os.open(sys.argv[1], os.O_RDONLY)\n"
+                               "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+                               "print('locked', flush=True)\n"
+                               "time.sleep(60)\n", str(p)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(InputError, match="being written by another process"):
+            resume(p, progress=None)
+        assert tree(p) == before  # nothing touched
+    finally:
+        holder.kill()
+        holder.wait()
+    resume(p, progress=None)  # the holder is gone: its lock with it
+    assert_same_files(whole_run, p)
+    fd = os.open(p, os.O_RDONLY)  # and resume let go of its own
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(fd)

@@ -508,6 +508,17 @@ class RunWriter:
         self.recipe = recipe
         self._steps = None
         self._digests = None
+        self.lock_fd = None  # the writer lock (``lock``), released by ``release``
+
+    def release(self) -> None:
+        """Close the record files and drop the writer lock (idempotent)."""
+        for f in (self._steps, self._digests):
+            if f is not None:
+                f.close()
+        self._steps = self._digests = None
+        if self.lock_fd is not None:
+            os.close(self.lock_fd)
+            self.lock_fd = None
 
     @staticmethod
     def prepare(path) -> Path:
@@ -525,6 +536,27 @@ class RunWriter:
         except OSError as exc:
             raise files.write_error(exc, p / DATA_DIR) from None
         return p
+
+    @staticmethod
+    def lock(path) -> int:
+        """Take the run directory's writer lock (an exclusive ``flock`` on the
+        directory, released when the process ends, however it ends) and return
+        its descriptor; refuse when another process holds it: a ``train`` that
+        is still running, or another ``--resume``."""
+        import fcntl
+
+        p = Path(path)
+        try:
+            fd = os.open(p, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        except OSError as exc:
+            raise InputError(f"{p}: cannot open the run directory ({exc.strerror})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise InputError(f"{p} is being written by another process (a train or --resume still running); "
+                             "wait for it to end") from None
+        return fd
 
     def write_recipe(self) -> None:
         text = json.dumps(self.recipe.to_json(), sort_keys=True, indent=2, ensure_ascii=True) + "\n"
@@ -561,6 +593,7 @@ class RunWriter:
     def finish(self, last) -> None:
         self._steps.close()
         self._digests.close()
+        self._steps = self._digests = None
         head = {"step": last.step, "chain_link": last.chain_link, "recipe_sha256": self.recipe.sha256()}
         files.write_atomic(self.path / HEAD_FILE, (json.dumps(head, sort_keys=True, indent=2) + "\n").encode())
 
@@ -614,4 +647,6 @@ class _LineFile:
             raise files.write_error(exc, self.path) from None
 
     def close(self) -> None:
-        os.close(self.fd)
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -65,9 +66,11 @@ def train(model: ModelConfig, train_cfg: TrainConfig, *, steps: int, checkpoint_
                          "of a step: every rank needs at least one")
 
     writer = None
+    lock = None
     if launcher.is_root:
         try:
             path = RunWriter.prepare(out)
+            lock = RunWriter.lock(path)  # held while training: a --resume meanwhile is refused
             if token_files:
                 toks, v, source = tokens.load_tokens(token_files, vocab)
                 samples = tokens.make_samples(toks, model.seq_len)
@@ -77,6 +80,8 @@ def train(model: ModelConfig, train_cfg: TrainConfig, *, steps: int, checkpoint_
             manifest = data.write_shards(samples, path / "data", source, v)
             payload = ("ok", samples, hashlib.sha256(data.manifest_bytes(manifest)).hexdigest(), v)
         except InputError as exc:
+            if lock is not None:
+                os.close(lock)
             payload = ("error", str(exc), None, None)
         payload = launcher.share(payload)
     else:
@@ -95,15 +100,20 @@ def train(model: ModelConfig, train_cfg: TrainConfig, *, steps: int, checkpoint_
     saves = set(checkpoint_steps(steps, checkpoint_every))
     if launcher.is_root:
         writer = RunWriter(path, recipe)
+        writer.lock_fd = lock
         writer.write_recipe()
 
     st = trainer.initial_state()
     rec = trainer.initial_record(st)
     launcher.same_on_all(rec.state_root, "the state root of step 0")
-    if writer:
-        writer.record(rec)
-        writer.checkpoint(st, rec.state_root)
-    return _steps(trainer, st, rec, steps, saves, writer, launcher, progress, model, train_cfg, recipe)
+    try:
+        if writer:
+            writer.record(rec)
+            writer.checkpoint(st, rec.state_root)
+        return _steps(trainer, st, rec, steps, saves, writer, launcher, progress, model, train_cfg, recipe)
+    finally:
+        if writer:
+            writer.release()
 
 
 def _steps(trainer, st, rec, steps, saves, writer, launcher, progress, model, train_cfg, recipe) -> Summary:
@@ -161,12 +171,20 @@ def resume(out, *, progress=sys.stderr, device=None, memory=None) -> tuple[Summa
     recipe's rank count in this process: bits do not depend on the ranks or
     the launcher ([fold.ranks.c1]), and recipe.json, which names them, is
     kept as written."""
+    run = open_for_resume(out)
+    writer = RunWriter(run.path, run.recipe)
+    writer.lock_fd = RunWriter.lock(run.path)  # a train still running, or another --resume, holds it
+    try:
+        return _resume_with(run, writer, progress, device, memory)
+    finally:
+        writer.release()
+
+
+def _resume_with(run, writer, progress, device, memory):
     from .launch.inproc import InProcess
     from .run import CKPT_DIR, checkpoint_name
 
-    run = open_for_resume(out)
-    path = run.path
-    recipe = run.recipe
+    path, recipe = run.path, run.recipe
     trainer = run.trainer(device, memory)
     start = None
     for k in sorted((c for c in run.checkpoints if c <= run.last_step), reverse=True):
@@ -175,7 +193,6 @@ def resume(out, *, progress=sys.stderr, device=None, memory=None) -> tuple[Summa
             break
         except InputError:
             continue  # torn or missing: an earlier one (every write is atomic, so this is rare)
-    writer = RunWriter(path, recipe)
     launcher = InProcess(recipe.ranks)
     saves = set(checkpoint_steps(recipe.steps, recipe.checkpoint_every))
     if start is not None:
