@@ -16,6 +16,7 @@ from refreplay.errors import InputError
 from refreplay.training import budget, estimate, launch, presets, run
 from refreplay.training.train import train
 
+import auditor_keys
 from cli_helpers import run_cli
 
 pytestmark = pytest.mark.usefixtures("one_numba_thread")
@@ -92,8 +93,8 @@ def test_wide_recipe_is_refused_by_every_command_before_allocating(runs, tmp_pat
     commands = [
         ["replay", wide, "--step", "1", "--quiet"],
         ["replay", wide, "--step", "1", "--max-memory", "8", "--quiet"],
-        ["audit", wide, "--sample", "1", "--beacon", "ab", "--auditor", "me", "--out", tmp_path / "certs",
-         "--quiet"],
+        ["audit", wide, "--sample", "1", "--beacon", "ab", "--key", auditor_keys.key_files(tmp_path / "keys")[0],
+         "--out", tmp_path / "certs", "--quiet"],
         ["trace", wide, "--step", "1"],
         ["train", "--config", cfg, "--steps", "1", "--out", tmp_path / "never"],
     ]
