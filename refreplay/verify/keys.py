@@ -36,7 +36,8 @@ def _crypto():
         from cryptography.hazmat.primitives import hashes, serialization
         from cryptography.hazmat.primitives.asymmetric import padding, rsa
     except ImportError:  # pragma: no cover - the extra is missing
-        raise InputError("auditor keys need the `cryptography` package: pip install 'refreplay[audit]'") from None
+        raise InputError("auditor keys need the `cryptography` package, a dependency of refreplay: "
+                         "pip install 'cryptography>=42,<49'") from None
     return InvalidSignature, hashes, serialization, padding, rsa
 
 
