@@ -155,10 +155,12 @@ def replay_task(run_path: str, head: str, target: int, device=None, max_memory=N
         if r.head["chain_link"] != head:
             raise InputError(f"the run at {run_path} on this worker has chain head {r.head['chain_link']}, "
                              f"not the client's {head}")
-        memory = None
-        if max_memory is not None:
-            memory = budget.Memory.for_budget(budget.parse_gib(max_memory),
-                                              estimate.cost(r.recipe.model, r.recipe.train).peak_ram)
+        # the step must fit this worker's memory, checked before anything is allocated
+        limit = None if max_memory is None else budget.parse_gib(max_memory)
+        c = estimate.cost(r.recipe.model, r.recipe.train)
+        memory = budget.plan(c.peak_ram, c.peak_mapped, limit, budget.available_memory(),
+                             f"a step of this recipe on worker {out['worker']}")
+        memory = memory if limit is not None else None
         platform = doctor.fingerprint()
         platform["device"] = describe(device)
         res = replay(r, target, None, device, memory)
