@@ -25,4 +25,4 @@ its own (``tests/test_layering.py`` holds the code to this map).
 """
 from . import _env  # noqa: F401  (must run before anything imports numba)
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"

@@ -66,7 +66,7 @@ def version(spec_dir: Path = SPEC_DIR) -> str:
 
 # [conv.version.c1] Earlier versions whose runs this version replays: their
 # clauses that a run's arithmetic depends on are unchanged here.
-EARLIER_REPLAYED = ("0.2.0",)
+EARLIER_REPLAYED = ("0.3.0", "0.2.0")
 
 
 def replayed_versions(spec_dir: Path = SPEC_DIR) -> tuple[str, ...]:

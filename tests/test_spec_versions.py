@@ -57,6 +57,7 @@ def earlier_run(tmp_path_factory):
 def test_this_version_lists_what_it_replays():
     assert spec.replayed_versions()[0] == spec.version() != EARLIER
     assert EARLIER in spec.replayed_versions()
+    assert spec.replayed_versions() == ("0.4.0", "0.3.0", "0.2.0")  # 0.4.0 changed no bit of a run
     assert f"replays runs of\n  {EARLIER}" in spec.parse()["conv.version.c1"].text() or \
         f"replays runs of {EARLIER}" in " ".join(spec.parse()["conv.version.c1"].text().split())
 
