@@ -16,7 +16,7 @@ def test_demo_runs_end_to_end(tmp_path, capsys):
     assert "Train the `tiny` preset for 6 steps on 3 in-process ranks" in text
     assert text.count("-> VERIFIED") == 2
     assert "reference matmul" in text and "numpy" in text and "diagnosis: matmul: contracts multiply-add" in text
-    assert "golden training steps (vectors/steps.json): 24 records" in text and "reproduce bit for bit" in text
+    assert "golden training steps (vectors/steps.json): 32 records" in text and "reproduce bit for bit" in text
     assert "FAILED" not in text
     certs = sorted((out / "certs").glob("*.json"))
     assert len(certs) == 2 and all(json.loads(p.read_text())["verdict"] == "verified" for p in certs)
