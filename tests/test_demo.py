@@ -20,6 +20,11 @@ def test_demo_runs_end_to_end(tmp_path, capsys):
     assert "FAILED" not in text
     certs = sorted((out / "certs").glob("*.json"))
     assert len(certs) == 2 and all(json.loads(p.read_text())["verdict"] == "verified" for p in certs)
+    # the auditor's key is private to its owner, and the coverage command the demo prints passes
+    assert (out / "keys" / "demo-auditor.key").stat().st_mode & 0o777 == 0o600
+    trust = out / "keys" / "demo-auditor.pub.pem"
+    assert f"--trust {trust}" in text
+    assert cli.main(["coverage", str(out / "run"), str(out / "certs"), "--trust", str(trust)]) == 0
     # a second demo replaces the first; a directory that is not a demo's is refused (exit 2)
     assert cli.main(["demo", "--out", str(out), "--steps", "5", "--ranks", "1"]) == 0
     other = tmp_path / "mine"
