@@ -20,10 +20,14 @@ bare ``nn.Parameter``), and the parameter-free modules known to compute
 unknown class whose only content is child modules is a container: its
 children are converted and it is kept.
 
-What ``convert`` cannot see: arithmetic written in a ``forward`` (``x + y``,
-``torch.matmul``, ``F.relu``) and autograd's own sum of the gradients of a
-tensor used twice.  Those are found at run time by ``refreplay.torch.guard``
-(docs/torch.md); the report says so in ``notes``.
+Every blocker goes into one report with its cause and fix: besides the
+modules above, bare Parameters of a user module, a Parameter held by two
+modules (a tied weight: fork it), and the arithmetic a user class's
+``forward`` writes, read from its source (``torch`` / ``F`` calls, tensor
+operators, ``torch.arange`` ids).  What ``convert`` cannot see: code it
+has no source for, a tensor used twice inside one forward, and autograd's
+own sum of the gradients of such a tensor.  Those are found at run time by
+``refreplay.torch.guard`` (docs/torch.md); the report says so in ``notes``.
 """
 from __future__ import annotations
 
@@ -48,8 +52,8 @@ _KNOWN_COMPUTING = (nn.ReLU, nn.Tanh, nn.Sigmoid, nn.GELU, nn.SiLU, nn.Softmax, 
 _OURS = (rnn.Linear, rnn.LayerNorm, rnn.RMSNorm, rnn.Embedding, rnn.GELU, rnn.SiLU, rnn.Softmax,
          rnn.LogSoftmax, rnn.CrossEntropyLoss, rnn.Residual, rnn.CausalSelfAttention, rnn.MLP)
 
-NOTES = ("convert cannot see arithmetic written in forward() (x + y, torch.matmul, torch.nn.functional "
-         "calls) nor autograd's sum of the gradients of a tensor used twice; run one step inside "
+NOTES = ("convert reads forward() sources but cannot see code without source, a tensor used twice in one "
+         "forward, nor autograd's sum of the gradients of a tensor used twice; run one step inside "
          "refreplay.torch.guard() to find them (docs/torch.md)")
 
 
