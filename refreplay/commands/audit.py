@@ -17,9 +17,15 @@ def add_arguments(p):
     p.add_argument("--max-memory", metavar="GIB", default=None,
                    help="memory budget in GiB: state and gradients in memory-mapped files when a step "
                         "would not fit (bits never change)")
+    p.add_argument("--no-memory-check", action="store_true",
+                   help="audit even when a step's predicted memory exceeds what this machine has available "
+                        "(by default such a recipe is refused before anything is allocated)")
     from ..training.backend import add_argument
 
     add_argument(p)
+    from ._cluster import add_arguments as add_cluster_arguments  # issue 27
+
+    add_cluster_arguments(p, estimate=True)
 
 
 def run(args) -> int:
@@ -53,6 +59,10 @@ def run(args) -> int:
     print(f"run {args.run}: {r.recipe.steps} steps, chain head {head}")
     print(f"key {key.public.fingerprint} ({auditor})")
     print(f"sampled steps {sample.steps} (beacon {sample.beacon}; fixed by the key, the head and the beacon)")
+    if args.cluster is not None or args.estimate:  # issue 27: the steps as Dask tasks
+        from ._cluster import audit as audit_on_cluster
+
+        return audit_on_cluster(args, r, sample, key, auditor, out)
     fp = doctor.fingerprint()
     fp["device"] = describe(args.device)
     memory = memory_for(args, r.recipe.model, r.recipe.train)
