@@ -12,6 +12,24 @@
   closure, so any edit that could change machine code selects a fresh
   directory, while an edit to plumbing (commands, the conformance runner,
   replay, audit) keeps the compiled kernels.
+* Numba's parallel kernels run on an OpenMP pool (its ``omp`` threading
+  layer; with PyTorch loaded first it is PyTorch's own libgomp, one pool for
+  both).  OpenMP's default waiting policy lets idle workers spin for
+  milliseconds after each parallel region; on a machine with any other busy
+  process they steal the core the one working thread needs (measured: a
+  small GPT step through refreplay.torch went from 8 ms idle to 0.3-0.8 s
+  with one competing busy process, benchmarks/bench_threads.py).  So the
+  process's policy is PASSIVE (workers sleep) unless the user set
+  ``OMP_WAIT_POLICY`` themselves.  The runtime reads it once, when it is
+  loaded: when one was loaded before refreplay (``import torch`` first;
+  ``OMP_RUNTIME_PRELOADED``) with no policy set, its workers spin, and
+  Numba's kernels go to Numba's ``workqueue`` layer instead (its own
+  threads, which sleep between kernels) unless the user chose a layer
+  (``NUMBA_THREADING_LAYER``).  Measured: the spinning pool made that
+  small step 0.3-1 s beside one busy process, the workqueue 39 ms, the
+  passive pool 23 ms (load 6-8).  The workqueue layer takes one parallel
+  kernel at a time: refreplay.torch serialises its ops across Python
+  threads then (``_bridge``).  Bits never depend on threads, layer or policy.
 """
 from __future__ import annotations
 
@@ -135,7 +153,23 @@ KERNEL_HASH = kernel_hash()
 CACHE_DIR = cache_root() / f"numba-{KERNEL_HASH[:16]}"
 
 
+def _omp_runtime_loaded() -> bool:
+    """Whether an OpenMP runtime is already mapped into the process (Linux;
+    elsewhere False)."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return False
+    return any(name in maps for name in ("libgomp", "libiomp", "libomp"))
+
+
+OMP_RUNTIME_PRELOADED = _omp_runtime_loaded()
+
+
 def configure() -> None:
+    if "OMP_WAIT_POLICY" not in os.environ and OMP_RUNTIME_PRELOADED:
+        os.environ.setdefault("NUMBA_THREADING_LAYER", "workqueue")  # the loaded pool spins
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     os.environ["NUMBA_DISABLE_INTEL_SVML"] = "1"
     os.environ["NUMBA_CACHE_DIR"] = str(CACHE_DIR)
     import sys
@@ -144,6 +178,7 @@ def configure() -> None:
         from numba.core import config
 
         config.CACHE_DIR = str(CACHE_DIR)
+        config.THREADING_LAYER = os.environ.get("NUMBA_THREADING_LAYER", config.THREADING_LAYER)
 
 
 configure()

@@ -17,12 +17,21 @@ touches both PyTorch and NumPy memory.
   is neither cpu nor cuda, a tensor with subnormal elements or a
   non-canonical NaN) raises ``Unsupported``: the spec defines no result for
   it, so no PyTorch kernel computes one instead.
+
+Threads: each op's kernels run on ``kernel_threads`` Numba threads:
+PyTorch's intra-op count (``torch.get_num_threads()``, whatever the user
+set) capped by the threads Numba launched, and one thread for an op whose
+operands hold fewer than ``SMALL_WORK`` values, whose parallel launch
+would cost more than it saves.  Bits never depend on the count (every
+``prange`` runs over independent outputs, ``refreplay._jit``).  The
+waiting policy of the pool is ``refreplay._env``'s.
 """
 from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
 
+import numba
 import numpy as np
 import torch
 
@@ -32,6 +41,10 @@ from ..numerics.core import load as np_load
 
 COPIES = {"in": 0}  # inputs that had to be copied (non-contiguous, or on a GPU)
 _STATE = threading.local()
+# Numba's workqueue layer (refreplay._env picks it when a spinning OpenMP
+# pool was loaded first) aborts the process on two parallel kernels at
+# once: ops from several Python threads then take turns.
+_ONE_AT_A_TIME = threading.Lock() if numba.config.THREADING_LAYER == "workqueue" else None
 
 _EXP_MASK = np.uint32(0x7F800000)
 _ABS_MASK = np.uint32(0x7FFFFFFF)
@@ -43,16 +56,55 @@ class Unsupported(ValueError):
     will not compute it, and neither will PyTorch in its place."""
 
 
+# Below this many operand elements an op runs on one thread: a parallel
+# region costs some 10-50 us to wake the pool (measured), about the time
+# of an elementwise pass over 2^15 binary32 values on one core.
+SMALL_WORK = 1 << 15
+
+
+def kernel_threads(elements: int) -> int:
+    """Numba threads for an op whose operands hold ``elements`` values: 1
+    below ``SMALL_WORK``, else PyTorch's intra-op thread count, capped by
+    the threads Numba launched (``NUMBA_NUM_THREADS``)."""
+    if elements < SMALL_WORK:
+        return 1
+    return max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
+
+
 @contextmanager
 def inside_reference():
     """Marks the running thread as inside a refreplay op, so that
-    ``refreplay.torch.guard`` lets the op's own tensor plumbing through."""
+    ``refreplay.torch.guard`` lets the op's own tensor plumbing through.
+    The outermost one also owns the op's thread count: ``to_numpy`` adds
+    each operand's size and sets ``kernel_threads`` of the total; the count
+    the caller had is restored on the way out."""
     depth = getattr(_STATE, "depth", 0)
+    if depth == 0:
+        if _ONE_AT_A_TIME is not None:
+            _ONE_AT_A_TIME.acquire()
+        _STATE.elements = 0
+        _STATE.threads = _STATE.before = numba.get_num_threads()
     _STATE.depth = depth + 1
     try:
         yield
     finally:
         _STATE.depth = depth
+        if depth == 0:
+            if _STATE.threads != _STATE.before:
+                numba.set_num_threads(_STATE.before)
+            if _ONE_AT_A_TIME is not None:
+                _ONE_AT_A_TIME.release()
+
+
+def _count_operand(a: np.ndarray) -> None:
+    """Inside an op: add ``a``'s size to the op's and set its thread count."""
+    if getattr(_STATE, "depth", 0) == 0:
+        return
+    _STATE.elements += a.size
+    n = kernel_threads(_STATE.elements)
+    if n != _STATE.threads:
+        numba.set_num_threads(n)
+        _STATE.threads = n
 
 
 def is_inside() -> bool:
@@ -116,6 +168,7 @@ def to_numpy(name: str, t, check_loaded: bool = True) -> np.ndarray:
     a = _host(t)
     if check_loaded:
         _check_loaded(name, a)
+    _count_operand(a)
     return a
 
 

@@ -313,9 +313,18 @@ class SiLU(torch.autograd.Function):
 @eager
 def gelu(input, approximate="tanh"):
     """[act.gelu.fwd.c1] GELU in the spec's tanh form.  approximate="none"
-    (PyTorch's default, the erf form) is not specified and is refused."""
-    _refuse("gelu", approximate=(approximate, "tanh"))
+    (PyTorch's default, the erf form) is not specified and is refused,
+    naming the form to use ([why.gelu.erf.r1])."""
+    _refuse_erf_gelu("gelu", approximate)
     return GELU.apply(input)
+
+
+def _refuse_erf_gelu(name: str, approximate) -> None:
+    if approximate == "none":
+        raise Unsupported(f"{name}: approximate='none' (the exact erf GELU, PyTorch's default) is not defined "
+                          "by the spec ([why.gelu.erf.r1]); use the tanh form: nn.GELU(approximate='tanh') "
+                          "or F.gelu(x, approximate='tanh'), within 4.8e-4 of the erf form")
+    _refuse(name, approximate=(approximate, "tanh"))
 
 
 @eager

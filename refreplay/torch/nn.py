@@ -94,11 +94,12 @@ class Embedding(nn.Embedding):
 
 
 class GELU(nn.Module):
-    """[act.gelu.fwd.c1] the tanh form only."""
+    """[act.gelu.fwd.c1] the tanh form only; the erf form is refused
+    naming the tanh form ([why.gelu.erf.r1])."""
 
     def __init__(self, approximate="tanh"):
         super().__init__()
-        F._refuse("GELU", approximate=(approximate, "tanh"))
+        F._refuse_erf_gelu("GELU", approximate)
         self.approximate = approximate
 
     def forward(self, x):

@@ -1,0 +1,102 @@
+"""Threads that never fight (refreplay._env, refreplay.torch._bridge):
+the OpenMP pool sleeps between kernels, a pool that was loaded spinning
+(``import torch`` first) sends Numba to its workqueue layer, and each
+refreplay.torch op runs on PyTorch's intra-op thread count, one thread
+when it is small, restoring the caller's count.  Bits never depend on any
+of it (tests/test_torch_gpt.py runs the model at 1 and 2 threads).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numba
+import numpy as np
+import pytest
+import torch
+
+from refreplay.ops import activations
+from refreplay.torch import _bridge
+from refreplay.torch import functional as F
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _fresh(code: str, **env) -> dict:
+    base = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "NUMBA_THREADING_LAYER")}
+    base.update(env, PYTHONPATH=REPO)
+    out = subprocess.run([sys.executable, "-c", code], env=base, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+_REPORT = ("import os, json, numba; print(json.dumps([os.environ.get('OMP_WAIT_POLICY'), "
+           "numba.config.THREADING_LAYER]))")
+
+
+def test_refreplay_first_makes_the_openmp_pool_sleep_and_keeps_numbas_layer():
+    policy, layer = _fresh("import refreplay, torch; " + _REPORT)
+    assert policy == "PASSIVE" and layer == "default"
+
+
+def test_a_spinning_pool_loaded_first_sends_numba_to_the_workqueue():
+    policy, layer = _fresh("import torch, refreplay; " + _REPORT)
+    assert layer == "workqueue"
+
+
+@pytest.mark.parametrize("env", [{"OMP_WAIT_POLICY": "ACTIVE"}, {"NUMBA_THREADING_LAYER": "omp"}])
+def test_the_users_own_choice_is_kept(env):
+    policy, layer = _fresh("import torch, refreplay; " + _REPORT, **env)
+    if "OMP_WAIT_POLICY" in env:
+        assert policy == "ACTIVE" and layer == "default"
+    else:
+        assert layer == "omp"
+
+
+def test_kernel_threads_follow_torch_and_small_ops_run_on_one(monkeypatch):
+    cap = numba.config.NUMBA_NUM_THREADS
+    assert _bridge.kernel_threads(_bridge.SMALL_WORK - 1) == 1
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert _bridge.kernel_threads(1 << 24) == 1
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 64)
+    assert _bridge.kernel_threads(1 << 24) == cap
+
+
+@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs 2 Numba threads")
+@pytest.mark.parametrize("n", [64, 1024])
+def test_an_op_runs_on_the_chosen_count_and_restores_the_callers(n, monkeypatch):
+    seen = []
+    real = activations.gelu_forward
+
+    def spy(x):
+        seen.append(numba.get_num_threads())
+        return real(x)
+
+    monkeypatch.setattr(activations, "gelu_forward", spy)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    numba.set_num_threads(1)
+    try:
+        x = torch.linspace(-3, 3, n * n).reshape(n, n)
+        y = F.gelu(x)
+        assert numba.get_num_threads() == 1  # the caller's count, restored
+    finally:
+        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+    assert seen == [1 if n * n < _bridge.SMALL_WORK else 2]
+    assert np.array_equal(y.numpy().view(np.uint32), real(x.numpy()).view(np.uint32))
+
+
+def test_ops_from_several_python_threads_take_turns_under_the_workqueue():
+    code = """
+import torch, refreplay, json, threading
+import refreplay.torch.functional as F
+x = torch.linspace(-3, 3, 512 * 512).reshape(512, 512)
+ref = F.gelu(x)
+out = []
+ts = [threading.Thread(target=lambda: out.append(bool(torch.equal(F.gelu(x), ref)))) for _ in range(4)]
+[t.start() for t in ts]; [t.join(60) for t in ts]
+import numba; print(json.dumps([numba.threading_layer(), out]))
+"""
+    layer, out = _fresh(code)
+    assert layer == "workqueue" and out == [True] * 4
