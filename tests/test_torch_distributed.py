@@ -1,0 +1,87 @@
+"""TreeFold over torch.distributed ([fold.ranks.c1]): real separate
+processes (gloo, 127.0.0.1, bounded by timeouts) running
+examples/torch_gpt/train_dist.py on the `tiny` preset (M = 8).
+
+* R = 1..4 give the same state roots and chain head (R = 3 does not divide M);
+* the same loop with dist.all_reduce does not;
+* a rank that dies or hangs mid-step stops the others with an error, and
+  nothing is published for that step.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from torch_dist_helpers import corpus, ranks, torchrun
+
+STEPS = 2
+
+
+@pytest.fixture(scope="module")
+def text(tmp_path_factory):
+    return corpus(tmp_path_factory.mktemp("corpus") / "corpus.txt")
+
+
+def _run(tmp, world, text, *extra, launch="torchrun"):
+    out = tmp / f"run-{world}-{'-'.join(map(str, extra)) or 'fold'}"
+    args = ("--out", out, "--steps", STEPS, "--checkpoint-every", 1, "--data", text, *extra)
+    res = torchrun(world, *args) if launch == "torchrun" else ranks(world, *args)
+    if launch == "torchrun":
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
+    else:
+        assert all(rc == 0 for rc, _, _ in res), res
+    return out
+
+
+def _records(run):
+    return [json.loads(line) for line in (run / "steps.jsonl").read_text().splitlines()]
+
+
+def _head(run):
+    return json.loads((run / "head.json").read_text())["chain_link"]
+
+
+@pytest.fixture(scope="module")
+def fold_runs(tmp_path_factory, text):
+    tmp = tmp_path_factory.mktemp("dist")
+    return {r: _run(tmp, r, text) for r in (1, 3)}
+
+
+def test_world_sizes_1_and_3_publish_the_same_records(fold_runs):
+    """[fold.ranks.c1] R = 3 does not divide M = 8: rank ranges [0,2) [2,5) [5,8)."""
+    one, three = fold_runs[1], fold_runs[3]
+    assert _records(one) == _records(three)
+    assert (one / "head.json").read_bytes() == (three / "head.json").read_bytes()
+    for k in range(STEPS + 1):
+        name = f"checkpoints/step-{k:07d}.safetensors"
+        assert (one / name).read_bytes() == (three / name).read_bytes(), name
+
+
+@pytest.mark.slow
+def test_world_sizes_2_and_4_publish_the_same_records(fold_runs, tmp_path, text):
+    for r in (2, 4):
+        assert _records(_run(tmp_path, r, text)) == _records(fold_runs[1]), f"R = {r}"
+
+
+def test_all_reduce_is_not_invariant(fold_runs, tmp_path, text):
+    """The ordinary loop (PyTorch's += over local micro-batches, then
+    dist.all_reduce) changes the bits with the world size: its R = 1 and
+    R = 3 heads are not one value, and neither is TreeFold's head."""
+    heads = {r: _head(_run(tmp_path, r, text, "--all-reduce-steps", "1,2", launch="ranks")) for r in (1, 3)}
+    fold = _head(fold_runs[1])
+    assert fold not in heads.values()
+    assert heads[1] != heads[3], heads
+
+
+@pytest.mark.parametrize("how", ["exit", "hang"])
+def test_a_rank_that_dies_mid_step_stops_the_others_and_nothing_is_published(tmp_path, text, how):
+    out = tmp_path / "run"
+    res = ranks(2, "--out", out, "--steps", 3, "--checkpoint-every", 1, "--data", text, "--timeout", 8,
+                "--die-rank", 1, "--die-step", 2, "--die-how", how, timeout=90)
+    (rc0, _, err0), (rc1, _, _) = res
+    assert rc0 not in (0, None) and rc1 != 0, res
+    assert "step 2" in err0 and "a rank died or hung" in err0, err0
+    assert [r["step"] for r in _records(out)] == [0, 1]
+    assert not (out / "head.json").exists()
+    assert not (out / "checkpoints" / "step-0000002.safetensors").exists()

@@ -1,0 +1,64 @@
+"""Launching a few real torch.distributed processes (gloo, 127.0.0.1) for
+the distributed tests: every process has a timeout and is killed at the end."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "examples" / "torch_gpt" / "train_dist.py"
+CORPUS_WORDS = "the of a to in is refreplay tree fold rank bits step loss grad".split()
+
+
+def corpus(path: Path) -> Path:
+    """A small deterministic text corpus (54 KB)."""
+    import random
+
+    r = random.Random(1)
+    path.write_text(" ".join(r.choice(CORPUS_WORDS) for _ in range(12000)))
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(extra=None) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
+    env.update(extra or {})
+    return env
+
+
+def torchrun(ranks: int, *args, timeout: float = 150) -> subprocess.CompletedProcess:
+    """``torchrun --nproc-per-node R SCRIPT ARGS`` as a user runs it."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--max-restarts", "0",
+           "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(SCRIPT), *map(str, args)]
+    return subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def ranks(world: int, *args, script: Path = SCRIPT, timeout: float = 120) -> list[tuple[int, str, str]]:
+    """One process per rank (RANK, WORLD_SIZE, MASTER_* set as torchrun sets
+    them), without torchrun's agent, so a survivor's own error is seen;
+    returns (exit status, stdout, stderr) per rank.  Every process still
+    alive at the timeout is killed (its status is then -9)."""
+    port = free_port()
+    procs = []
+    for q in range(world):
+        env = _env({"RANK": str(q), "LOCAL_RANK": str(q), "WORLD_SIZE": str(world),
+                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+        procs.append(subprocess.Popen([sys.executable, str(script), *map(str, args)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    out = []
+    for p in procs:
+        try:
+            o, e = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            o, e = p.communicate()
+        out.append((p.returncode, o, e))
+    return out
