@@ -13,3 +13,53 @@ def one_numba_thread():
     numba.set_num_threads(1)
     yield
     numba.set_num_threads(keep)
+
+
+# ---- thread-invariance tests never compare 1 thread with 1 thread ------------------
+#
+# A test marked ``threads`` compares one thread with several.  Numba's pool has
+# NUMBA_NUM_THREADS workers from import on, so in a process started with
+# NUMBA_NUM_THREADS=1 such a test would compare 1 with 1 and assert nothing.
+# There the test runs instead in a fresh pytest process with 2 threads, and
+# its outcome is this test's outcome.
+
+SUBPROCESS_THREADS = 2
+
+
+def needs_thread_subprocess(item) -> bool:
+    return (item.get_closest_marker("threads") is not None
+            and numba.config.NUMBA_NUM_THREADS < SUBPROCESS_THREADS)
+
+
+def pytest_pyfunc_call(pyfuncitem):
+    if not needs_thread_subprocess(pyfuncitem):
+        return None
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, NUMBA_NUM_THREADS=str(SUBPROCESS_THREADS))
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "threads",
+           pyfuncitem.nodeid]
+    try:
+        r = subprocess.run(cmd, cwd=pyfuncitem.config.rootpath, env=env, capture_output=True,
+                           text=True, timeout=1200)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{pyfuncitem.nodeid} with {SUBPROCESS_THREADS} threads: no result in 1200 s")
+    if r.returncode != 0 or " passed" not in r.stdout:
+        pytest.fail(f"{pyfuncitem.nodeid} with NUMBA_NUM_THREADS={SUBPROCESS_THREADS} "
+                    f"(subprocess, exit {r.returncode}):\n{r.stdout[-6000:]}\n{r.stderr[-2000:]}",
+                    pytrace=False)
+    return True
+
+
+def many_threads() -> int:
+    """The thread count a ``threads`` test compares with one: at least 2 where
+    the test body runs (see pytest_pyfunc_call)."""
+    return max(numba.config.NUMBA_NUM_THREADS, 1)
+
+
+def set_threads(n: int) -> None:
+    """numba.set_num_threads, clamped to the pool (a fixture of a ``threads``
+    test still runs in a 1-thread parent before its body moves to the
+    subprocess)."""
+    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))

@@ -277,6 +277,7 @@ def test_tiles_equal_rows_on_the_flush_path(T):
         check(q, k, v, dout)
 
 
+@pytest.mark.threads
 def test_bits_do_not_depend_on_the_thread_count():
     """[attn.batch.c1] one thread and all threads give the same bits."""
     rng = np.random.default_rng(6)

@@ -3,7 +3,7 @@ CPU reference bit for bit, and every worked example of the spec that the
 device covers gives its stated bits on the device.
 
 The simulator must be switched on before ``numba.cuda`` is first imported, so
-the checks (``cuda_backend.selfcheck``, small shapes) run once in a
+the checks (``refreplay.testing.cuda_selfcheck``, small shapes) run once in a
 subprocess with ``NUMBA_ENABLE_CUDASIM=1``; each test below reads one
 check's result.  In the simulator the shim runs plain NumPy float32
 arithmetic in place of the libdevice intrinsics: these tests check the
@@ -43,7 +43,7 @@ import pytest
 if importlib.util.find_spec("numba_cuda") is None:
     pytest.skip("numba-cuda is not installed (pip install -e '.[cuda]')", allow_module_level=True)
 
-from cuda_backend.selfcheck import CHECKS  # noqa: E402  (imports no numba.cuda)
+from refreplay.testing.cuda_selfcheck import CHECKS  # noqa: E402  (imports no numba.cuda)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("cudasim") / "results.json"
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-    proc = subprocess.run([sys.executable, "-m", "cuda_backend.selfcheck", "--json", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "refreplay.testing.cuda_selfcheck", "--json", str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     if not out.exists():
         pytest.fail(f"selfcheck crashed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
@@ -63,7 +63,7 @@ def results(tmp_path_factory):
 
 @pytest.mark.parametrize("name", sorted(CHECKS))
 def test_device_equals_reference(results, name):
-    """One check of cuda_backend.selfcheck: every case's output bits equal the reference's."""
+    """One check of refreplay.testing.cuda_selfcheck: every case's output bits equal the reference's."""
     r = results[name]
     assert r["cases"] > 0, f"{name}: no cases ran"
     assert not r["failures"], f"{name}:\n" + "\n".join(r["failures"][:20])
@@ -76,7 +76,7 @@ def test_selfcheck_exit_status(results):
 
 def test_spec_examples_cover_chapters_1_3_4(results):
     """The device runs the worked examples of the numbers, reductions and matmul chapters."""
-    from cuda_backend.selfcheck import example_cases
+    from refreplay.testing.cuda_selfcheck import example_cases
 
     labels = {label for label, *_ in example_cases()}
     assert {"num.nofma.c1", "num.flush.c1", "num.rint.c1", "red.sum.c1", "mm.nn.c1",
@@ -107,7 +107,8 @@ def _sim_env():
 def test_selfcheck_fails_when_flush_is_broken():
     """[num.flush.c1] The check can fail: with the shim's flush disabled, mul differs and the exit is 1."""
     code = ("import sys\n"
-            "from cuda_backend import shim, selfcheck\n"
+            "from cuda_backend import shim\n"
+            "from refreplay.testing import cuda_selfcheck as selfcheck\n"
             "shim.flush = lambda x: x\n"
             "sys.exit(selfcheck.main(['--only', 'mul']))\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_sim_env(),

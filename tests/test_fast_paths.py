@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import many_threads
 from numba import prange
 
 from refreplay._jit import kernel, parallel_kernel
@@ -593,6 +594,7 @@ def _layernorm_both(x, w, b, d, eps, threads):
         numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
 
 
+@pytest.mark.threads
 def test_layernorm_flush_free_forms_equal_naive():
     """[norm.layer.fwd.c1] [norm.layer.bwd.c1] [mm.flush.r1] each block's
     flush-free or flushed form, with the one-pass backward (one thread) and
@@ -609,7 +611,7 @@ def test_layernorm_flush_free_forms_equal_naive():
             layernorm_backward_dx_naive(dx_want, d, x, w, want[1], want[2])
             dw_want, db_want = np.empty(C, F32), np.empty(C, F32)
             layernorm_backward_dwdb_naive(dw_want, db_want, d, x, want[1], want[2])
-            for threads in sorted({1, numba.config.NUMBA_NUM_THREADS}):
+            for threads in (1, many_threads()):
                 fwd, bwd = _layernorm_both(x, w, b, d, e, threads)
                 for g, wv in zip(fwd + bwd, want + [dx_want, dw_want, db_want]):
                     assert_same_bits(g, wv)
@@ -656,6 +658,7 @@ def test_layernorm_without_its_flush_bounds_fails():
     assert fwd_differs >= 1 and bwd_differs >= 2, (fwd_differs, bwd_differs)
 
 
+@pytest.mark.threads
 def test_row_blocks_do_not_depend_on_threads():
     """[red.order.r1] a block never splits a row: 1 thread == all threads."""
     import numba
@@ -664,7 +667,7 @@ def test_row_blocks_do_not_depend_on_threads():
     w = rng.standard_normal(257).astype(F32)
     tgt = rng.integers(0, 257, size=70).astype(np.int32)
     runs = []
-    for threads in (1, numba.config.NUMBA_NUM_THREADS):
+    for threads in (1, many_threads()):
         numba.set_num_threads(threads)
         try:
             out, mean, rstd = norms.layernorm_forward(x, w, w)

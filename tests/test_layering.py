@@ -101,3 +101,69 @@ def test_an_upward_import_is_caught(rel, source):
 ])
 def test_a_downward_import_passes(rel, source):
     assert not upward_imports(Path(rel), source)
+
+
+# ---- cuda_backend: the twin of layers 1-3, below the trainer -----------------------
+#
+# cuda_backend mirrors numerics, linalg and ops for the device: it may import
+# those reference layers (constants, the shapes' validation) and nothing above
+# them; the trainer and everything above reach it, the layers it mirrors never do.
+
+CUDA = PKG.parent / "cuda_backend"
+CUDA_MAX_LAYER = LAYERS["ops"]
+
+
+def cuda_upward_imports(rel: str, source: str) -> list[str]:
+    """Imports in cuda_backend/``rel`` of a refreplay layer above ops."""
+    bad = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and not node.level:
+            mods = [node.module or ""]
+            if node.module == "refreplay":
+                mods = [f"refreplay.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            mods = [a.name for a in node.names]
+        else:
+            continue
+        for mod in mods:
+            parts = mod.split(".")
+            if parts[0] == "refreplay" and len(parts) > 1 and LAYERS.get(parts[1], 0) > CUDA_MAX_LAYER:
+                bad.append(f"cuda_backend/{rel}:{node.lineno}: imports {mod} "
+                           f"(layer {LAYERS[parts[1]]}, above the ops it mirrors)")
+    return bad
+
+
+def test_cuda_backend_imports_only_the_layers_it_mirrors():
+    bad = []
+    for path in sorted(CUDA.rglob("*.py")):
+        bad += cuda_upward_imports(path.relative_to(CUDA).as_posix(), path.read_text())
+    assert not bad, "\n".join(bad)
+
+
+def test_the_layers_cuda_backend_mirrors_never_import_it():
+    bad = []
+    for path in sorted(PKG.rglob("*.py")):
+        rel = path.relative_to(PKG)
+        unit = rel.parts[0].removesuffix(".py")
+        if rel == Path("__init__.py") or LAYERS[unit] > CUDA_MAX_LAYER:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            bad += [f"{rel}:{node.lineno}: imports {n}" for n in names if n.split(".")[0] == "cuda_backend"]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("source", [
+    "from refreplay.training import treefold as ref\n",
+    "def f():\n    from refreplay.training import treefold\n",
+    "import refreplay.verify.replay\n",
+    "from refreplay import training\n",
+])
+def test_an_upward_import_from_cuda_backend_is_caught(source):
+    assert cuda_upward_imports("treefold.py", source)
+
+
+def test_cuda_backend_may_import_numerics():
+    assert not cuda_upward_imports("transcendental.py", "from refreplay.numerics.transcendental import EXP_C\n"
+                                                        "from refreplay import numerics\n")

@@ -84,7 +84,7 @@ PARALLEL = ("matmul", "matmul_nt", "matmul_tn", "matmul_i8", "sum", "col_sum", "
             "cross_entropy_backward")
 
 
-@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="one thread only (NUMBA_NUM_THREADS)")
+@pytest.mark.threads
 @pytest.mark.parametrize("op", PARALLEL)
 def test_thread_count_invariance(op):
     many = numba.config.NUMBA_NUM_THREADS

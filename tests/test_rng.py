@@ -15,7 +15,7 @@ import pytest
 
 from refreplay import rng
 
-KAT_FILE = Path("/work/shared/data/philox4x32_kat.txt")
+KAT_FILE = Path(__file__).parent / "data" / "philox4x32_kat.txt"  # Random123's kat_vectors, committed
 MASK = 0xFFFFFFFF
 
 
@@ -86,11 +86,10 @@ def _kat():
     return rows
 
 
-@pytest.mark.skipif(not KAT_FILE.exists(), reason=f"{KAT_FILE} not present")
 def test_random123_known_answers_7_and_10_rounds():
     """[rng.philox.c1] the published Random123 vectors, both round counts."""
     rows = _kat()
-    assert {r for r, *_ in rows} == {7, 10}
+    assert len(rows) >= 6 and {r for r, *_ in rows} == {7, 10}
     for rounds, ctr, key, want in rows:
         assert rng.philox4x32(ctr, key, rounds).tolist() == want
         assert py_philox(ctr, key, rounds) == want  # the oracle is right too

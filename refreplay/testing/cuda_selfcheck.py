@@ -1,5 +1,9 @@
 """Device against reference, bit for bit: every kernel of ``cuda_backend``.
 
+It lives here, above the trainer, because it compares the twin with every
+reference layer (``training.treefold`` included); ``cuda_backend`` itself
+imports only the layers below the trainer (``tests/test_layering.py``).
+
 Each check draws inputs (random bit patterns, an edge-value grid, shapes that
 cross tile boundaries), runs the device function of ``adapter`` and the
 reference function of ``refreplay`` on the same host arrays, and compares
@@ -8,7 +12,7 @@ too.  Runs in the CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``, small shapes:
 ``tests/test_cuda_sim.py``) and on a GPU (``--large``: bigger shapes;
 ``scripts/gpu-selfcheck``).
 
-    python -m cuda_backend.selfcheck [--large] [--only NAME ...] [--json FILE]
+    python -m refreplay.testing.cuda_selfcheck [--large] [--only NAME ...] [--json FILE]
 
 exits 1 if any output differs in any bit.
 """
@@ -134,7 +138,7 @@ def _elementwise_pairs(rng, large):
 def _binary_check(name):
     def run(rng, large):
         from refreplay.numerics import core
-        from . import adapter
+        from cuda_backend import adapter
         ref, dev = getattr(core, name), getattr(adapter, name)
         return [(case, _ref_binary(ref, a, b), dev(a, b)) for case, a, b in _elementwise_pairs(rng, large)]
     return run
@@ -158,7 +162,7 @@ def _unary_inputs(rng, large):
 def _unary_check(name):
     def run(rng, large):
         from refreplay.numerics import core
-        from . import adapter
+        from cuda_backend import adapter
         ref, dev = getattr(core, name), getattr(adapter, name)
         return [(case, _ref_unary(ref, x), dev(x)) for case, x in _unary_inputs(rng, large)]
     return run
@@ -174,7 +178,7 @@ def _transcendental_check(name):
     """[num.exp.c1] ... [num.sincos.c1]: the algorithm's every branch, plus specials."""
     def run(rng, large):
         from refreplay.numerics import elementwise as ref
-        from . import adapter
+        from cuda_backend import adapter
         lo, hi = TRANSCENDENTAL_DOMAINS[name]
         n = 1 << 16 if large else 384
         cases = [("domain", rng.uniform(lo, hi, n).astype(np.float32)),
@@ -187,13 +191,13 @@ def _transcendental_check(name):
 
 def _check_load(rng, large):
     from refreplay import numerics
-    from . import adapter
+    from cuda_backend import adapter
     return [(case, numerics.load(x), adapter.load(x)) for case, x in _unary_inputs(rng, large)]
 
 
 def _check_saturate(rng, large):
     from refreplay.numerics import core
-    from . import adapter
+    from cuda_backend import adapter
     out = []
     for case, x in _unary_inputs(rng, large):
         r = _ref_unary(core.rint, x)  # saturate_i8 takes integral values
@@ -204,7 +208,7 @@ def _check_saturate(rng, large):
 def _check_mul_add(rng, large):
     """[num.nofma.c1] a*b + c with products that cancel: a fused kernel leaves 2^-24-sized residues."""
     from refreplay.numerics import core
-    from . import adapter
+    from cuda_backend import adapter
     n = 1 << 14 if large else 256
     a = (np.float32(1) + np.ldexp(rng.integers(1, 1 << 11, n), -23)).astype(np.float32)
     b = a.copy()
@@ -233,7 +237,7 @@ def _mm_inputs(rng, large):
 def _check_matmul(form):
     def run(rng, large):
         from refreplay import linalg
-        from . import adapter
+        from cuda_backend import adapter
         ref, dev = getattr(linalg, form), getattr(adapter, form)
         out = []
         for case, A, B in _mm_inputs(rng, large):
@@ -252,7 +256,7 @@ def _check_matmul(form):
 
 def _check_reductions(rng, large):
     from refreplay import linalg, numerics
-    from . import adapter
+    from cuda_backend import adapter
     out = []
     for I, N, _ in _shapes(large):
         for case, X in (("normal", random_normal(rng, (I, N))),
@@ -273,7 +277,7 @@ def _check_reductions(rng, large):
 
 def _check_matmul_i8(rng, large):
     from refreplay import linalg
-    from . import adapter
+    from cuda_backend import adapter
     out = []
     for I, K, J in _shapes(large):
         A = rng.integers(-128, 128, (I, K)).astype(np.int8)
@@ -288,7 +292,7 @@ def _check_matmul_i8(rng, large):
 
 def _check_rng(rng, large):
     from refreplay import rng as ref
-    from . import adapter
+    from cuda_backend import adapter
     n = 1 << 16 if large else 200
     out = []
     counters = rng.integers(0, 1 << 32, (n, 4), dtype=np.uint64).astype(np.uint32)
@@ -316,7 +320,7 @@ def _check_rng(rng, large):
 
 def _check_treefold(rng, large):
     from refreplay.training import treefold as ref
-    from . import adapter
+    from cuda_backend import adapter
     out = []
     n = 4096 if large else 24
     for M in (1, 2, 3, 5, 7, 8, 13, 16, 33):
@@ -332,7 +336,7 @@ def _check_treefold(rng, large):
 
 def _check_embedding_linear(rng, large):
     from refreplay.ops import embedding as emb, linear as lin
-    from . import adapter
+    from cuda_backend import adapter
     out = []
     V, C, B, T = (512, 768, 4, 256) if large else (11, 5, 2, 9)
     wte = with_specials(rng, random_normal(rng, (V, C)), 0.05)
@@ -353,7 +357,7 @@ def _check_embedding_linear(rng, large):
 
 def _check_quant(rng, large):
     from refreplay.ops import quant as ref
-    from . import adapter
+    from cuda_backend import adapter
     out = []
     B, T, C, OC = (4, 64, 256, 512) if large else (2, 3, 5, 4)
     x = random_normal(rng, (B, T, C), 2.0)
@@ -381,7 +385,7 @@ def _check_quant(rng, large):
 
 def _check_rope_attention(rng, large):
     from refreplay.ops import attention as att_ref, rope as rope_ref
-    from . import adapter
+    from cuda_backend import adapter
     out = []
     B, NH, T, HS = (2, 4, 128, 64) if large else (2, 2, 5, 4)
     for T_, HS_ in ((T, HS), (300, 6) if not large else (4096, 128)):
@@ -402,7 +406,7 @@ def _check_rope_attention(rng, large):
 
 def _check_loss_optim(rng, large):
     from refreplay.ops import loss as loss_ref, optim as opt_ref
-    from . import adapter
+    from cuda_backend import adapter
     out = []
     N, V = (64, 50257) if large else (6, 11)
     logits = random_normal(rng, (N, V), 3.0)
@@ -450,7 +454,7 @@ def _check_loss_optim(rng, large):
 
 def _check_norms(rng, large):
     from refreplay.ops import norms as ref
-    from . import adapter
+    from cuda_backend import adapter
     out = []
     eps = np.float32(1e-5)
     for N, C in ((64, 768), (33, 100)) if large else ((1, 1), (5, 7), (3, 40)):
@@ -472,7 +476,7 @@ def _check_norms(rng, large):
 
 def _check_activations(rng, large):
     from refreplay.ops import activations as ref
-    from . import adapter
+    from cuda_backend import adapter
     n = 1 << 16 if large else 300
     out = []
     for case, x in (("normal*4", random_normal(rng, (3, n // 3), 4.0)),
@@ -489,7 +493,7 @@ def _check_activations(rng, large):
 def _check_softmax(rng, large):
     from refreplay import numerics
     from refreplay.ops import softmax as ref
-    from . import adapter
+    from cuda_backend import adapter
     out = []
     for shape in ((64, 1024), (7, 50257)) if large else ((1, 1), (4, 33), (2, 3, 17)):
         x = numerics.load(random_normal(rng, shape, 5.0))
@@ -529,7 +533,7 @@ def _check_bf16(rng, large):
     from numba import cuda
 
     from refreplay.numerics import bf16 as ref
-    from .host import bf16 as dev
+    from cuda_backend.host import bf16 as dev
     n = 1 << 16 if large else 512
     xs = [("bf16 rounding grid", bf16_rounding_grid()), ("random bits", random_bits(rng, n)),
           ("edge", edge())]
@@ -588,7 +592,7 @@ def example_cases(clause_prefixes=None):
     import ast
 
     from refreplay import spec
-    from .adapter import EXAMPLE_FUNCTIONS
+    from cuda_backend.adapter import EXAMPLE_FUNCTIONS
 
     for label, clause in spec.parse().items():
         for line, expr, result in clause.examples:
@@ -600,7 +604,7 @@ def example_cases(clause_prefixes=None):
 def _check_examples(rng, large):
     import ast
 
-    from .adapter import EXAMPLE_FUNCTIONS
+    from cuda_backend.adapter import EXAMPLE_FUNCTIONS
 
     out = []
     for label, line, expr, result in example_cases():
@@ -673,7 +677,7 @@ def run(names=None, large=False) -> list[Result]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m cuda_backend.selfcheck", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m refreplay.testing.cuda_selfcheck", description=__doc__.split("\n\n")[0])
     p.add_argument("--large", action="store_true", help="GPU-sized inputs (slow in the simulator)")
     p.add_argument("--only", nargs="+", choices=sorted(CHECKS), help="run only these checks")
     p.add_argument("--json", help="also write the results to this file")
