@@ -13,14 +13,16 @@ import json
 
 import pytest
 
-from torch_dist_helpers import corpus, ranks, torchrun
+from torch_dist_helpers import warm, corpus, ranks, torchrun
 
 STEPS = 2
 
 
 @pytest.fixture(scope="module")
 def text(tmp_path_factory):
-    return corpus(tmp_path_factory.mktemp("corpus") / "corpus.txt")
+    path = corpus(tmp_path_factory.mktemp("corpus") / "corpus.txt")
+    warm(tmp_path_factory.mktemp("warm"), path)
+    return path
 
 
 def _run(tmp, world, text, *extra, launch="torchrun"):
@@ -85,3 +87,14 @@ def test_a_rank_that_dies_mid_step_stops_the_others_and_nothing_is_published(tmp
     assert [r["step"] for r in _records(out)] == [0, 1]
     assert not (out / "head.json").exists()
     assert not (out / "checkpoints" / "step-0000002.safetensors").exists()
+
+
+@pytest.mark.parametrize("world", [3])
+def test_ddp_comm_hook_gives_the_treefold_of_one_micro_batch_per_rank(world, text):
+    """fold_hook under DistributedDataParallel (small buckets): every rank's
+    gradient equals GradFold's on one process over M = R micro-batches, and
+    M != R is refused."""
+    from torch_dist_helpers import ROOT
+
+    res = ranks(world, script=ROOT / "tests" / "_ddp_hook_worker.py", timeout=120)
+    assert all(rc == 0 for rc, _, _ in res), res

@@ -34,14 +34,27 @@ def _env(extra=None) -> dict:
     return env
 
 
-def torchrun(ranks: int, *args, timeout: float = 150) -> subprocess.CompletedProcess:
+def torchrun(ranks: int, *args, timeout: float = 300) -> subprocess.CompletedProcess:
     """``torchrun --nproc-per-node R SCRIPT ARGS`` as a user runs it."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--max-restarts", "0",
            "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(SCRIPT), *map(str, args)]
     return subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=timeout)
 
 
-def ranks(world: int, *args, script: Path = SCRIPT, timeout: float = 120) -> list[tuple[int, str, str]]:
+_WARM = []
+
+
+def warm(tmp: Path, text: Path) -> None:
+    """Once per session: one process runs a step first, so that the
+    compiled kernels are in the on-disk cache before several ranks start
+    at once (each would compile them all by itself on a cold cache)."""
+    if not _WARM:
+        res = ranks(1, "--out", tmp / "warm", "--steps", 1, "--data", text, timeout=900)
+        assert res[0][0] == 0, res
+        _WARM.append(True)
+
+
+def ranks(world: int, *args, script: Path = SCRIPT, timeout: float = 300) -> list[tuple[int, str, str]]:
     """One process per rank (RANK, WORLD_SIZE, MASTER_* set as torchrun sets
     them), without torchrun's agent, so a survivor's own error is seen;
     returns (exit status, stdout, stderr) per rank.  Every process still
