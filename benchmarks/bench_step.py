@@ -75,7 +75,7 @@ def profile_step(ref_step, top: int = 14) -> list[dict]:
     st = pstats.Stats(prof)
     total = sum(v[2] for v in st.stats.values())
     rows = []
-    for (path, line, fn), (_, ncalls, tottime, _, _) in st.stats.items():
+    for (path, _line, fn), (_, ncalls, tottime, _, _) in st.stats.items():
         where = f"{Path(path).parent.name}/{Path(path).name}:{fn}" if path.startswith("/") else fn
         rows.append({"function": where, "calls": ncalls, "seconds": tottime})
     rows.sort(key=lambda r: -r["seconds"])

@@ -217,7 +217,7 @@ def test_tiles_equal_rows_with_special_values(T):
     0 * inf and inf - inf arise inside the chains)."""
     rng = np.random.default_rng(7 + T)
     for HS in (3, NR + 1):
-        for trial in range(3):
+        for _trial in range(3):
             q, k, v, dout = (planted(rng, (2, 2, T, HS), 2.0) for _ in range(4))
             check(q, k, v, dout)
 

@@ -8,7 +8,8 @@ SCRIPT = Path(__file__).parent.parent / "scripts" / "check-skips"
 JUNIT = """<?xml version="1.0" encoding="utf-8"?>
 <testsuites><testsuite name="pytest" tests="3">
 <testcase classname="tests.test_a" name="test_ok"/>
-<testcase classname="tests.test_mpi" name="test_ranks"><skipped type="pytest.skip" message="mpi4py is not installed: pip install 'mpi4py&gt;=4'"/></testcase>
+<testcase classname="tests.test_mpi" name="test_ranks">
+<skipped type="pytest.skip" message="mpi4py is not installed: pip install 'mpi4py&gt;=4'"/></testcase>
 {extra}
 </testsuite></testsuites>
 """

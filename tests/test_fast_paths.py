@@ -599,7 +599,6 @@ def test_layernorm_flush_free_forms_equal_naive():
     """[norm.layer.fwd.c1] [norm.layer.bwd.c1] [mm.flush.r1] each block's
     flush-free or flushed form, with the one-pass backward (one thread) and
     the dx + dw/db kernels (all threads): every bit as the naive kernels."""
-    import numba
     rng = np.random.default_rng(18)
     cases = list(layernorm_scale_cases(rng))
     for x, w, b, d in cases:

@@ -175,7 +175,8 @@ def test_sizes_reach_the_edges():
     assert want <= seen, want - seen
 
 
-@pytest.mark.parametrize("op", ["matmul", "attention_backward", "rope_forward", "embedding_forward", "layernorm_forward"])
+@pytest.mark.parametrize("op", ["matmul", "attention_backward", "rope_forward", "embedding_forward",
+                                "layernorm_forward"])
 def test_shapes_respect_the_budget_and_the_op(op):
     @settings(max_examples=60, database=None, derandomize=True)
     @given(rs.shapes(op, 5000))

@@ -122,7 +122,8 @@ def test_save_then_vectors_round_trips(tmp_path):
                    "--seed", "11", "--save", str(d)])
     assert rc == 0 and (d / store.MANIFEST).is_file() and (d / "matmul.safetensors").is_file()
     m, cases = store.load_cases(d)
-    fresh = [live.build("matmul", {"I": 3, "K": 70, "J": 2}, 11, 0), live.build("matmul", {"I": 1, "K": 0, "J": 4}, 11, 1)]
+    fresh = [live.build("matmul", {"I": 3, "K": 70, "J": 2}, 11, 0),
+             live.build("matmul", {"I": 1, "K": 0, "J": 4}, 11, 1)]
     for got, want in zip(cases, fresh):
         assert got.id == want.id
         for n in want.inputs:

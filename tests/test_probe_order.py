@@ -88,8 +88,8 @@ def test_a_closed_pipe_ends_quietly():
     import sys
 
     repo = Path(__file__).resolve().parent.parent
-    proc = subprocess.run(f"PYTHONUNBUFFERED=1 {sys.executable} -m refreplay probe-order numpy --op sum --n 20 | head -1; "
-                          f"echo status ${{PIPESTATUS[0]}} >&2", shell=True, executable="/bin/bash",
+    cmd = f"PYTHONUNBUFFERED=1 {sys.executable} -m refreplay probe-order numpy --op sum --n 20 | head -1"
+    proc = subprocess.run(f"{cmd}; echo status ${{PIPESTATUS[0]}} >&2", shell=True, executable="/bin/bash",
                           cwd=repo, capture_output=True, text=True, timeout=300)
     assert proc.stdout.startswith("kernel numpy, op sum, N = 20") and proc.stdout.count("\n") == 1
     assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr

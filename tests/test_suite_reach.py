@@ -69,8 +69,8 @@ def test_chapter_5_has_vector_ops(manifest):
     assert {"rng_philox", "rng_words", "rng_unit", "rng_symmetric", "rng_bounded", "rng_permutation"} <= ops
     _, cases = store.load_cases(ops={"rng_philox"})
     edge = next(c for c in cases if c.family == "edge")
-    rows = {tuple(c) + tuple(k): tuple(o) for c, k, o in zip(edge.inputs["counter"].tolist(), edge.inputs["key"].tolist(),
-                                                            edge.outputs["out"].tolist())}
+    triples = zip(edge.inputs["counter"].tolist(), edge.inputs["key"].tolist(), edge.outputs["out"].tolist())
+    rows = {tuple(c) + tuple(k): tuple(o) for c, k, o in triples}
     # the Random123 known answer of [rng.philox.c1]
     assert rows[(0, 0, 0, 0, 0, 0)] == (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)
 

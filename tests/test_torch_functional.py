@@ -357,7 +357,8 @@ def _py(code: str) -> subprocess.CompletedProcess:
 
 
 def test_import_refreplay_never_imports_torch():
-    r = _py("import sys, refreplay, refreplay.training.step, refreplay.cli, refreplay.ops, refreplay.training.treefold\n"
+    r = _py("import sys, refreplay, refreplay.training.step, refreplay.cli, refreplay.ops, "
+            "refreplay.training.treefold\n"
             "assert 'torch' not in sys.modules, 'torch was imported'\nprint('ok')")
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr
 

@@ -49,7 +49,7 @@ def central_diff(fn, inputs, dout, h: float = 1e-6):
             return float((fn(*[t64(a) for a in arrs]).numpy() * d).sum())
 
     grads = []
-    for k, a in enumerate(base):
+    for a in base:
         g = np.empty_like(a)
         flat = a.reshape(-1)
         for i in range(flat.size):

@@ -29,7 +29,8 @@ def _inputs_text(case) -> list[str]:
         if a.size > SHOWN:
             lines.append(f"      {name}: {a.dtype}{list(a.shape)} (saved)")
         elif a.dtype.kind == "f":
-            lines.append(f"      {name}: f32{list(a.shape)} = [{', '.join(f'0x{int(b):08X}' for b in fp.bits(a.ravel()))}]")
+            words = ", ".join(f"0x{int(b):08X}" for b in fp.bits(a.ravel()))
+            lines.append(f"      {name}: f32{list(a.shape)} = [{words}]")
         else:
             lines.append(f"      {name}: {a.dtype}{list(a.shape)} = {a.ravel().tolist()}")
     return lines

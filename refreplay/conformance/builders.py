@@ -183,9 +183,9 @@ def sum_cases(op, rng, orient):
     rows += [fp.f32([0x7F7FFFFF, 0x7F7FFFFF, 0xFF7FFFFF]), fp.f32([0x7F800000, 0x3F800000, 0xFF800000]),
              fp.f32([0xFF7FFFFF, 0xFF7FFFFF, 0x7F7FFFFF])]
     out.append(("edge", {"X": shaped(_ragged(rows))}, "edge values; overflow; inf - inf"))
-    out.append(("signed_zero", {"X": shaped(fp.f32([[0x80000000] * 5, [0x80000000, 0, 0x80000000, 0x80000000, 0x80000000],
-                                                    [0x80000000, 0x80000000, 0x80000000, 0x80000000, 0]]))},
-                "sums of -0 terms are -0"))
+    zeros = [[0x80000000] * 5, [0x80000000, 0, 0x80000000, 0x80000000, 0x80000000],
+             [0x80000000, 0x80000000, 0x80000000, 0x80000000, 0]]
+    out.append(("signed_zero", {"X": shaped(fp.f32(zeros))}, "sums of -0 terms are -0"))
     out.append(("flush", {"X": shaped(fp.f32([[0x00C00000, 0x80800000], [0x00800001, 0x80800000],
                                               [0x80FFFFFF, 0x00800000]]))},
                 "partial sums that are subnormal"))
@@ -219,7 +219,8 @@ def max_cases(op, rng):
                                              [0x80000000, 0x80000000], [0xBF800000, 0x80000000]])},
                 "+0 is larger than -0"))
     out.append(("nan", {"X": fp.f32([[0x3F800000, 0xFFC00000], [0x7FC12345, 0x7F800000],
-                                     [0xFF800000, 0x7F800001], [0x7FFFFFFF, 0xFFFFFFFF]])}, "NaN propagates, canonical"))
+                                     [0xFF800000, 0x7F800001], [0x7FFFFFFF, 0xFFFFFFFF]])},
+                "NaN propagates, canonical"))
     # fmax flushes its result, so a subnormal maximum must come out as a zero
     out.append(("flush", {"X": fp.f32([[0x00000001, 0x80000000], [0x807FFFFF, 0xBF800000],
                                        [0x00400000, 0x80000000]])}, "a subnormal is the maximum"))
@@ -412,7 +413,8 @@ def dot_from_matmul(cases):
     out = []
     for family, inp, note in cases:
         A, B = inp["A"], inp["B"]
-        out.append((family, {"x": np.ascontiguousarray(A[0]), "y": np.ascontiguousarray(B[:, 0])}, note + "; row 0, column 0"))
+        out.append((family, {"x": np.ascontiguousarray(A[0]), "y": np.ascontiguousarray(B[:, 0])},
+                    note + "; row 0, column 0"))
     return out
 
 

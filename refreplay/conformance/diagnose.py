@@ -311,7 +311,8 @@ def _tf32_finding(op, fam):
     keep = _tf32_keep(op, fam)
     how = ("drops low significand bits of fp32 inputs" if keep is None else
            f"rounds fp32 inputs to {'TF32' if keep == 10 else 'bfloat16'} inside the matmul")
-    return Finding(op.name, f"{how} — {_count(fam, 'tf32')}", ["num.format.c1"] + [c for c in op.clauses if c.startswith("mm.")])
+    return Finding(op.name, f"{how} — {_count(fam, 'tf32')}",
+                   ["num.format.c1"] + [c for c in op.clauses if c.startswith("mm.")])
 
 
 VARIANT_CASES = 3  # failing cases re-evaluated per op, smallest first
@@ -430,7 +431,8 @@ def _bf16_findings(op, results) -> tuple[list[Finding], set]:
     for r in bad:
         for n, a in zip(r.case.outputs, actual[id(r)]):
             if a.dtype == np.uint16 and f"out/{n}" in r.case.bf16:
-                nans |= {f"0x{int(b):04X}" for b in a.ravel()[((a.ravel() & 0x7FFF) > 0x7F80) & (a.ravel() != 0x7FC0)][:50]}
+                flat = a.ravel()
+                nans |= {f"0x{int(b):04X}" for b in flat[((flat & 0x7FFF) > 0x7F80) & (flat != 0x7FC0)][:50]}
     if nans:
         out.append(Finding(op.name, f"non-canonical bf16 NaN ({', '.join(sorted(nans)[:4])} where 0x7FC0 is "
                                     f"required)", ["bf16.round.c1", "bf16.load.c1", "num.nan.c1"]))

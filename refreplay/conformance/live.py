@@ -105,7 +105,8 @@ LIVE["matmul_i8"] = LiveOp(
     lambda src, d: {"A": src.ints((d["I"], d["K"]), -128, 128).astype(np.int8),
                     "B": src.ints((d["K"], d["J"]), -128, 128).astype(np.int8)},
     check=lambda d: "K must be at most 131071 ([mm.i8.c2])" if d["K"] > 131071 else None)
-LIVE["dot"] = LiveOp(("K",), (("K",), ("K",)), lambda src, d: {"x": src.f32(d["K"], -4, 4), "y": src.f32(d["K"], -4, 4)})
+LIVE["dot"] = LiveOp(("K",), (("K",), ("K",)),
+                     lambda src, d: {"x": src.f32(d["K"], -4, 4), "y": src.f32(d["K"], -4, 4)})
 LIVE["sum"] = LiveOp(("I", "N"), (("I", "N"), ("I",)), lambda src, d: {"X": src.f32((d["I"], d["N"]))})
 LIVE["max"] = LiveOp(("I", "N"), (("I", "N"), ("I",)), lambda src, d: {"X": src.f32((d["I"], d["N"]))})
 LIVE["col_sum"] = LiveOp(("N", "J"), (("N", "J"), ("J",)), lambda src, d: {"X": src.f32((d["N"], d["J"]))})
@@ -159,8 +160,9 @@ def _rms_backward_in(src, d):
 _NC, _C1 = ("N", "C"), {"C": 1}
 LIVE["layernorm_forward"] = LiveOp(_NC, (_NC, ("C",), ("C",), _NC, ("N",), ("N",)), _ln_forward_in, _C1)
 LIVE["layernorm_backward"] = LiveOp(_NC, (_NC, _NC, ("C",), ("N",), ("N",), _NC, ("C",), ("C",)), _ln_backward_in, _C1)
-LIVE["rmsnorm_forward"] = LiveOp(_NC, (_NC, ("C",), _NC, ("N",)),
-                                 lambda src, d: {"x": src.f32((d["N"], d["C"]), -2, 2), "w": src.f32(d["C"], -1, 1)}, _C1)
+LIVE["rmsnorm_forward"] = LiveOp(
+    _NC, (_NC, ("C",), _NC, ("N",)),
+    lambda src, d: {"x": src.f32((d["N"], d["C"]), -2, 2), "w": src.f32(d["C"], -1, 1)}, _C1)
 LIVE["rmsnorm_backward"] = LiveOp(_NC, (_NC, _NC, ("C",), ("N",), _NC, ("C",)), _rms_backward_in, _C1)
 
 _NV, _V1 = ("N", "V"), {"V": 1}
@@ -258,7 +260,8 @@ def _bf16_live():
 
 LIVE["quant_step_size"] = LiveOp(("N",), (("N",),), lambda src, d: {"x": src.f32(d["N"], -4, 2)})
 LIVE["fake_quantize"] = LiveOp(("N",), (("N",), ("N",)), _fq_in)
-LIVE["fake_quantize_backward"] = LiveOp(("N",), (("N",),) * 3, lambda src, d: {"dy": src.f32(d["N"], -3, 1), **_fq_in(src, d)})
+LIVE["fake_quantize_backward"] = LiveOp(("N",), (("N",),) * 3,
+                                        lambda src, d: {"dy": src.f32(d["N"], -3, 1), **_fq_in(src, d)})
 LIVE["adamw_update"] = LiveOp(("N",), (("N",),) * 7, lambda src, d: {
     "p": src.f32(d["N"], -3, 0), "g": src.f32(d["N"], -8, -2), "m": src.f32(d["N"], -10, -4),
     "v": src.f32(d["N"], -20, -10, positive=True), "step": src.ints(1, 1, 1000),
@@ -455,7 +458,8 @@ def preset_shapes(name: str) -> dict[str, list[tuple[str, dict]]]:
     add(("cross_entropy_forward", "cross_entropy_backward"), "logits", N=N, V=Vv)
     add(("max",), "logits rows", I=N, N=Vv)
     add(("sum",), "residual rows", I=N, N=C)
-    norms = ("layernorm_forward", "layernorm_backward") if m.norm == "layer" else ("rmsnorm_forward", "rmsnorm_backward")
+    norms = (("layernorm_forward", "layernorm_backward") if m.norm == "layer"
+             else ("rmsnorm_forward", "rmsnorm_backward"))
     add(norms, "norm", N=N, C=C)
     add(("embedding_forward", "embedding_backward"), "embedding", B=1, T=T, C=C, V=Vv)
     add(("gelu_forward", "gelu_backward", "silu_forward", "silu_backward", "swiglu_forward", "swiglu_backward",

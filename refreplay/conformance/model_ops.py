@@ -96,7 +96,8 @@ def _rms_back_inputs(rng, n, c):
 
 
 _entry("layernorm_forward", ["norm.layer.fwd.c1", "norm.meanop.c1"],
-       "layernorm_forward(x: f32[N, C], w: f32[C], b: f32[C]) -> (out: f32[N, C], mean: f32[N], rstd: f32[N]); eps 1e-5",
+       "layernorm_forward(x: f32[N, C], w: f32[C], b: f32[C]) -> (out: f32[N, C], mean: f32[N], rstd: f32[N]); "
+       "eps 1e-5",
        ("x", "w", "b"), ("out", "mean", "rstd"), lambda x, w, b: _ops("norms").layernorm_forward(x, w, b),
        lambda rng, n, c: {"x": _r(rng, (n, c), -2, 2), "w": _r(rng, (c,), -1, 1), "b": _r(rng, (c,))}, NORM_SHAPES,
        lambda rng: P.norm_edges(rng, "layer"), lambda rng: P.norm_sweeps(rng, "layer"))
@@ -255,7 +256,8 @@ def _adamw(p, g, m, v, step, lr):
 
 
 _entry("adamw_update", ["optim.adamw.c1", "optim.adamw.bias.c1"],
-       "adamw_update(p, g, m, v: f32[...], step: i32[1], lr: f32[1]) -> (p, m, v: f32[...])  (default hyper-parameters)",
+       "adamw_update(p, g, m, v: f32[...], step: i32[1], lr: f32[1]) -> (p, m, v: f32[...])  "
+       "(default hyper-parameters)",
        ("p", "g", "m", "v", "step", "lr"), ("p", "m", "v"), _adamw,
        lambda rng, *s: {"p": _r(rng, s, -3, 0), "g": _r(rng, s, -8, -2), "m": _r(rng, s, -10, -4),
                         "v": V.random_f32(rng, s, -20, -10, positive=True),

@@ -238,15 +238,17 @@ def ce_edges(rng):
                 "every token ignored: count 0, mean +0, gradient +0"))
     for n in (1, 3, 6):
         targets = rng.integers(0, 5, n).astype(np.int32)
-        out.append(("edge", {"logits": _r(rng, (n, 5), -4, 3), "targets": targets}, f"{n} counted tokens, none ignored"))
+        out.append(("edge", {"logits": _r(rng, (n, 5), -4, 3), "targets": targets},
+                    f"{n} counted tokens, none ignored"))
     return out
 
 
 def ce_sweeps(rng, backward=False):
     out = []
     for v in (sweeps.V_BACKWARD if backward else sweeps.V_SWEEP):
-        out.append(("sweep", {"logits": _r(rng, (1, v), -4, 3), "targets": np.array([int(rng.integers(0, v))], np.int32)},
-                    sweeps.note(f"N,V=1,{v}")))
+        logits = _r(rng, (1, v), -4, 3)  # drawn before the target, as always
+        target = np.array([int(rng.integers(0, v))], np.int32)
+        out.append(("sweep", {"logits": logits, "targets": target}, sweeps.note(f"N,V=1,{v}")))
     return out
 
 
@@ -304,7 +306,8 @@ def rope_edges(rng, name):
     c2, s2 = cos_t.copy(), sin_t.copy()
     c2[3], s2[3] = fp.f32([0x80000000, 0x7F800000]), fp.f32([0x7FC12345, 0x00400000])
     return [("edge", {name: x, "cos_t": cos_t, "sin_t": sin_t}, "edge grid"),
-            ("edge", {name: _r(rng, (1, 1, 20, 4)), "cos_t": c2, "sin_t": s2}, "-0, inf, NaN and a subnormal in the tables")]
+            ("edge", {name: _r(rng, (1, 1, 20, 4)), "cos_t": c2, "sin_t": s2},
+             "-0, inf, NaN and a subnormal in the tables")]
 
 
 def embedding_forward_edges(rng):
@@ -365,10 +368,12 @@ def fake_quantize_backward_edges(rng):
 
 def step_size_edges(rng):
     t = fp.f32
-    rows = [([0x00000000, 0x80000000], "all zero: the floor 2^-126"), ([0x03800000, 0x83000000], "a * RQ subnormal: the floor"),
+    rows = [([0x00000000, 0x80000000], "all zero: the floor 2^-126"),
+            ([0x03800000, 0x83000000], "a * RQ subnormal: the floor"),
             ([0x04800000], "a * RQ normal just above the floor"), ([0x7FC00000, 0x3F800000], "NaN"),
             ([0x3F800000, 0x7FC12345], "NaN last"), ([0x7F800000, 0x3F800000], "+inf"), ([0xFF800000], "-inf"),
-            ([0xC2FE0000, 0x3F800000], "the maximum magnitude is negative: |g|"), ([0x00400000, 0x80000001], "subnormals only"),
+            ([0xC2FE0000, 0x3F800000], "the maximum magnitude is negative: |g|"),
+            ([0x00400000, 0x80000001], "subnormals only"),
             ([0x7F7FFFFF], "the largest finite"), ([0x42FE0000], "127")]
     out = [("edge", {"x": t(r)}, w) for r, w in rows]
     out.append(("empty", {"x": np.zeros(0, F32)}, "no element: a = +0, the floor"))

@@ -49,8 +49,8 @@ def _run(kernel: Kernel, op: str, X: np.ndarray) -> np.ndarray:
     n = X.shape[1]
     try:
         if op == "sum":
-            return np.concatenate([kernel.run("sum", [X[r:r + CHUNK].copy()], {"out": ("f32", (len(X[r:r + CHUNK]),))})["out"]
-                                   for r in range(0, len(X), CHUNK)])
+            parts = (X[r:r + CHUNK].copy() for r in range(0, len(X), CHUNK))
+            return np.concatenate([kernel.run("sum", [p], {"out": ("f32", (len(p),))})["out"] for p in parts])
         if op == "matmul":
             ones = np.ones((n, 1), np.float32)
             return np.concatenate([kernel.run("matmul", [X[r:r + CHUNK].copy(), ones],

@@ -95,7 +95,8 @@ _register(OpDef(
     ("X",), ("out",), lambda X: _linalg().row_sum(X), lambda op, rng: Bld.sum_cases(op, rng, "row"),
     terms=lambda X: (X, None)))
 _register(OpDef(
-    "col_sum", ("red.colsum.c1", "red.sum.c1"), "col_sum(X: f32[N, J]) -> out: f32[J]  (each column summed, n increasing)",
+    "col_sum", ("red.colsum.c1", "red.sum.c1"),
+    "col_sum(X: f32[N, J]) -> out: f32[J]  (each column summed, n increasing)",
     ("X",), ("out",), lambda X: _linalg().col_sum(X), lambda op, rng: Bld.sum_cases(op, rng, "col"),
     terms=lambda X: (np.ascontiguousarray(X.T), None)))
 _register(OpDef(

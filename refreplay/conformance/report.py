@@ -84,7 +84,8 @@ def text(s: Summary, verbose=False) -> str:
     out.append(f"{'op':{w}s} {'pass':>5s} {'fail':>5s} {'error':>5s} {'xfail':>5s} {'xpass':>5s} {'skip':>5s}")
     for op in s.ops:
         c = s.counts(op)
-        out.append(f"{op:{w}s} {c['pass']:5d} {c['fail']:5d} {c['error']:5d} {c['xfail']:5d} {c['xpass']:5d} {c['skip']:5d}")
+        counts = " ".join(f"{c[k]:5d}" for k in ("pass", "fail", "error", "xfail", "xpass", "skip"))
+        out.append(f"{op:{w}s} {counts}")
     shown = [r for r in s.results if r.status in ("fail", "error", "xpass") or (verbose and r.status != "pass")]
     if shown:
         out += ["", "Cases not passing:" if not verbose else "Cases:"]

@@ -49,15 +49,18 @@ def _philox_build(op, rng):
     ones, wrap0, wrap1 = 0xFFFFFFFF, (1 << 32) - 0x9E3779B9, (1 << 32) - 0xBB67AE85
     counters = [[0, 0, 0, 0], [ones] * 4, [0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344],
                 [ones, 0, 0, 0], [0, ones, 0, 0], [0, 0, ones, 0], [0, 0, 0, ones], [1, 0, 5, 2], [0, 1, 5, 2]]
-    keys = [[0, 0], [ones, ones], [0xA4093822, 0x299F31D0], [wrap0, wrap1], [wrap0 - 1, wrap1 + 1], [0x89ABCDEF, 0x01234567]]
+    keys = [[0, 0], [ones, ones], [0xA4093822, 0x299F31D0], [wrap0, wrap1], [wrap0 - 1, wrap1 + 1],
+            [0x89ABCDEF, 0x01234567]]
     c = np.array([x for x in counters for _ in keys], U32)
     k = np.array([y for _ in counters for y in keys], U32)
-    out.append(("edge", {"counter": c, "key": k}, "known answers; all-zero and all-one words; Weyl increments that wrap"))
+    out.append(("edge", {"counter": c, "key": k},
+                "known answers; all-zero and all-one words; Weyl increments that wrap"))
     return out
 
 
 OPS["rng_philox"] = OpDef(
-    "rng_philox", ("rng.philox.c1",), "rng_philox(counter: u32[N, 4], key: u32[N, 2]) -> out: u32[N, 4]  (Philox4x32-10)",
+    "rng_philox", ("rng.philox.c1",),
+    "rng_philox(counter: u32[N, 4], key: u32[N, 2]) -> out: u32[N, 4]  (Philox4x32-10)",
     ("counter", "key"), ("out",), _philox, _philox_build)
 
 
@@ -134,7 +137,9 @@ def _bounded_build(op, rng):
     out = []
     for m in (1, 7, 200):
         b = rng.integers(1, 1 << 32, m, dtype=np.int64) >> rng.integers(0, 32, m)
-        out.append(("random", {**_stream(rng), "start": _i64(int(rng.integers(0, 1 << 20))), "bounds": np.maximum(b, 1)},
+        stream = _stream(rng)  # drawn before the start, as always
+        start = _i64(int(rng.integers(0, 1 << 20)))
+        out.append(("random", {**stream, "start": start, "bounds": np.maximum(b, 1)},
                     f"{m} draws, bounds of every size"))
     ex = {"key": np.array([1, 0], U32), "ids": np.array([2, 0], U32), "start": _i64(0)}
     half = 0x80000001
@@ -142,7 +147,8 @@ def _bounded_build(op, rng):
                          ([half] * 64, "n = 2^31 + 1: almost half of all words rejected"),
                          ([1] * 5 + [2, 3], "n = 1 still consumes a word"),
                          ([1 << 32] * 9, "n = 2^32: t = 0, nothing rejected, the word itself"),
-                         ([(1 << 32) - 1, 0xC0000001, 3, 7, 0x55555556] * 8, "large bounds; rejection zones of every size")):
+                         ([(1 << 32) - 1, 0xC0000001, 3, 7, 0x55555556] * 8,
+                          "large bounds; rejection zones of every size")):
         out.append(("edge", {**ex, "bounds": np.array(bounds, I64)}, what))
     out.append(("edge", {**ex, "bounds": np.zeros(0, I64)}, "no draws: the cursor stays"))
     return out
