@@ -98,3 +98,101 @@ def test_ddp_comm_hook_gives_the_treefold_of_one_micro_batch_per_rank(world, tex
 
     res = ranks(world, script=ROOT / "tests" / "_ddp_hook_worker.py", timeout=120)
     assert all(rc == 0 for rc, _, _ in res), res
+
+
+# ---- in this process: a gloo group of one rank ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def group1():
+    import datetime
+
+    import torch.distributed as dist
+
+    from torch_dist_helpers import free_port
+
+    store = dist.TCPStore("127.0.0.1", free_port(), 1, True, timeout=datetime.timedelta(seconds=30))
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=30))
+    yield
+    dist.destroy_process_group()
+
+
+def _tiny_model():
+    import sys
+
+    from torch_dist_helpers import ROOT
+
+    sys.path.insert(0, str(ROOT / "examples" / "torch_gpt"))
+    from train import build
+
+    from refreplay.training.presets import PRESETS
+
+    cfg, tcfg = PRESETS["tiny"]
+    return build(cfg, tcfg)[:2], cfg
+
+
+def _leaves(model, cfg, count):
+    import torch
+
+    g = torch.Generator().manual_seed(3)
+    for _ in range(count):
+        x = torch.randint(0, cfg.vocab, (2, cfg.seq_len), generator=g)
+        y = torch.randint(0, cfg.vocab, (2, cfg.seq_len), generator=g)
+        loss = model(x, y)
+        loss.backward()
+        yield loss
+
+
+def test_all_fold_on_one_rank_is_gradfold_mean(group1):
+    import torch
+
+    import refreplay.torch as rt
+    from refreplay.torch.distributed import all_fold
+
+    (model, named), cfg = _tiny_model()
+    fold = rt.GradFold(named)
+    for loss in _leaves(model, cfg, 3):
+        fold.push(loss)
+    loss = all_fold(fold, 3)
+    got = {k: p.grad.clone() for k, p in named.items()}
+    for p in named.values():
+        p.grad = None
+    fold = rt.GradFold(named)
+    for loss2 in _leaves(model, cfg, 3):
+        fold.push(loss2)
+    assert fold.mean().tobytes() == loss.tobytes()
+    assert all(torch.equal(got[k].view(torch.int32), p.grad.view(torch.int32)) for k, p in named.items())
+
+
+def test_all_fold_refuses_a_fold_of_another_range(group1):
+    import refreplay.torch as rt
+    from refreplay.torch.distributed import all_fold
+
+    (model, named), cfg = _tiny_model()
+    fold = rt.GradFold(named, start=1)
+    for loss in _leaves(model, cfg, 2):
+        fold.push(loss)
+    with pytest.raises(rt.Unsupported, match=r"holds micro-batches \[0, 3\).*pushed \[1, 3\)"):
+        all_fold(fold, 3)
+
+
+def test_exchanged_blocks_with_a_gap_or_overlap_are_refused(group1):
+    import numpy as np
+
+    from refreplay.torch.distributed import CollectiveError, _fold_exchanged, exchange_blocks
+    from refreplay.training.step import LOSS
+    from refreplay.training.treefold import Block
+
+    (model, named), _ = _tiny_model()
+    value = {k: np.zeros(tuple(p.shape), np.float32) for k, p in named.items()}
+    value[LOSS] = np.zeros(1, np.float32)
+    names = sorted(value)
+    shapes = {k: v.shape for k, v in value.items()}
+    sent = exchange_blocks([Block(0, 2, value), Block(2, 1, value)], names, shapes, 3)
+    assert [(b.start, b.size) for b in sent] == [(0, 2), (2, 1)]
+    assert all(np.array_equal(b.value[k], value[k]) for b in sent for k in names)
+    short, overlap, gap = ([Block(0, 2, value)], [Block(0, 2, value), Block(1, 1, value)],
+                           [Block(0, 2, value), Block(3, 1, value)])
+    for bad in (short, overlap, gap):
+        with pytest.raises(CollectiveError, match="step 7"):
+            _fold_exchanged(named, bad, 3, 7)

@@ -72,7 +72,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     try:
         model_cfg, train_cfg = PRESETS[args.preset]
         reduce_steps = {int(s) for s in args.all_reduce_steps.split(",") if s}

@@ -39,7 +39,7 @@ import torch.distributed as dist
 from ..training.step import LOSS
 from ..training.treefold import Block, fold_blocks, rank_ranges
 from ._bridge import Unsupported, backend_of, eager, inside_reference, to_numpy
-from .fold import GradFold, _set_mean
+from .fold import GradFold, fold_ranks
 
 _HEADER = 2  # (start, size) per block
 
@@ -128,7 +128,7 @@ def exchange_blocks(blocks: list, names: list, shapes: dict, micro_batches: int,
             value = {}
             for k in names:
                 n = int(np.prod(shapes[k], dtype=np.int64))
-                value[k] = buf[off:off + n].reshape(shapes[k]).copy()
+                value[k] = buf[off:off + n].reshape(shapes[k])  # a view of the received bytes
                 off += n
             out.append(Block(int(headers[q][1 + 2 * i]), int(headers[q][2 + 2 * i]), value))
     return out
@@ -156,16 +156,12 @@ def all_fold(fold: GradFold, micro_batches: int, group=None, step=None) -> np.fl
 
 
 def _fold_exchanged(named: dict, blocks: list, m: int, step) -> np.float32:
-    ops = backend_of(*named.values())
-    covered = sum(b.size for b in blocks)
-    if covered != m:
-        raise CollectiveError(f"step {step}: the ranks' blocks cover {covered} micro-batches, the step has {m}")
-    with inside_reference():
-        try:
-            folded = fold_blocks(blocks, ops.treefold.merge)
-        except ValueError as exc:
-            raise CollectiveError(f"step {step}: {exc}") from None
-    return _set_mean(named, ops, folded, m)
+    """``fold_ranks`` on the exchanged blocks; a gap, an overlap or a wrong
+    count is a ``CollectiveError`` naming the step."""
+    try:
+        return fold_ranks(named, blocks, m)
+    except Unsupported as exc:
+        raise CollectiveError(f"step {step}: {exc}") from None
 
 
 def fold_hook(state, bucket):

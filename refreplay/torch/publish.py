@@ -21,7 +21,6 @@ recipe to ``training.run.Recipe``: nothing of the format is restated here.
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 
 import numpy as np
@@ -97,8 +96,9 @@ def model_config(model: nn.Module, named_parameters, *, init_std=F32(0.02), rope
     quant = {lin.quant for _, lin in every_linear}
     biased = {lin.bias is not None for _, lin in every_linear}
     if len(quant) != 1 or len(biased) != 1:
+        found = [(w, lin.quant, lin.bias is not None) for w, lin in every_linear]
         raise Unsupported("model_config: every linear layer of the spec's model has the same bias and "
-                          f"quantization setting; found {[(w, lin.quant, lin.bias is not None) for w, lin in every_linear]}")
+                          f"quantization setting; found {found}")
     for w, mod in attn:
         if (mod.heads, mod.head_size, mod.rope_cos.shape[0]) != (a0.heads, a0.head_size, a0.rope_cos.shape[0]):
             raise Unsupported(f"model_config: attention {w!r} differs in shape from {attn[0][0]!r}")
