@@ -77,7 +77,7 @@ def worker(args) -> None:
     tensors = [torch.from_numpy(grads[k].copy()) for k in names]
 
     def fold():
-        every = exchange_blocks(blocks, names, shapes, M)
+        every = exchange_blocks(blocks, names, shapes, M, reuse=True)
         return treefold.scale(treefold.fold_blocks(every), M)
 
     def all_reduce():
@@ -97,7 +97,7 @@ def worker(args) -> None:
         dist.barrier()
         fold()
     def exchange():
-        exchange_blocks(blocks, names, shapes, M)
+        exchange_blocks(blocks, names, shapes, M, reuse=True)
 
     rows = {"exchange": [], "fold": [], "all_reduce": []}
     lo = {"exchange": [], "fold": [], "all_reduce": []}

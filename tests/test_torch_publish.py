@@ -194,3 +194,37 @@ def test_model_config_refuses_other_rotary_tables():
     model = GPT.GPT(cfg)
     with pytest.raises(rt.Unsupported, match="rotary tables"):
         model_config(model, GPT.named_state(model), rope_theta=np.float32(500.0))
+
+
+# ---- the publisher refuses what would not be the run format -------------------------------
+
+
+def test_publisher_refuses_steps_out_of_order_and_a_used_directory(tmp_path, text):
+    import sys
+
+    from refreplay.errors import InputError
+    from refreplay.torch.publish import Publisher
+
+    sys.path.insert(0, str(ROOT / "examples" / "torch_gpt"))
+    from train import build
+
+    cfg, tcfg = PRESETS["tiny"]
+    pub = Publisher(tmp_path / "run", cfg, tcfg, steps=2, checkpoint_every=1, corpus_files=[text])
+    _, named, opt, _ = build(cfg, tcfg)
+    with pytest.raises(rt.Unsupported, match="step 0 has no loss"):
+        pub.publish(0, named, opt, np.float32(1.0))
+    with pytest.raises(rt.Unsupported, match="step 1 out of order"):
+        pub.publish(1, named, opt, np.float32(1.0))
+    pub.publish(0, named, opt)
+    with pytest.raises(rt.Unsupported, match="step 2 out of order"):
+        pub.publish(2, named, opt, np.float32(1.0))
+    assert len((tmp_path / "run" / "steps.jsonl").read_text().splitlines()) == 1
+    assert not (tmp_path / "run" / "head.json").exists()
+    with pytest.raises(InputError, match="not an empty directory"):
+        Publisher(tmp_path / "run", cfg, tcfg, steps=2, checkpoint_every=1, corpus_files=[text])
+    import dataclasses
+
+    with pytest.raises(InputError, match="vocabulary 512"):  # refused before any data is written
+        Publisher(tmp_path / "other", dataclasses.replace(cfg, vocab=512), tcfg, steps=2, checkpoint_every=1,
+                  corpus_files=[text])
+    assert not (tmp_path / "other" / "data" / "manifest.json").exists()

@@ -196,6 +196,9 @@ class Publisher:
                 else:
                     corpus, source = data.build_corpus(corpus_files, byte_cap)
                     samples, v = data.make_samples(corpus, model_cfg.seq_len), data.VOCAB
+                if model_cfg.vocab != tokens.padded_vocab(v):
+                    raise InputError(f"Publisher: the model's vocabulary {model_cfg.vocab} is not the data's "
+                                     f"padded vocabulary {tokens.padded_vocab(v)} ([data.vocab.c1])")
                 manifest = data.write_shards(samples, path / "data", source, v)
                 msha = hashlib.sha256(data.manifest_bytes(manifest)).hexdigest()
                 meta = [("ok", samples.shape, samples.dtype.str, v, msha)]
@@ -211,9 +214,6 @@ class Publisher:
         if _distributed(group):
             buf = torch.from_numpy(samples.reshape(-1).view(np.uint8))
             dist.broadcast(buf, src=_root(group), group=group)
-        if model_cfg.vocab != tokens.padded_vocab(v):
-            raise InputError(f"Publisher: the model's vocabulary {model_cfg.vocab} is not the data's padded "
-                             f"vocabulary {tokens.padded_vocab(v)} ([data.vocab.c1])")
         self.samples = samples
         self.model = model_cfg
         self.train = train_cfg
