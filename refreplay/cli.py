@@ -18,6 +18,7 @@ COMMANDS = {
     "demo": "demo",
     "train": "train",
     "replay": "replay",
+    "keygen": "keygen",
     "audit": "audit",
     "coverage": "coverage",
     "trace": "trace",

@@ -19,6 +19,7 @@ from refreplay import state as sh
 from refreplay.training import presets, train
 from refreplay.verify import audit
 
+import auditor_keys
 from cli_helpers import run_cli as _cli
 from refreplay.training.data import SHARD_SAMPLES
 from refreplay.training.launch.inproc import InProcess
@@ -29,7 +30,6 @@ SEQ = 16
 # one sample more than a shard holds: shard 1 holds only sample 4096, which
 # few steps draw, so damage to it must not touch the others
 SAMPLES = SHARD_SAMPLES + 1
-BEACON = "c0ffee"
 
 
 def _cfg():
@@ -56,15 +56,15 @@ def copy(run0, tmp_path):
 
 
 
-def _secret_for(path, step):
-    """An auditor secret whose one-step sample is ``step``."""
+def _beacon_for(path, step):
+    """A beacon under which the test key's one-step sample is ``step``."""
     head = open_run(path, strict=False).head["chain_link"]
-    return next(f"{i:04x}" for i in range(1 << 16)
-                if audit.sample_steps(head, BEACON, f"{i:04x}", STEPS, 1) == [step])
+    return auditor_keys.beacon_for(head, STEPS, step)
 
 
 def _audit(path, step, out):
-    res = _cli("audit", path, "--sample", 1, "--beacon", BEACON, "--secret", _secret_for(path, step),
+    key = auditor_keys.key_files(out.parent / "keys")[0]
+    res = _cli("audit", path, "--sample", 1, "--beacon", _beacon_for(path, step), "--key", key,
                "--auditor", "eve", "--out", out)
     certs = {json.loads(p.read_text())["step"]: json.loads(p.read_text()) for p in out.glob("*.json")}
     return res, certs
@@ -132,14 +132,15 @@ def test_verified_certificate_lists_the_checkpoints_checked(run0, tmp_path):
     checked = certs[STEPS]["checked"]
     assert checked["replayed_from"] == EVERY and checked["steps"] == list(range(EVERY + 1, STEPS + 1))
     assert [(c["step"], c["role"]) for c in checked["checkpoints"]] == [(EVERY, "start"), (STEPS, "recomputed")]
-    cov = _cli("coverage", run0, tmp_path / "certs")
+    trust = auditor_keys.key_files(tmp_path / "keys")[1]
+    cov = _cli("coverage", run0, tmp_path / "certs", "--trust", trust)
     assert cov.returncode == 0, cov.stdout
-    # a forger who drops the final checkpoint from the list is rejected
+    # a forger (even one holding the key) who drops the final checkpoint from the list is rejected
     f = next((tmp_path / "certs").glob("*.json"))
     cert = json.loads(f.read_text())
     cert["checked"]["checkpoints"] = cert["checked"]["checkpoints"][:1]
-    f.write_text(json.dumps(audit.seal(cert)))
-    cov = _cli("coverage", run0, tmp_path / "certs")
+    f.write_text(json.dumps(audit.sign_certificate(cert, auditor_keys.key())))
+    cov = _cli("coverage", run0, tmp_path / "certs", "--trust", trust)
     assert cov.returncode == 1 and "every published checkpoint" in cov.stdout, cov.stdout
 
 
@@ -254,7 +255,7 @@ def test_deep_or_odd_certificates_are_rejected_not_crashed(run0, tmp_path):
     (certs / "link.json").symlink_to(tmp_path / "elsewhere.json")  # leads out of the directory
     (certs / "types.json").write_text(json.dumps({"format": audit.CERT_FORMAT, "run": [], "step": "1",
                                                   "verdict": 1, "digest": 5}))
-    res = _cli("coverage", run0, certs)
+    res = _cli("coverage", run0, certs, "--trust", auditor_keys.key_files(tmp_path / "keys")[1])
     _no_trace(res)
     assert res.returncode == 1 and res.stdout.count("REJECTED") == 4, res.stdout
     assert "nested 100000 deep" in res.stdout and "not a regular file" in res.stdout

@@ -29,6 +29,7 @@ from refreplay.ops import linear, rope
 from refreplay.training.presets import ModelConfig
 from refreplay.training.run import open_run
 
+import auditor_keys
 from cli_helpers import run_cli
 
 pytestmark = pytest.mark.usefixtures("one_numba_thread")
@@ -273,7 +274,8 @@ def test_bf16_differs_from_fp32(runs, tmp_path):
 def test_bf16_run_replays_and_audits(runs, tmp_path):
     res = run_cli("replay", runs[1], "--step", STEPS)
     assert res.returncode == 0 and f"VERIFIED: step {STEPS}" in res.stdout, res.stdout + res.stderr
-    res = run_cli("audit", runs[0], "--sample", 1, "--beacon", "c0ffee", "--secret", "01",
+    res = run_cli("audit", runs[0], "--sample", 1, "--beacon", "c0ffee",
+                  "--key", auditor_keys.key_files(tmp_path / "keys")[0],
                   "--auditor", "eve", "--out", tmp_path / "certs", "--quiet")
     assert res.returncode == 0, res.stdout + res.stderr
     certs = [json.loads(p.read_text()) for p in (tmp_path / "certs").glob("*.json")]

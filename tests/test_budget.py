@@ -13,6 +13,8 @@ from refreplay.errors import InputError
 from refreplay.training.train import train
 from refreplay.verify.replay import replay
 
+import auditor_keys
+
 BYTE_CAP = 1 << 15
 
 
@@ -104,7 +106,8 @@ def test_cli_max_memory_and_estimate(tiny_run, tmp_path, capsys):
     assert main(["replay", str(out), "--step", "3", "--max-memory", "0.00001", "--quiet"]) == 0
     cap = capsys.readouterr()
     assert "memory-mapped files" in cap.out and "VERIFIED" in cap.out
-    assert main(["audit", str(out), "--sample", "1", "--beacon", "ab", "--auditor", "me", "--secret", "01",
+    key = str(auditor_keys.key_files(tmp_path / "keys")[0])
+    assert main(["audit", str(out), "--sample", "1", "--beacon", "ab", "--auditor", "me", "--key", key,
                  "--out", str(tmp_path / "certs"), "--max-memory", "0.00001", "--quiet"]) == 0
     capsys.readouterr()
     assert main(["replay", str(out), "--step", "3", "--estimate", "--max-memory", "8"]) == 0

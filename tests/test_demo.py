@@ -16,10 +16,15 @@ def test_demo_runs_end_to_end(tmp_path, capsys):
     assert "Train the `tiny` preset for 6 steps on 3 in-process ranks" in text
     assert text.count("-> VERIFIED") == 2
     assert "reference matmul" in text and "numpy" in text and "diagnosis: matmul: contracts multiply-add" in text
-    assert "golden training steps (vectors/steps.json): 24 records" in text and "reproduce bit for bit" in text
+    assert "golden training steps (vectors/steps.json): 32 records" in text and "reproduce bit for bit" in text
     assert "FAILED" not in text
     certs = sorted((out / "certs").glob("*.json"))
     assert len(certs) == 2 and all(json.loads(p.read_text())["verdict"] == "verified" for p in certs)
+    # the auditor's key is private to its owner, and the coverage command the demo prints passes
+    assert (out / "keys" / "demo-auditor.key").stat().st_mode & 0o777 == 0o600
+    trust = out / "keys" / "demo-auditor.pub.pem"
+    assert f"--trust {trust}" in text
+    assert cli.main(["coverage", str(out / "run"), str(out / "certs"), "--trust", str(trust)]) == 0
     # a second demo replaces the first; a directory that is not a demo's is refused (exit 2)
     assert cli.main(["demo", "--out", str(out), "--steps", "5", "--ranks", "1"]) == 0
     other = tmp_path / "mine"

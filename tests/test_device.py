@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+import auditor_keys
+
 ROOT = Path(__file__).resolve().parents[1]
 HAVE_NUMBA_CUDA = importlib.util.find_spec("numba_cuda") is not None
 needs_numba_cuda = pytest.mark.skipif(not HAVE_NUMBA_CUDA, reason="numba-cuda is not installed")
@@ -82,7 +84,7 @@ def test_cuda_without_a_gpu_is_refused_clearly(tmp_path, micro_config):
     _train(micro_config, tmp_path / "cpu")
     for cmd in (["replay", tmp_path / "cpu", "--step", 1],
                 ["audit", tmp_path / "cpu", "--sample", 1, "--beacon", "ab" * 16, "--auditor", "t",
-                 "--out", tmp_path / "certs"]):
+                 "--key", auditor_keys.key_files(tmp_path / "keys")[0], "--out", tmp_path / "certs"]):
         proc = cli(*cmd, "--device", "cuda")
         assert proc.returncode == 2 and "no usable CUDA GPU" in proc.stderr, proc.stdout + proc.stderr
         assert "VERIFIED" not in proc.stdout
@@ -111,7 +113,8 @@ def test_step_trained_on_cpu_verifies_on_cuda(tmp_path, micro_config):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ops on cuda (numba-cuda simulator)" in proc.stdout and "VERIFIED: step 1" in proc.stdout
     proc = cli("audit", tmp_path / "cpu", "--sample", 1, "--beacon", "ab" * 16, "--auditor", "t",
-               "--out", tmp_path / "certs", "--device", "cuda", sim=True)
+               "--key", auditor_keys.key_files(tmp_path / "keys")[0], "--out", tmp_path / "certs",
+               "--device", "cuda", sim=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     cert = json.loads(next((tmp_path / "certs").glob("cert-*.json")).read_text())
     assert cert["verdict"] == "verified"

@@ -19,6 +19,7 @@ DEVIATIONS = {
     "fma": ("contracts multiply-add", ("matmul", "dot")),
     "order": ("sums in a different order", ("matmul", "dot", "sum")),
     "ftz_before_rounding": ("flushes before rounding", ("matmul", "dot")),
+    "ftz_after_rounding": ("flushes the way x86 FTZ", ("matmul", "dot")),
     "flush": ("does not flush subnormal results", ("matmul", "dot", "sum")),
     "input_zeroing": ("does not zero subnormal inputs", ("matmul", "dot", "sum")),
     "nan": ("non-canonical NaN", ("matmul", "dot", "sum")),
@@ -48,6 +49,12 @@ def _mul(a, b, dev):
             exact = a.astype(np.float64) * b.astype(np.float64)
             p = (a * b).astype(F32)
             return np.where(np.abs(exact) < float(FLT_MIN), p * F32(0), p).astype(F32)
+        if dev == "ftz_after_rounding":  # tininess judged on the product rounded to 24 bits (x86 FTZ)
+            exact = a.astype(np.float64) * b.astype(np.float64)
+            m, e = np.frexp(exact)
+            rounded = np.ldexp(np.rint(np.ldexp(m, 24)), e - 24)
+            p = (a * b).astype(F32)
+            return np.where(np.abs(rounded) < float(FLT_MIN), p * F32(0), fp.flush(p)).astype(F32)
         return _flush((a * b).astype(F32), dev)
 
 
@@ -117,14 +124,25 @@ def test_a_plus_zero_start_is_named_sign_of_zero_in_the_report():
     assert "sign of zero: " in text  # the histogram bucket
 
 
-def test_x86_ftz_daz_is_not_blamed():
-    """x86 with FTZ and DAZ set zeroes subnormal operands and flushes results
-    after rounding: the spec's own rules, which the deviation-free emulation
-    follows; ARM FZ (tininess before rounding) is the deviation."""
-    _, found = findings(None, "matmul")
-    assert found == []
+def test_x86_ftz_and_arm_fz_are_told_apart():
+    """[num.flush.c1] Neither hardware flush is the spec's: ARM FZ (tininess on
+    the exact product) fails both windows and is named ARM; x86 MXCSR.FTZ
+    (tininess on the product rounded with an unbounded exponent) fails only
+    the upper window and is named x86, never ARM."""
     _, found = findings("ftz_before_rounding", "matmul")
-    assert "ARM's FZ" in found[0] and "x86 FTZ judges after rounding" in found[0]
+    assert len(found) == 1 and "ARM's FZ" in found[0] and "x86" not in found[0]
+    _, found = findings("ftz_after_rounding", "matmul")
+    assert len(found) == 1 and "x86 FTZ" in found[0] and "ARM" not in found[0]
+
+
+def test_the_two_windows_separate_the_measured_products():
+    """The brief's measurements: 0x00800001 x 0x3F7FFFFE is 0x00800000 on x86
+    FTZ and in the spec, 0 on ARM FZ; 0xAB123191 x 0x14E0241F is 0x80800000
+    in the spec, 0x80000000 on x86 FTZ."""
+    a, b = fp.f32([0x00800001, 0xAB123191]), fp.f32([0x3F7FFFFE, 0x14E0241F])
+    assert fp.bits(fp.mul(a, b)).tolist() == [0x00800000, 0x80800000]
+    assert fp.bits(fp.mul_ftz_unbounded(a, b)).tolist() == [0x00800000, 0x80000000]
+    assert fp.bits(fp.mul_ftz_before(a, b)).tolist() == [0x00000000, 0x80000000]
 
 
 VENDOR = {"exp": np.exp, "log": np.log, "tanh": np.tanh, "sin": np.sin, "cos": np.cos,

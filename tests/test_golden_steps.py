@@ -13,6 +13,11 @@ import pytest
 
 from refreplay import cli
 from refreplay.conformance import steps
+from refreplay.numerics import core, elementwise
+from refreplay.ops import optim
+from refreplay.training import treefold
+from refreplay.training.launch import inproc
+from refreplay.training.step import LOSS
 from refreplay.conformance.store import VECTOR_DIR
 
 PATH = VECTOR_DIR / steps.STEPS_FILE
@@ -28,11 +33,89 @@ def test_regeneration_is_byte_identical():
 
 
 def test_every_record_reproduces_with_1_3_and_m_ranks():
-    checked, problems = steps.check(PATH, ranks=(1, 3, 6, 8))
+    checked, problems = steps.check(PATH, ranks=(1, 3, 6, 7, 8))
     assert problems == []
-    # 4 records per case; tiny and tiny-bf16 (M = 8) with 4 rank counts, the M = 6 case with 3
-    # (R = 8 > M is skipped)
-    assert checked == 4 * 4 + 4 * 3 + 4 * 4
+    # 4 records per case; tiny and tiny-bf16 (M = 8) with 5 rank counts, the M = 6 case with 3,
+    # the M = 7 case with 4 (R > M is skipped)
+    assert checked == 4 * 5 + 4 * 3 + 4 * 5 + 4 * 4
+
+
+# ---- wrong readings of the step clauses fail the golden steps ([conf.steps.c1]) ------------
+
+M7 = next(c for c in steps.CASES if c.name == "tiny-m7-clip")
+
+
+def _bottom_up(self):
+    """[fold.final.c1] misread: the stack folded from the bottom up."""
+    acc = self.entries[0].value
+    for block in self.entries[1:]:
+        acc = self.node(acc, block.value)
+    return acc
+
+
+def _divide(value, m):
+    """[fold.scale.c1] misread: the folded sum divided by M instead of times recip(M)."""
+    if isinstance(value, dict):
+        return {k: _divide(value[k], m) for k in sorted(value)}
+    with np.errstate(all="ignore"):
+        return core.load(value / np.float32(m))
+
+
+def _no_clip(grads, max_norm):
+    """[optim.clip.c1] misread: no clipping."""
+    return np.float32(0), np.float32(1)
+
+
+def _loss_in_order(self, leaf, m, merge=None):
+    """[step.loss.c1] misread: the gradients folded by the tree, the loss summed in order."""
+    leaves = [leaf(i) for i in range(m)]
+    out = treefold.treefold([{k: v for k, v in x.items() if k != LOSS} for x in leaves])
+    total = leaves[0][LOSS]
+    for x in leaves[1:]:
+        total = elementwise.add(total, x[LOSS])
+    out[LOSS] = total
+    return out
+
+
+WRONG_READINGS = {
+    "bottom-up final fold": (treefold.FoldStack, "result", _bottom_up),
+    "division by M": (treefold, "scale", _divide),
+    "no clipping": (optim, "clip_grad_norm", _no_clip),
+    "loss summed in order": (inproc.InProcess, "fold", _loss_in_order),
+}
+
+
+def _records(case):
+    return steps.run_case(case.model, case.train, steps._samples(case), case.steps)
+
+
+@pytest.fixture(scope="module")
+def m7_records():
+    return _records(M7)
+
+
+@pytest.mark.parametrize("reading", sorted(WRONG_READINGS))
+def test_a_wrong_reading_of_a_step_clause_fails_the_m7_case(reading, m7_records, monkeypatch):
+    owner, name, wrong = WRONG_READINGS[reading]
+    monkeypatch.setattr(owner, name, wrong)
+    got = _records(M7)
+    assert got[0] == m7_records[0]  # state 0 does not depend on the step
+    assert got[1:] != m7_records[1:], f"{reading} reproduces the golden records of {M7.name}"
+    if reading == "loss summed in order":  # the gradients are the same: only the loss field tells
+        assert [r["loss"] for r in got[1:]] != [r["loss"] for r in m7_records[1:]]
+
+
+def test_the_m7_case_engages_clipping(monkeypatch):
+    seen = []
+    clip = optim.clip_grad_norm
+
+    def spy(grads, max_norm):
+        out = clip(grads, max_norm)
+        seen.append(out[1])
+        return out
+    monkeypatch.setattr(optim, "clip_grad_norm", spy)
+    _records(M7)
+    assert len(seen) == M7.steps and all(coef < np.float32(1) for coef in seen), seen
 
 
 def test_cases_cover_what_the_clause_says(committed):
@@ -64,7 +147,7 @@ def test_recipe_hash_is_the_stated_function(committed):
 def test_cli_reports_success(capsys):
     assert cli.main(["vectors", "steps", "--ranks", "1"]) == 0
     out = capsys.readouterr().out
-    assert "12 records of 3 cases" in out and "ops on cpu" in out
+    assert "16 records of 4 cases" in out and "ops on cpu" in out
 
 
 def test_an_altered_record_is_named(tmp_path, committed, capsys):

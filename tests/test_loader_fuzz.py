@@ -38,6 +38,8 @@ from refreplay import state as sh
 from refreplay.training import presets, train
 from refreplay.training import data as rdata
 from refreplay.verify import audit
+
+import auditor_keys
 from refreplay.cli import main
 from refreplay.conformance import store
 from refreplay.errors import InputError
@@ -413,8 +415,8 @@ def _covered(argv, run):
     else:
         head = json.loads((run / "head.json").read_text()) if (run / "head.json").is_file() else {}
         try:
-            n = audit.sample_steps(head["chain_link"], "00", "01", STEPS, 1)[0]
-        except (KeyError, TypeError, InputError):
+            n = audit.draw_sample(auditor_keys.key(), head["chain_link"], "00", STEPS, 1).steps[0]
+        except (KeyError, TypeError, AttributeError, InputError):
             return set()
     return {n - 1, n}
 
@@ -494,11 +496,12 @@ def _commands(run0, tmp_path, data):
     else:
         p.write_bytes(data.draw(damaged_bytes(before)))
     command = data.draw(st.sampled_from(["replay", "coverage", "audit", "trace"]))
+    private, public = auditor_keys.key_files(work / "keys")
     argv = {"replay": ["replay", run, "--step", data.draw(st.integers(1, STEPS))],
             "trace": ["trace", run, "--step", 2],
-            "audit": ["audit", run, "--sample", 1, "--beacon", "00", "--secret", "01", "--auditor", "f",
+            "audit": ["audit", run, "--sample", 1, "--beacon", "00", "--key", private, "--auditor", "f",
                       "--out", work / "certs"],
-            "coverage": ["coverage", run, work / "certs"]}[command]
+            "coverage": ["coverage", run, work / "certs", "--trust", public]}[command]
     if command == "coverage":
         (work / "certs").mkdir()
         (work / "certs" / "c.json").write_text(data.draw(mutated_json({"format": audit.CERT_FORMAT, "step": 1})))

@@ -13,6 +13,7 @@ import zstandard
 
 from refreplay.training import presets, train
 
+import auditor_keys
 from cli_helpers import run_cli as _cli
 from refreplay.training.launch.inproc import InProcess
 from refreplay.training.run import open_run
@@ -179,22 +180,24 @@ def test_edited_step_hash_is_caught_at_that_step(copy):
 
 def test_audit_and_coverage_cli(run1, tmp_path):
     certs = tmp_path / "certs"
+    alice, alice_pub = auditor_keys.key_files(tmp_path / "keys", "alice")
+    bob, bob_pub = auditor_keys.key_files(tmp_path / "keys", "bob")
     a = _cli("audit", run1, "--sample", 2, "--beacon", "c0ffee", "--auditor", "alice",
-             "--secret", "01", "--out", certs)
+             "--key", alice, "--out", certs)
     assert a.returncode == 0, a.stdout + a.stderr
     b = _cli("audit", run1, "--sample", 1, "--beacon", "c0ffee", "--auditor", "bob",
-             "--secret", "02", "--out", certs)
+             "--key", bob, "--out", certs)
     assert b.returncode == 0, b.stdout + b.stderr
-    cov = _cli("coverage", run1, certs, "--plot", tmp_path / "cov.png")
+    cov = _cli("coverage", run1, certs, "--plot", tmp_path / "cov.png", "--trust", alice_pub, bob_pub)
     assert cov.returncode == 0, cov.stdout + cov.stderr
-    assert "2 auditor(s)" in cov.stdout and (tmp_path / "cov.png").read_bytes()[:4] == b"\x89PNG"
+    assert "2 auditor key(s)" in cov.stdout and (tmp_path / "cov.png").read_bytes()[:4] == b"\x89PNG"
     # an altered certificate is rejected and makes coverage fail
-    f = sorted(certs.glob("cert-alice-*.json"))[0]
+    f = sorted(certs.glob(f"cert-*-{auditor_keys.key('alice').public.fingerprint[:16]}-*.json"))[0]
     obj = json.loads(f.read_text())
     obj["verdict"] = "verified"
     obj["step"] = obj["step"] % STEPS + 1
     f.write_text(json.dumps(obj))
-    cov = _cli("coverage", run1, certs)
+    cov = _cli("coverage", run1, certs, "--trust", alice_pub, bob_pub)
     assert cov.returncode == 1 and "REJECTED" in cov.stdout
 
 

@@ -11,6 +11,7 @@ import pytest
 from refreplay import spec
 from refreplay.training.run import canonical_json
 
+import auditor_keys
 from cli_helpers import run_cli
 
 pytestmark = pytest.mark.usefixtures("one_numba_thread")
@@ -63,13 +64,14 @@ def test_this_version_lists_what_it_replays():
 def test_a_run_of_the_earlier_version_replays_and_audits(earlier_run, tmp_path):
     res = run_cli("replay", earlier_run, "--step", 2)
     assert res.returncode == 0 and "VERIFIED: step 2" in res.stdout, res.stdout + res.stderr
-    res = run_cli("audit", earlier_run, "--sample", 2, "--beacon", "c0ffee", "--secret", "01",
+    private, public = auditor_keys.key_files(tmp_path / "keys")
+    res = run_cli("audit", earlier_run, "--sample", 2, "--beacon", "c0ffee", "--key", private,
                   "--auditor", "eve", "--out", tmp_path / "certs", "--quiet")
     assert res.returncode == 0, res.stdout + res.stderr
     certs = [json.loads(p.read_text()) for p in (tmp_path / "certs").glob("*.json")]
     this_spec = {"version": spec.version(), "sha256": spec.spec_sha256()}
     assert certs and all(c["verdict"] == "verified" and c["spec"] == this_spec for c in certs)
-    res = run_cli("coverage", earlier_run, tmp_path / "certs")
+    res = run_cli("coverage", earlier_run, tmp_path / "certs", "--trust", public)
     assert res.returncode == 0, res.stdout + res.stderr
 
 

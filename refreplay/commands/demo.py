@@ -1,5 +1,6 @@
 HELP = ("the whole story in under two minutes: train a tiny run on 4 in-process ranks, publish it, audit "
-        "two sampled steps on one device, write certificates, print coverage, run a conformance summary")
+        "two steps sampled by an auditor's key on one device, write signed certificates, print coverage, "
+        "run a conformance summary")
 
 
 def add_arguments(p):
@@ -36,13 +37,13 @@ def run(args) -> int:
     import time
     from pathlib import Path
 
-    from .. import __version__, doctor, spec
+    from .. import __version__, doctor, files, spec
     from ..errors import InputError
     from ..training import presets
     from ..training.launch.inproc import InProcess
     from ..training.run import open_run
     from ..training.train import train
-    from ..verify import audit
+    from ..verify import audit, keys
     from ..verify.replay import replay
 
     t_start = time.perf_counter()
@@ -66,40 +67,38 @@ def run(args) -> int:
     print(f"   chain head {summary.head}\n")
 
     r = open_run(out / "run", strict=False)
+    print("2. Audit: the auditor makes a key pair; its signature of (chain head, beacon) picks 2 steps, "
+          "each replayed on ONE device")
+    key = keys.generate()
+    key_dir = out / "keys"
+    key_dir.mkdir()
+    files.write_atomic(key_dir / "demo-auditor.key", key.pem(), mode=0o600)
+    files.write_atomic(key_dir / "demo-auditor.pub.pem", key.public.pem())
+    print(f"   key {key.public.fingerprint[:16]}... -> {key_dir / 'demo-auditor.pub.pem'} "
+          "(a real audit registers it before the beacon is published)")
     beacon = os.urandom(16).hex()
-    secret = os.urandom(16).hex()
-    steps = audit.sample_steps(summary.head, beacon, secret, r.recipe.steps, 2)
-    print("2. Audit: choose 2 steps from a beacon and the auditor's secret, replay each on ONE device")
+    sample = audit.draw_sample(key, summary.head, beacon, r.recipe.steps, 2)
     print(f"   beacon {beacon} (a real audit takes a public value published after the chain head)")
-    print(f"   sampled steps {steps}")
+    print(f"   sampled steps {sample.steps}")
     certs = out / "certs"
     certs.mkdir()
     bad = 0
     fp = doctor.fingerprint()
-    for s in steps:
+    fp["device"] = "cpu"
+    for s in sample.steps:
         res = replay(r, s)
-        pub = r.records[s]
-        hashes = {"state_root": pub.state_root, "data_hash": pub.data_hash, "chain_link": pub.chain_link}
-        verdict = "verified" if res.verified else "mismatch"
+        cert = audit.certify_step(r, s, res, sample, key, "demo-auditor", fp)
+        path = audit.write_certificate(certs, cert)
         bad += not res.verified
-        cert = audit.make_certificate(
-            run={"chain_head": summary.head, "recipe_sha256": r.recipe_sha256, "steps": r.recipe.steps},
-            step=s, verdict=verdict, replayed=hashes if res.verified else dict.fromkeys(hashes), published=hashes,
-            sampling={"beacon": beacon, "secret": secret, "k": 2, "steps": steps}, auditor="demo-auditor",
-            spec_version=spec.version(), spec_sha256=spec.spec_sha256(), refreplay_version=__version__,
-            platform=fp, checked=audit.replay_evidence(res), warnings=res.warnings,
-            mismatch=None if res.verified else {"step": res.divergence.step, "kind": res.divergence.kind,
-                                                "lines": res.divergence.lines()})
-        path = certs / f"cert-demo-auditor-step-{s:07d}.json"
-        path.write_text(json.dumps(cert, indent=1, sort_keys=True) + "\n")
-        print(f"   step {s}: replayed from checkpoint {res.start} on 1 rank -> {verdict.upper()} "
-              f"(state root {pub.state_root[:16]}...) -> {path.name}")
-    cov = audit.coverage([(p.name, json.loads(p.read_text())) for p in sorted(certs.glob("*.json"))],
-                         audit.run_facts(r))
+        print(f"   step {s}: replayed from checkpoint {res.start} on 1 rank -> {cert['verdict'].upper()} "
+              f"(state root {r.records[s].state_root[:16]}...) -> {path.name}")
+    loaded = [(p.name, json.loads(p.read_text())) for p in sorted(certs.glob("*.json"))]
+    cov = audit.coverage(loaded, audit.run_facts(r), {key.public.fingerprint: key.public})
     p1 = float(audit.escape_probability(r.recipe.steps, cov.sample_sizes, 1))
-    print(f"\n3. Coverage: {len(cov.certified)} of {r.recipe.steps} steps certified ({cov.percent:.0f}%); "
-          f"a single tampered step escapes this audit with probability {p1:.2f} -- more auditors shrink it")
-    print(f"   (refreplay coverage {out / 'run'} {certs})\n")
+    print(f"\n3. Coverage: {len(cov.certified)} of {r.recipe.steps} steps certified ({cov.percent:.0f}%) by "
+          f"{len(cov.auditors)} signed key; a single tampered step escapes this audit with probability {p1:.2f} "
+          "-- more auditors shrink it")
+    print(f"   (refreplay coverage {out / 'run'} {certs} --trust {key_dir / 'demo-auditor.pub.pem'})\n")
 
     print("4. Conformance summary (golden vectors; NumPy is a negative control and must fail)")
     failed_ref, lines = _conformance_summary(["matmul", "sum", "exp"])

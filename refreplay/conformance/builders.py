@@ -145,8 +145,11 @@ def binary_cases(op, rng, sample, model64=None, sizes=(1, 7, 31, 1021)):
     out.append(("signed_zero", _keep(op, {"a": za.ravel().copy(), "b": zb.ravel().copy()}, lambda y: y == 0),
                 "+-0 against +-0 and +-1, where the result is a zero"))
     if op.name == "mul":
-        x, y = V.window_pairs(rng, 64)
-        out.append(("ftz_before_rounding", {"a": x, "b": y}, "exact product just below FLT_MIN"))
+        x, y = V.window_pairs(rng, 64, V.WINDOW_BEFORE)
+        out.append(("ftz_before_rounding", {"a": x, "b": y}, "exact product FLT_MIN (1 - d), 0 < d <= 2^-25"))
+        x, y = V.window_pairs(rng, 64, V.WINDOW_UNBOUNDED)
+        out.append(("ftz_after_rounding", {"a": x, "b": y},
+                    "exact product FLT_MIN (1 - d), 2^-25 < d <= 2^-24"))
     a, b = V.rounding_pairs()
     out.append(("edge", _keep(op, {"a": a, "b": b}, lambda y: np.ones(y.shape, bool)),
                 "rounding ties (to even, both directions), the overflow threshold and its neighbours"))
@@ -262,14 +265,16 @@ def matmul_cases(op, rng, to_layout):
         A = V.random_f32(rng, (i, k), -24, 24, mant_bits=10)
         B = V.powers_of_two(rng, (k, j), -2, 2)
         add("order", A, B, f"I,K,J={i},{k},{j}; exact products 2^-26..2^26")
-    x, y = V.window_pairs(rng, 24)
-    perm = rng.permutation(24)
-    A = np.zeros((24, 24), np.float32)
-    A[np.arange(24), perm] = x
-    B = np.zeros((24, 2), np.float32)
-    B[perm, 0] = y
-    B[perm, 1] = np.float32(1.0)
-    add("ftz_before_rounding", A, B, "one product per output just below FLT_MIN")
+    for family, window, what in (("ftz_before_rounding", V.WINDOW_BEFORE, "0 < d <= 2^-25"),
+                                 ("ftz_after_rounding", V.WINDOW_UNBOUNDED, "2^-25 < d <= 2^-24")):
+        x, y = V.window_pairs(rng, 24, window)
+        perm = rng.permutation(24)
+        A = np.zeros((24, 24), np.float32)
+        A[np.arange(24), perm] = x
+        B = np.zeros((24, 2), np.float32)
+        B[perm, 0] = y
+        B[perm, 1] = np.float32(1.0)
+        add(family, A, B, f"one product per output FLT_MIN (1 - d), {what}")
     A = fp.f32([[0x00800000, 0x00800000, 0x3F800000], [0x00C00000, 0x00000000, 0x00000000],
                 [0x80800000, 0x00800000, 0x00000000]])
     B = fp.f32([[0x3F000000, 0x3F800000], [0x3F000000, 0x3F800000], [0x00000000, 0x00000000]])

@@ -23,9 +23,13 @@ FAMILIES = {
     "order": ("summation order: reversed, pairwise, blocked/split-k and strided-lane "
               "(SIMD/warp butterfly) sums all give other bits; products are exact so "
               "a fused multiply-add cannot matter", ()),
-    "ftz_before_rounding": ("products whose exact value lies in [2^-126(1-2^-24), 2^-126): "
-                            "IEEE rounding gives FLT_MIN, flush-to-zero with tininess "
-                            "detected before rounding (ARM FZ) gives 0", ("num.flush.c1",)),
+    "ftz_before_rounding": ("products whose exact value is 2^-126 (1 - d), 0 < d <= 2^-25: "
+                            "IEEE rounding gives FLT_MIN, as does x86 FTZ; flush-to-zero with "
+                            "tininess detected before rounding (ARM FZ) gives 0", ("num.flush.c1",)),
+    "ftz_after_rounding": ("products whose exact value is 2^-126 (1 - d), 2^-25 < d <= 2^-24: "
+                           "IEEE rounding gives FLT_MIN; flush-to-zero with tininess detected "
+                           "on the result rounded with an unbounded exponent (x86 MXCSR.FTZ) "
+                           "gives 0, as does ARM FZ", ("num.flush.c1",)),
     "flush": ("results that are subnormal after rounding must become a zero of the same sign",
               ("num.flush.c1",)),
     "input_zeroing": ("subnormal inputs must be zeroed when loaded; keeping them changes "

@@ -147,6 +147,32 @@ def _outputs_where(fam, family, pred):
     return hits
 
 
+def _flush_mode_findings(op_name, fam, failing) -> list[Finding]:
+    """[num.flush.c1] Which hardware flush a kernel behaves like, from the two
+    windows of products just below FLT_MIN (``values.window_pairs``): the
+    spec rounds both up to FLT_MIN; ARM FZ (tininess before rounding) flushes
+    both; x86 MXCSR.FTZ (tininess on the result rounded with an unbounded
+    exponent) flushes only the lower window."""
+    zero = lambda e, a: (np.abs(e) == fp.FLT_MIN) & (a == 0)
+    before = "ftz_before_rounding" in failing
+    after = "ftz_after_rounding" in failing
+    out = []
+    if before:
+        how = ("flushes before rounding: products FLT_MIN (1 - d), 0 < d <= 2^-25, that IEEE rounds up to "
+               "FLT_MIN come out 0 (tininess judged on the exact product, as ARM's FZ mode does)"
+               if _outputs_where(fam, "ftz_before_rounding", zero) else
+               "products just below FLT_MIN do not round to FLT_MIN")
+        out.append(Finding(op_name, f"{how} — {_count(fam, 'ftz_before_rounding')}", ["num.flush.c1"]))
+    if after and not before:
+        how = ("flushes the way x86 FTZ (MXCSR.FTZ) does: tininess judged on the product rounded to 24 bits "
+               "with an unbounded exponent, so products FLT_MIN (1 - d), 2^-25 < d <= 2^-24, that IEEE "
+               "rounds up to FLT_MIN come out 0; the spec flushes the IEEE (gradual-underflow) result"
+               if _outputs_where(fam, "ftz_after_rounding", zero) else
+               "products just below FLT_MIN do not round to FLT_MIN")
+        out.append(Finding(op_name, f"{how} — {_count(fam, 'ftz_after_rounding')}", ["num.flush.c1"]))
+    return out
+
+
 def _nan_patterns(fam):
     pats = set()
     for r in fam.get("nan", ([], []))[0] + fam.get("edge", ([], []))[0]:
@@ -182,18 +208,12 @@ def diagnose(op_name: str, results) -> list[Finding]:
     f = _order_finding(op, fam)
     if f:
         out.append(f)
-    if "ftz_before_rounding" in failing:
-        z = _outputs_where(fam, "ftz_before_rounding", lambda e, a: (np.abs(e) == fp.FLT_MIN) & (a == 0))
-        how = ("flushes before rounding: products just below FLT_MIN that IEEE rounds up to it come out 0 "
-               "(tininess judged before rounding, as ARM's FZ mode does; x86 FTZ judges after rounding, "
-               "as the spec does, and passes these probes)" if z else
-               "products just below FLT_MIN do not round to FLT_MIN")
-        out.append(Finding(op_name, f"{how} — {_count(fam, 'ftz_before_rounding')}", ["num.flush.c1"]))
+    out += _flush_mode_findings(op_name, fam, failing)
     if "flush" in failing:
         s = _outputs_where(fam, "flush", lambda e, a: (e == 0) & fp.is_subnormal(a))
         t = _outputs_where(fam, "flush", lambda e, a: (e == 0) & (a != 0) & (np.abs(a) <= 2 * fp.FLT_MIN))
-        how = ("does not flush subnormal results to zero (IEEE gradual underflow; the spec flushes after "
-               "rounding, which x86 FTZ/DAZ also does and ARM FZ does not)" if s else
+        how = ("does not flush subnormal results to zero (IEEE gradual underflow; the spec flushes the "
+               "IEEE result after rounding)" if s else
                "does not flush subnormal results to zero: unflushed subnormal products or partial sums "
                "reach the output (2^-127 + 2^-127 gives FLT_MIN instead of 0)" if t else
                "subnormal results handled differently")

@@ -44,6 +44,30 @@ def mul(a, b):
         return flush(np.multiply(a, b, dtype=np.float32))
 
 
+def mul_ftz_before(a, b) -> np.ndarray:
+    """float32 product under a flush that judges tininess on the exact product
+    (ARM FZ): 0 when |a b| < FLT_MIN, else the IEEE product."""
+    a64, b64 = (np.asarray(v, dtype=np.float32).astype(np.float64) for v in (a, b))
+    with np.errstate(all="ignore"):
+        exact = a64 * b64  # 48 significant bits: exact in float64
+        p = np.multiply(a, b, dtype=np.float32)
+        return np.where(np.abs(exact) < float(FLT_MIN), p * F32(0), p).astype(np.float32)
+
+
+def mul_ftz_unbounded(a, b) -> np.ndarray:
+    """float32 product under x86's MXCSR.FTZ: tininess judged on the product
+    rounded to 24 significant bits with an unbounded exponent; a tiny result
+    is 0, any other is the IEEE product."""
+    a64, b64 = (np.asarray(v, dtype=np.float32).astype(np.float64) for v in (a, b))
+    with np.errstate(all="ignore"):
+        exact = a64 * b64
+        m, e = np.frexp(exact)  # exact = m 2^e, 0.5 <= |m| < 1
+        rounded = np.ldexp(np.rint(np.ldexp(m, 24)), e - 24)  # to nearest, ties to even
+        p = np.multiply(a, b, dtype=np.float32)
+        tiny = np.isfinite(exact) & (np.abs(rounded) < float(FLT_MIN))
+        return np.where(tiny, p * F32(0), p).astype(np.float32)
+
+
 def fma(a, b, c) -> np.ndarray:
     """float32 fused multiply-add round(a*b + c), one rounding, then flushed.
 

@@ -59,9 +59,14 @@ def _check_probe(op, family, raw, outputs, distinguished):
         unloaded = as_outputs(op.reference(*raw), op.outputs)
         if not any(builders.differs(outputs[k], unloaded[k]).any() for k in outputs):
             raise builders.ProbeError(f"{op.name}: input_zeroing probe does not depend on zeroing")
-    if family == "ftz_before_rounding":
+    if family in ("ftz_before_rounding", "ftz_after_rounding"):
         if not (np.abs(first) == fp.FLT_MIN).any():
             raise builders.ProbeError(f"{op.name}: no output rounds up to FLT_MIN")
+        if op.name == "mul":  # the window separates the flush modes, product by product
+            a, b = raw
+            x86 = fp.mul_ftz_unbounded(a, b)
+            if not (fp.mul_ftz_before(a, b) == 0).all() or not ((x86 == 0) == (family == "ftz_after_rounding")).all():
+                raise builders.ProbeError(f"{op.name}: {family} products outside their window")
     if family == "empty" and not any(0 in x.shape for x in raw):
         raise builders.ProbeError(f"{op.name}: empty probe without a zero-length input")
     if op.terms is not None:

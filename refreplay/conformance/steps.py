@@ -60,6 +60,15 @@ def _cases() -> tuple[StepCase, ...]:
         # copies, activations and activation gradients; binary32 masters and moments
         StepCase("tiny-bf16", replace(tiny_m, precision="bf16").validate(),
                  replace(tiny_t, warmup_steps=1, schedule_steps=3).validate(), 3, 40),
+        # the step clauses the others leave open: M = 7 leaves blocks of 4, 2 and 1
+        # on the stack, so the final fold's direction decides bits ([fold.final.c1]);
+        # 1/7 is inexact, so the mean's recip(M) multiply differs from a division
+        # ([fold.scale.c1]) and the folded loss from a sum in order ([step.loss.c1]);
+        # max_norm 0.25 lies below every step's gradient norm, so clipping engages
+        # ([optim.clip.c1])
+        StepCase("tiny-m7-clip", tiny_m,
+                 replace(tiny_t, seed=11, micro_batches=7, micro_batch_size=2, warmup_steps=1, schedule_steps=3,
+                         clip_norm=np.float32(0.25)).validate(), 3, 36),
     )
 
 

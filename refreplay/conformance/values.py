@@ -74,20 +74,34 @@ def subnormals(rng: np.random.Generator, n: int) -> np.ndarray:
     return fp.f32((s << 31) | m)
 
 
-def window_pairs(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """n pairs (x, y) of normal binary32 whose exact product lies in
-    [2^-126 (1 - 2^-24), 2^-126): IEEE rounding (gradual underflow) gives
-    FLT_MIN, a flush-to-zero that judges tininess before rounding gives 0.
+# The exact product of a pair of window_pairs is FLT_MIN (1 - d).  IEEE rounding
+# with gradual underflow (the spec) gives FLT_MIN for 0 < d <= 2^-24.  Hardware
+# flush modes decide differently which of these are tiny:
+#   before rounding (ARM FZ): every d > 0, so all of them become 0;
+#   after rounding with an unbounded exponent (x86 MXCSR.FTZ): the product
+#     rounded to 24 bits is FLT_MIN only for d <= 2^-25; for 2^-25 < d <= 2^-24
+#     it is FLT_MIN (1 - 2^-24) < FLT_MIN, so those become 0.
+# Two windows of 2^47 - P (P = mx my, d = (2^47 - P) 2^-47) separate the three.
+WINDOW_BEFORE = (0, 1 << 22)        # 0 < d <= 2^-25: the spec and x86 FTZ give FLT_MIN, ARM FZ 0
+WINDOW_UNBOUNDED = (1 << 22, 1 << 23)  # 2^-25 < d <= 2^-24: the spec gives FLT_MIN, x86 FTZ and ARM FZ 0
+
+
+def window_pairs(rng: np.random.Generator, n: int, window=WINDOW_BEFORE) -> tuple[np.ndarray, np.ndarray]:
+    """n pairs (x, y) of normal binary32 whose exact product is FLT_MIN (1 - d)
+    with lo < d 2^47 <= hi for ``window`` = (lo, hi): IEEE rounding (gradual
+    underflow) gives FLT_MIN; which hardware flush gives 0 depends on the
+    window (WINDOW_BEFORE, WINDOW_UNBOUNDED above).
 
     With integer significands mx, my in [2^23, 2^24): my = floor((2^47-1)/mx)
-    makes P = mx*my < 2^47; the pair is kept when P >= 2^47 - 2^23.  Then
+    makes P = mx*my < 2^47; the pair is kept when lo < 2^47 - P <= hi.  Then
     x = mx 2^(t-23), y = my 2^(-150-t) and x*y = P 2^-173.
     """
+    lo, hi = window
     xs, ys = [], []
     while len(xs) < n:
         mx = int(rng.integers(1 << 23, 1 << 24))
         my = ((1 << 47) - 1) // mx
-        if not ((1 << 23) <= my < (1 << 24)) or (1 << 47) - mx * my > (1 << 23):
+        if not ((1 << 23) <= my < (1 << 24)) or not (lo < (1 << 47) - mx * my <= hi):
             continue
         t = int(rng.integers(-60, 0))
         sx, sy = (int(v) for v in rng.integers(0, 2, 2))

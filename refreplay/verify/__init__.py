@@ -8,7 +8,9 @@ hash -> replay.  Listed in the order a replay uses them:
                each data hash, state root, loss and chain link; localise the
                first divergence
     trace      op-level hashes of one step: name the first operation that differs
-    audit      unpredictable step sampling, certificates, coverage
+    keys       auditors' RSA keys and signatures (``cryptography``)   [step.audit.key.c1]
+    audit      sampling by a key's unique signature, signed certificates (made
+               and written in one place), coverage per key  [step.audit.coverage.c1]
     plot       the coverage picture (the ``plot`` extra)
 
 Layers import only downward: this package reads runs through
