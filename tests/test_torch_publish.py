@@ -71,11 +71,14 @@ def test_published_files_equal_refreplay_train(published, reference):
 def test_replay_audit_and_coverage_verify_the_published_run(published, tmp_path):
     rep = run_cli("replay", published, "--step", STEPS, "--quiet")
     assert rep.returncode == 0 and "VERIFIED" in rep.stdout, rep.stdout + rep.stderr
+    import auditor_keys
+
     certs = tmp_path / "certs"
+    key, pub = auditor_keys.key_files(tmp_path / "keys", "ann")
     aud = run_cli("audit", published, "--sample", STEPS, "--beacon", "c0ffee", "--auditor", "ann",
-                  "--secret", "01", "--out", certs, "--quiet")
+                  "--key", key, "--out", certs, "--quiet")
     assert aud.returncode == 0 and aud.stdout.count("VERIFIED") == STEPS, aud.stdout + aud.stderr
-    cov = run_cli("coverage", published, certs)
+    cov = run_cli("coverage", published, certs, "--trust", pub)
     assert cov.returncode == 0, cov.stdout + cov.stderr
 
 

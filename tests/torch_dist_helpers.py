@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,24 +55,40 @@ def warm(tmp: Path, text: Path) -> None:
         _WARM.append(True)
 
 
-def ranks(world: int, *args, script: Path = SCRIPT, timeout: float = 300) -> list[tuple[int, str, str]]:
+def ranks(world: int, *args, script: Path = SCRIPT, timeout: float = 300,
+          grace: float = 5) -> list[tuple[int, str, str]]:
     """One process per rank (RANK, WORLD_SIZE, MASTER_* set as torchrun sets
     them), without torchrun's agent, so a survivor's own error is seen;
     returns (exit status, stdout, stderr) per rank.  Every process still
-    alive at the timeout is killed (its status is then -9)."""
+    alive at the timeout, or ``grace`` seconds after another rank failed,
+    is killed (its status is then -9)."""
     port = free_port()
     procs = []
     for q in range(world):
         env = _env({"RANK": str(q), "LOCAL_RANK": str(q), "WORLD_SIZE": str(world),
                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-        procs.append(subprocess.Popen([sys.executable, str(script), *map(str, args)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        files = (tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+"))  # no pipe can fill up
+        procs.append((subprocess.Popen([sys.executable, str(script), *map(str, args)], env=env,
+                                       stdout=files[0], stderr=files[1], text=True), files))
+    import time
+
+    deadline = time.monotonic() + timeout
+    failed_at = None
+    while any(p.poll() is None for p, _ in procs) and time.monotonic() < deadline:
+        if failed_at is None and any(p.poll() not in (None, 0) for p, _ in procs):
+            failed_at = time.monotonic()  # as torchrun's agent: a failed rank ends the job
+        if failed_at is not None and time.monotonic() > failed_at + grace:
+            break
+        time.sleep(0.1)
     out = []
-    for p in procs:
-        try:
-            o, e = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
+    for p, files in procs:
+        if p.poll() is None:
             p.kill()
-            o, e = p.communicate()
-        out.append((p.returncode, o, e))
+        p.wait()
+        text = []
+        for f in files:
+            f.seek(0)
+            text.append(f.read())
+            f.close()
+        out.append((p.returncode, *text))
     return out
