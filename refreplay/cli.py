@@ -77,8 +77,21 @@ def _silence_stdout():
         pass
 
 
+def _printable_streams() -> None:
+    """Let stdout and stderr print any path: under PYTHONIOENCODING=ascii (or a
+    C locale) a non-ASCII file name is written with backslash escapes
+    instead of raising UnicodeEncodeError in the middle of a verdict."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(errors="backslashreplace")
+        except (AttributeError, ValueError, OSError):
+            pass  # not a text file of the interpreter (a test's StringIO): nothing to do
+
+
 def main(argv: list[str] | None = None) -> int:
     from .environ import check
+
+    _printable_streams()
 
     try:  # before a command module can import Numba, which would trip over a bad value
         check()

@@ -27,9 +27,29 @@ def _flag(name: str, value: str) -> None:
         raise InputError(f"environment variable {name}={value!r} must be 0 or 1")
 
 
+# Numba's threading layers: the names it knows, and the ones that need Intel
+# TBB (the ``tbb`` package): "safe" is thread- and fork-safe, which only TBB is.
+THREADING_LAYERS = ("default", "workqueue", "omp", "tbb", "forksafe", "threadsafe", "safe")
+_NEED_TBB = ("tbb", "safe")
+
+
+def _threading_layer(name: str, value: str) -> None:
+    v = value.strip().lower()
+    if v not in THREADING_LAYERS:
+        raise InputError(f"environment variable {name}={value!r} is not a Numba threading layer; use one of "
+                         f"{', '.join(THREADING_LAYERS)} (or unset it)")
+    if v in _NEED_TBB:
+        import importlib.util
+
+        if importlib.util.find_spec("tbb") is None:
+            raise InputError(f"environment variable {name}={value!r} needs Intel TBB, which is not installed "
+                             "(pip install tbb), or unset it to use the default layer")
+
+
 CHECKS = {
     "NUMBA_NUM_THREADS": _threads,  # 0 or less: Numba raises ValueError from deep in its start-up
     "NUMBA_ENABLE_CUDASIM": _flag,  # decides whether --device cuda is the simulator
+    "NUMBA_THREADING_LAYER": _threading_layer,  # unknown or absent: ValueError at the first parallel kernel
 }
 
 

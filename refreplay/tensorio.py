@@ -16,12 +16,11 @@ from __future__ import annotations
 import json
 import os
 import struct
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from . import untrusted
+from . import files, untrusted
 from .errors import InputError
 from .state import DTYPES, canonical, dtype_name
 
@@ -73,21 +72,15 @@ def _layout(tensors: dict, metadata: str | None, bf16=frozenset()) -> tuple[byte
 def save(path, tensors: dict, metadata: str | None = None) -> None:
     """[state.file.c1] Write ``tensors`` (name -> array, state dtypes only) and an
     optional metadata string as a safetensors file.  The same arguments give
-    the same bytes.  The file is written beside ``path`` and renamed into
-    place, so a reader never sees half a file.
+    the same bytes.  The file is written beside ``path``, synced and renamed
+    into place (``files.atomic_file``), so a reader never sees half a file;
+    a full disk or a read-only directory is an ``InputError``.
     """
     head, arrays = _layout(tensors, metadata)
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(head)
-            for arr in arrays:
-                f.write(memoryview(arr.reshape(-1).view(np.uint8)))
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    with files.atomic_file(path) as f:  # synced temporary, renamed: whole or absent
+        f.write(head)
+        for arr in arrays:
+            f.write(memoryview(arr.reshape(-1).view(np.uint8)))
 
 
 def file_bytes(metadata: str, *names_and_values, bf16=frozenset()) -> str:

@@ -19,6 +19,7 @@ the field.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -34,15 +35,29 @@ MAX_DEPTH = 64  # nesting of arrays and objects; refreplay's own files use <= 6
 _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
 
 
+def resolve(path) -> Path:
+    """``path`` with symbolic links resolved; a loop of links (or a chain too
+    long to follow) is an ``InputError`` that says so."""
+    p = Path(path)
+    try:
+        return p.resolve()
+    except RuntimeError:  # Python < 3.13 reports a loop as RuntimeError
+        raise InputError(f"{p}: a loop of symbolic links; refusing to read it") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise InputError(f"{p}: a loop of symbolic links; refusing to read it") from None
+        raise InputError(f"{p}: cannot resolve the path ({exc.strerror})") from None
+
+
 def inside(root, path) -> Path:
     """``path`` with symbolic links resolved, refused unless it lies inside
     ``root`` (itself resolved)."""
-    root_r = Path(root).resolve()
+    root_r = resolve(root)
     p = Path(path)
+    resolved = resolve(p)
     try:
-        resolved = p.resolve()
         resolved.relative_to(root_r)
-    except (ValueError, OSError, RuntimeError):
+    except ValueError:
         raise InputError(f"{p}: leads outside {root_r}; refusing to read it") from None
     return resolved
 
@@ -58,6 +73,8 @@ def read_file(path, limit: int, root=None, what: str = "file") -> bytes:
     except FileNotFoundError:
         raise InputError(f"missing {what} {p}") from None
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise InputError(f"{p}: {what} is a loop of symbolic links") from None
         raise InputError(f"{p}: cannot open {what} ({exc.strerror})") from None
     try:
         st = os.fstat(fd)

@@ -186,9 +186,11 @@ def k_max(X, empty=F32(-np.inf)):
     return m
 
 
-def k_matmul(A, B, fused=False, split_above=None, start=F32(-0.0)):
+def k_matmul(A, B, fused=False, split_above=None, start=F32(-0.0), fused_tail=None):
     """[mm.nn.c1] C[i, j] = sum over k increasing of A[i, k]*B[k, j], from -0;
-    ``split_above``: a split-K kernel (two halves) for K above that."""
+    ``split_above``: a split-K kernel (two halves) for K above that;
+    ``fused_tail``: blocks of that many terms unfused, the K mod blocks
+    remainder through a fused multiply-add (K >= 64 only)."""
     A, B = load(A), load(B)
     I, K = A.shape
     J = B.shape[1]
@@ -197,10 +199,12 @@ def k_matmul(A, B, fused=False, split_above=None, start=F32(-0.0)):
     P = mul(A[:, :, None], B[None, :, :])  # I x K x J products, each rounded
     if split_above is not None and K > split_above:
         return split_rows(np.moveaxis(P, 1, 2))
-    if fused:
+    if fused or (fused_tail and K >= 64):
+        first_fused = 0 if fused else K - K % fused_tail
         acc = np.full((I, J), start, F32)
         for k in range(K):
-            acc = fma(A[:, k, None], B[None, k, :], acc)
+            acc = (fma(A[:, k, None], B[None, k, :], acc) if k >= first_fused
+                   else add(acc, P[:, k, :]))
         return acc
     return seq_rows(np.moveaxis(P, 1, 2), start)
 
@@ -396,8 +400,8 @@ def k_swiglu_backward(dout, a, b, s_first=False):
     return da, mul(dout, silu)
 
 
-def _softmax_rows(x, shift=True, divide=False, masked_zero=False, blocked_above=None):
-    m = seq_max(x) if shift else np.zeros(x.shape[0], F32)
+def _softmax_rows(x, shift=True, divide=False, masked_zero=False, blocked_above=None, max_from=None):
+    m = seq_max(x, max_from) if shift else np.zeros(x.shape[0], F32)
     V = x.shape[1]
     if blocked_above is not None and V > blocked_above:
         return _online_two_blocks(x)
@@ -413,8 +417,10 @@ def _softmax_rows(x, shift=True, divide=False, masked_zero=False, blocked_above=
     return y
 
 
-def seq_max(x):
-    m = np.full(x.shape[0], F32(-np.inf))
+def seq_max(x, start=None):
+    """The row maximum from -inf; ``start``: a running maximum started at a
+    finite sentinel instead (a C library's -10,000)."""
+    m = np.full(x.shape[0], F32(-np.inf) if start is None else F32(start))
     for j in range(x.shape[1]):
         m = fmax(m, x[:, j])
     return m
@@ -445,8 +451,8 @@ def k_log_softmax_forward(x, lse_first=False):
     return sub(sub(x, m[:, None]), log_(s)[:, None])
 
 
-def _ce_losses(lg, targets, negated=False, count_ignored=False):
-    m = seq_max(lg)
+def _ce_losses(lg, targets, negated=False, count_ignored=False, max_from=None):
+    m = seq_max(lg, max_from)
     s = seq_rows(exp_(sub(lg, m[:, None])))
     n = np.arange(lg.shape[0])
     y = np.where(targets < 0, lg.shape[1] - 1 if count_ignored else 0, targets)
@@ -456,9 +462,10 @@ def _ce_losses(lg, targets, negated=False, count_ignored=False):
     return np.where(counted, loss, F32(0)).astype(F32), counted
 
 
-def k_cross_entropy_forward(logits, targets, negated=False, count_ignored=False, empty_nan=False, mean_over_n=False):
+def k_cross_entropy_forward(logits, targets, negated=False, count_ignored=False, empty_nan=False, mean_over_n=False,
+                            max_from=None):
     lg = load(logits)
-    losses, counted = _ce_losses(lg, targets, negated, count_ignored)
+    losses, counted = _ce_losses(lg, targets, negated, count_ignored, max_from)
     count = lg.shape[0] if mean_over_n else int(counted.sum())
     if count == 0 and not empty_nan:
         return losses, np.zeros(1, F32)
@@ -477,7 +484,7 @@ def k_cross_entropy_backward(logits, targets, keep_ignored=False):
     return d
 
 
-def k_attention_forward(q, k, v, scale_q=False, mask_bias=False):
+def k_attention_forward(q, k, v, scale_q=False, mask_bias=False, mask_fill=None):
     """[attn.scores.c1]..[attn.out.c1] per (b, h), row t over s <= t only."""
     q, k, v = load(q), load(k), load(v)
     B, NH, T, HS = q.shape
@@ -491,7 +498,11 @@ def k_attention_forward(q, k, v, scale_q=False, mask_bias=False):
             if not scale_q:
                 z = mul(z, scale)
             for t in range(T):
-                if mask_bias:  # the whole row with -inf added at s > t
+                if mask_fill is not None:  # the whole row, s > t replaced by a finite fill
+                    row = np.where(np.arange(T) > t, F32(mask_fill), z[t]).astype(F32)
+                    p = _softmax_rows(row[None, :])[0]
+                    p[t + 1:] = F32(0)
+                elif mask_bias:  # the whole row with -inf added at s > t
                     row = add(z[t], np.where(np.arange(T) > t, F32(-np.inf), F32(0)))
                     p = _softmax_rows(row[None, :])[0]
                     p[t + 1:] = F32(0)
@@ -509,8 +520,8 @@ def k_embedding_forward(wte, tokens, raw=False):
 
 
 def k_embedding_backward(dout, tokens, V, absent_plus_zero=True):
-    dout = load(dout).reshape(-1, dout.shape[-1])
     t = tokens.reshape(-1)
+    dout = load(dout).reshape(t.size, dout.shape[-1])  # C = 0 too (reshape(-1, 0) cannot infer)
     dw = np.full((int(V[0]), dout.shape[1]), F32(-0.0))
     for i in range(t.size):
         dw[t[i]] = add(dw[t[i]], dout[i])
@@ -704,6 +715,8 @@ MUTANTS = {
                              "red.sum.c1", "sequential up to 8192 terms, two halves above"),
     "empty max is +0": ("max", P(k_max, empty=F32(0.0)), "red.rowmax.c1", "an empty row gives +0"),
     "matmul fused": ("matmul", P(k_matmul, fused=True), "num.nofma.c1", "acc = fma(a, b, acc)"),
+    "matmul fused in the K mod 8 tail": ("matmul", P(k_matmul, fused_tail=8), "num.nofma.c1",
+                                         "8-wide blocks unfused, the scalar tail fused, for K >= 64"),
     "matmul split-K above 4096": ("matmul", P(k_matmul, split_above=4096), "mm.nn.c1",
                                   "exact up to K = 4096, split-K in two above"),
     "rint half away": ("rint", P(k_rint, half_away=True), "num.rint.c1", "round half away from zero"),
@@ -743,6 +756,8 @@ MUTANTS = {
     "swiglu gradient times s first": ("swiglu_backward", P(k_swiglu_backward, s_first=True), "act.swiglu.bwd.c1",
                                       "((dout*b)*s)*(1 + a(1 - s))"),
     "softmax no max shift": ("softmax_forward", P(k_softmax_forward, shift=False), "softmax.fwd.c1", "exp(x)"),
+    "softmax max from -10000": ("softmax_forward", P(k_softmax_forward, max_from=-10000.0), "softmax.fwd.c1",
+                                "running maximum started at -10,000 (a C library's)"),
     "softmax divides": ("softmax_forward", P(k_softmax_forward, divide=True), "softmax.fwd.c1", "e / s"),
     "softmax masked rows zero": ("softmax_forward", P(k_softmax_forward, masked_zero=True), "softmax.fwd.c1",
                                  "an all -inf row gives 0, not NaN"),
@@ -754,6 +769,8 @@ MUTANTS = {
                                  "loss.token.c1", "-((x - m) - log s): an exact zero is -0"),
     "ignore index not ignored": ("cross_entropy_forward", P(k_cross_entropy_forward, count_ignored=True),
                                  "loss.mean.c1", "target -1 counted (as the last class)"),
+    "loss max from -10000": ("cross_entropy_forward", P(k_cross_entropy_forward, max_from=-10000.0),
+                             "loss.token.c1", "running maximum started at -10,000"),
     "loss mean over N": ("cross_entropy_forward", P(k_cross_entropy_forward, mean_over_n=True), "loss.mean.c1",
                          "divides by every token, ignored included"),
     "empty loss mean NaN": ("cross_entropy_forward", P(k_cross_entropy_forward, empty_nan=True), "loss.mean.c1",
@@ -764,6 +781,8 @@ MUTANTS = {
                                  "dot(q * scale, k)"),
     "attention mask as -inf bias": ("attention_forward", P(k_attention_forward, mask_bias=True), "attn.mask.c1",
                                     "z + (-inf) at s > t over the whole row"),
+    "attention mask filled with -1e9": ("attention_forward", P(k_attention_forward, mask_fill=-1e9), "attn.mask.c1",
+                                        "z[s] = -1e9 at s > t over the whole row"),
     "embedding raw copy": ("embedding_forward", P(k_embedding_forward, raw=True), "num.load.c1",
                            "copies NaN payloads and subnormals"),
     "embedding absent ids -0": ("embedding_backward", P(k_embedding_backward, absent_plus_zero=False),

@@ -163,3 +163,24 @@ def test_a_vendor_transcendental_alone_gets_only_its_diagnosis(op):
     summary = report.summarize("vendor", store.read_manifest(), results)
     found = [f.message for f in summary.findings]
     assert not summary.conformant and len(found) == 1 and f"uses a vendor {op}" in found[0], found
+
+
+def test_a_multiply_add_only_in_the_k_mod_8_tail_is_named_contraction():
+    """A kernel that sums 8-wide blocks unfused and fuses only its scalar tail
+    (K >= 64) fails the tail fma probes and is called contracting, not
+    another order: its order probes (exact products) all pass."""
+    import functools
+
+    import mutants
+
+    kernel = functools.partial(mutants.k_matmul, fused_tail=8)
+    _, cases = store.load_cases(store.VECTOR_DIR, {"matmul"})
+    results = runner.run(kernels.Table("fused-tail", {"matmul": kernel}), cases)
+    failing = {r.case.family for r in results if r.status == "fail"}
+    assert "fma" in failing and "order" not in failing, failing
+    tail_fma = [r for r in results if r.case.family == "fma" and r.case.inputs["A"].shape[1] in (67, 71, 133)]
+    assert tail_fma and all(r.status == "fail" for r in tail_fma)
+    summary = report.summarize("fused-tail", store.read_manifest(), results)
+    found = [f.message for f in summary.findings]
+    assert any("contracts multiply-add" in f for f in found), found
+    assert not any("different order" in f for f in found), found

@@ -313,16 +313,16 @@ test_fuzz_state_digest, test_fuzz_state_digest_slow = both(_digest)
 def _valid_cert():
     from test_audit import _cert  # the unit tests' valid certificate and run facts
 
-    return _cert("01")
+    return _cert()
 
 
 def _certificate(data):
-    from test_audit import FACTS
+    from test_audit import FACTS, TRUST
 
     text = data.draw(st.one_of(mutated_json(_valid_cert()), st.binary(max_size=100).map(lambda b: b.decode("latin-1"))))
 
     with guarded("audit.check_certificate"):
-        chk = audit.check_certificate(untrusted.parse_json(text, "cert"), FACTS)
+        chk = audit.check_certificate(untrusted.parse_json(text, "cert"), FACTS, TRUST)
         assert isinstance(chk.problems, list)
 
 

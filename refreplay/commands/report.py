@@ -15,14 +15,9 @@ def run(args) -> int:
     results = results_table.combine(args.reports)
     text = results_table.html_page(results) if args.html else results_table.markdown(results)
     if args.output:
-        from pathlib import Path
+        from .. import files
 
-        from ..errors import InputError
-
-        try:
-            Path(args.output).write_text(text)
-        except OSError as exc:
-            raise InputError(f"cannot write {args.output}: {exc}") from None
+        files.write_atomic(args.output, text)  # synced temporary, renamed; errors are exit 2
     else:
         print(text, end="")
     return 0

@@ -3,17 +3,22 @@ HELP = "train a recipe on R ranks (in-process or MPI) and publish a run director
 
 def add_arguments(p):
     src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--resume", metavar="RUN",
+                     help="continue the crashed run RUN from its last complete checkpoint, to exactly the files "
+                          "an uninterrupted run writes (its recipe decides everything; only --device, "
+                          "--max-memory, --threads and --quiet apply)")
     src.add_argument("--preset", metavar="NAME", help="a named preset: tiny, small, gpt2-124m or gpt2-xl")
     src.add_argument("--config", metavar="FILE",
                      help='a JSON file {"preset": NAME (optional base), "model": {...}, "train": {...}} '
                           "whose fields override the base preset (or the defaults)")
-    p.add_argument("--steps", type=int, required=True, metavar="N", help="training steps to run")
+    p.add_argument("--steps", type=int, default=None, metavar="N", help="training steps to run (required)")
     p.add_argument("--ranks", type=int, default=1, metavar="R", help="data-parallel ranks (default 1)")
     p.add_argument("--launcher", choices=("inproc", "mpi"), default="inproc",
                    help="inproc: R simulated ranks in this process (default); mpi: R processes via mpiexec")
     p.add_argument("--checkpoint-every", type=int, default=None, metavar="K",
                    help="save the state every K steps (step 0 and the last step are always saved)")
-    p.add_argument("--out", required=True, metavar="RUN", help="run directory to create (must not exist or be empty)")
+    p.add_argument("--out", default=None, metavar="RUN",
+                   help="run directory to create (required; must not exist or be empty)")
     p.add_argument("--seed", type=int, default=None, metavar="S", help="override the recipe's seed")
     p.add_argument("--precision", choices=("fp32", "bf16"), default=None,
                    help="override the model's precision: fp32 (binary32, the default) or bf16 (the "
@@ -117,6 +122,10 @@ def run(args) -> int:
     from ..errors import InputError
     from ..training.launch import mpi as mpi_launch
 
+    if args.resume is not None:
+        return _resume(args)
+    if args.out is None:
+        raise InputError("--out RUN is required (or --resume RUN to continue a crashed run)")
     if args.steps is None or args.steps < 1:
         raise InputError("--steps must be a positive integer")
     if args.ranks < 1:
@@ -173,4 +182,42 @@ def run(args) -> int:
               f"ops on {device}, {summary.seconds:.1f} s")
         print(f"recipe sha256 {summary.recipe_sha256}")
         print(f"chain head    {summary.head}")
+    return 0
+
+
+def _resume(args) -> int:
+    """``train --resume RUN``: the recipe in RUN decides every bit; flags that
+    would change it are refused rather than ignored."""
+    import sys
+
+    from ..errors import InputError
+    from ..training.train import resume
+
+    given = [flag for flag, value in (("--steps", args.steps), ("--out", args.out), ("--seed", args.seed),
+                                      ("--precision", args.precision), ("--data", args.data),
+                                      ("--tokens", args.tokens), ("--vocab", args.vocab),
+                                      ("--byte-cap", args.byte_cap), ("--checkpoint-every", args.checkpoint_every))
+             if value is not None] + (["--ranks"] if args.ranks != 1 else []) + \
+        (["--launcher"] if args.launcher != "inproc" else []) + (["--estimate"] if args.estimate else [])
+    if given:
+        raise InputError(f"--resume takes the run's recipe as it is; {', '.join(given)} cannot be combined with it")
+    if args.threads is not None:
+        if args.threads < 1:
+            raise InputError("--threads must be a positive integer")
+        import numba
+
+        numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
+    from ..training.backend import describe
+    from ..training.train import open_for_resume
+    from .replay import memory_for
+
+    recipe = open_for_resume(args.resume).recipe
+    memory = memory_for(args, recipe.model, recipe.train)
+    device = describe(args.device)
+    summary, start = resume(args.resume, progress=None if args.quiet else sys.stderr, device=args.device,
+                            memory=memory)
+    print(f"run {args.resume}: resumed from step {start}, steps {start + 1}..{summary.steps} on {device}, "
+          f"{summary.seconds:.1f} s")
+    print(f"recipe sha256 {summary.recipe_sha256}")
+    print(f"chain head    {summary.head}")
     return 0

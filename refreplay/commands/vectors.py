@@ -47,12 +47,17 @@ def run(args) -> int:
     files = store.encode(generate.build_all(), spec.version(), generate.GENERATOR_VERSION, generate.SEED)
     fresh_steps = steps.generate()  # [conf.steps.c1]
     if args.vectors_command == "generate":
-        directory.mkdir(parents=True, exist_ok=True)
-        for stale in directory.glob("*.safetensors"):
-            if stale.name not in files:
-                stale.unlink()
+        from .. import files as _files
+
         store.write(files, directory)
-        (directory / steps.STEPS_FILE).write_bytes(fresh_steps)
+        _files.write_atomic(directory / steps.STEPS_FILE, fresh_steps)
+        for stale in directory.glob("*.safetensors"):  # after the new set is whole
+            if stale.name not in files:
+                try:
+                    stale.unlink()
+                except OSError as exc:
+                    raise _files.write_error(exc, stale) from None
+        _files.remove_temporaries(directory)
         total = sum(len(d) for d in files.values()) + len(fresh_steps)
         print(f"wrote {len(files) + 1} files, {total / 1e6:.2f} MB, to {directory}")
         return 0

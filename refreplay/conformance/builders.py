@@ -244,6 +244,9 @@ def _pad_max(rows):
 MM_SHAPES = ((1, 1, 1), (1, 2, 1), (3, 5, 7), (7, 1, 3), (17, 35, 23), (2, 257, 3), (5, 1021, 2),
              (16, 64, 256), (16, 256, 64))
 FMA_SHAPES = ((1, 2, 1), (3, 4, 5), (17, 36, 23), (8, 128, 16), (5, 258, 7), (4, 768, 3))
+# K >= 64 with K mod 8 = 3, 7, 5: a kernel that fuses only its scalar tail after
+# 8-wide blocks must meet the decisive product there
+FMA_TAIL_SHAPES = ((3, 67, 2), (3, 71, 3), (2, 133, 2))
 U = np.float32(1 + 2.0 ** -12)  # u*u = 1 + 2^-11 + 2^-24 rounds to 1 + 2^-11
 
 
@@ -261,6 +264,9 @@ def matmul_cases(op, rng, to_layout):
         for dist in sorted({1, min(32, k // 2)}):
             A, B = _fma_probe(rng, i, k, j, dist)
             add("fma", A, B, f"I,K,J={i},{k},{j}; the two cancelling products {dist} apart in k")
+    for (i, k, j) in FMA_TAIL_SHAPES:
+        A, B = _fma_probe(rng, i, k, j, 0, tail=8)
+        add("fma", A, B, f"I,K,J={i},{k},{j}; the second cancelling product in the last K mod 8 terms")
     for (i, k, j) in ((2, 5, 3), (4, 9, 4), (3, 33, 5), (4, 100, 3), (2, 257, 2), (1, 1024, 2)):
         A = V.random_f32(rng, (i, k), -24, 24, mant_bits=10)
         B = V.powers_of_two(rng, (k, j), -2, 2)
@@ -308,14 +314,24 @@ def empty_matmul_cases(to_layout):
             for i, j in ((1, 1), (2, 3))]
 
 
-def _fma_probe(rng, I, K, J, dist):
+def _fma_probe(rng, I, K, J, dist, tail=None):
     """A has two non-zeros per row, +u s and -u s at k0 and k0 + dist; every
     entry of column j of B is u 2^f_j.  The two products cancel exactly
     after rounding (so every order of an unfused sum gives +0), while a*b + c
-    rounded once leaves (u*u - round(u*u)) s 2^f_j = +-2^-24 s 2^f_j."""
+    rounded once leaves (u*u - round(u*u)) s 2^f_j = +-2^-24 s 2^f_j.
+    ``tail``: the second product lies in the last K mod ``tail`` terms (the
+    scalar tail after blocks of ``tail``), the first 1, ``tail`` or 32 terms
+    before it, row by row (``dist`` is then unused)."""
     A = np.zeros((I, K), np.float32)
     for i in range(I):
-        k0 = int(rng.integers(0, K - dist))
+        if tail is None:
+            k0 = int(rng.integers(0, K - dist))
+        else:
+            r = K % tail
+            assert r and K >= 4 * tail, "a tail probe needs K mod tail > 0 and a few blocks"
+            k1 = K - r + int(rng.integers(0, r))
+            dist = (1, tail, 32)[i % 3]
+            k0 = k1 - dist
         s = V.powers_of_two(rng, 1, -4, 4)[0]
         A[i, k0] = U * s
         A[i, k0 + dist] = -U * s

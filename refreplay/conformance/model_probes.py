@@ -175,7 +175,7 @@ def norm_sweeps(rng, kind, backward=False):
 def _softmax_rows(v):
     """Rows of length v that pin [softmax.fwd.c1]'s special cases."""
     t = np.float32
-    rows = np.zeros((8, v), F32)
+    rows = np.zeros((10, v), F32)
     rows[0] = -np.inf                                     # all -inf: a NaN row
     rows[1] = -np.inf
     rows[1][v // 2] = t(0.0)                              # one finite element: exactly 1
@@ -186,12 +186,15 @@ def _softmax_rows(v):
     rows[6] = np.linspace(0, 3, v, dtype=F32)
     rows[6][0] = -np.inf                                  # a -inf beside finite values gives +0
     rows[7] = fp.f32([0x80000000 if j % 2 else 0x00400000 for j in range(v)])  # -0 and subnormals
+    rows[8] = np.linspace(-20000, -10200, v, dtype=F32)  # below a running maximum started at -10,000
+    rows[9] = np.linspace(10001, 20000, v, dtype=F32)    # exp overflows without the maximum subtracted
     return rows
 
 
 def softmax_edges(rng):
     out = [("edge", {"x": _softmax_rows(v)}, f"V={v}: all -inf; one finite; equal; +inf; NaN; underflow; "
-                                              f"-inf beside finite; -0 and subnormals") for v in (1, 2, 5)]
+                                              f"-inf beside finite; -0 and subnormals; rows below -10,000 "
+                                              f"and above +10,000") for v in (1, 2, 5)]
     out.append(("edge", {"x": V.edge_values()[:160].reshape(10, 16).copy()}, "edge grid rows"))
     return out
 
@@ -236,6 +239,10 @@ def ce_edges(rng):
             "zeros; a tied maximum; 7 counted tokens (recip(7) inexact)")]
     out.append(("edge", {"logits": _r(rng, (3, 5), -4, 3), "targets": np.full(3, -1, np.int32)},
                 "every token ignored: count 0, mean +0, gradient +0"))
+    far = np.stack([np.linspace(-20000, -10200, 5, dtype=F32), np.linspace(10001, 20000, 5, dtype=F32)])
+    out.append(("edge", {"logits": far, "targets": np.array([2, 4], np.int32)},
+                "rows entirely below -10,000 and above +10,000 (a running maximum started at -10,000, "
+                "or no maximum subtracted, fails)"))
     for n in (1, 3, 6):
         targets = rng.integers(0, 5, n).astype(np.int32)
         out.append(("edge", {"logits": _r(rng, (n, 5), -4, 3), "targets": targets},
@@ -269,11 +276,17 @@ def _attention_edge_inputs(rng):
     sets.append({"q": q, "k": k, "v": v})
     q, k = _r(rng, (1, 1, 5, 4), 5, 6), _r(rng, (1, 1, 5, 4), 5, 6)
     sets.append({"q": q, "k": k, "v": np.full((1, 1, 5, 4), F32(-0.0))})
+    # every score finite and below -1e9 (q . k about -3.2e9, scaled by 1/sqrt(2)): a causal
+    # mask filled with -1e9 instead of -inf ([attn.mask.c1]) outweighs them
+    q = rng.uniform(40000, 41000, (1, 1, 4, 2)).astype(F32)
+    k = -rng.uniform(40000, 41000, (1, 1, 4, 2)).astype(F32)
+    sets.append({"q": q, "k": k, "v": _r(rng, (1, 1, 4, 2))})
     return sets
 
 
 def attention_edges(rng):
-    return [("edge", s, "HS 3, 5, 6; T = 1; inf and NaN at later positions; large scores; -0 values")
+    return [("edge", s, "HS 3, 5, 6; T = 1; inf and NaN at later positions; large scores; -0 values; "
+                        "scores below -1e9")
             for s in _attention_edge_inputs(rng)]
 
 
@@ -325,7 +338,9 @@ def embedding_backward_edges(rng):
                       "tokens": np.array([[0, 0, 0, 1]], np.int32), "V": np.array([3], np.int32)},
              "the same terms in the other order"),
             ("empty", {"dout": np.zeros((1, 0, 2), F32), "tokens": np.zeros((1, 0), np.int32),
-                       "V": np.array([2], np.int32)}, "no positions: every row is the empty sum, +0")]
+                       "V": np.array([2], np.int32)}, "no positions: every row is the empty sum, +0"),
+            ("empty", {"dout": np.zeros((1, 3, 0), F32), "tokens": np.array([[0, 2, 0]], np.int32),
+                       "V": np.array([3], np.int32)}, "C = 0: rows of no channels")]
 
 
 # ---- int8 quantization ------------------------------------------------------------------------

@@ -157,11 +157,12 @@ def to_junit(s: Summary) -> bytes:
 
 
 def write_json(s: Summary, path):
-    with open(path, "w") as fh:
-        json.dump(to_json(s), fh, indent=1)
-        fh.write("\n")
+    from .. import files
+
+    files.write_atomic(path, json.dumps(to_json(s), indent=1) + "\n")  # synced, renamed; errors are exit 2
 
 
 def write_junit(s: Summary, path):
-    with open(path, "wb") as fh:
-        fh.write(to_junit(s))
+    from .. import files
+
+    files.write_atomic(path, to_junit(s))

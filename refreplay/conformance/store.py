@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import untrusted
+from .. import files as _files, untrusted
 from ..errors import InputError
 from ..resources import data_dir
 from .cases import BF16, DTYPES, Case, dtype_name
@@ -92,9 +92,12 @@ def encode(cases: list[Case], spec_version: str, generator_version: str, seed: i
 
 
 def write(files: dict[str, bytes], directory: Path = VECTOR_DIR) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _files.write_error(exc, directory) from None
     for name, data in files.items():
-        (directory / name).write_bytes(data)
+        _files.write_atomic(directory / name, data)  # synced temporary, renamed: whole or absent
 
 
 def read_manifest(directory: Path = VECTOR_DIR) -> dict:

@@ -39,6 +39,58 @@ def parse_gib(value) -> int:
     return int(gib * GIB)
 
 
+def available_memory(meminfo: str = "/proc/meminfo") -> int | None:
+    """The machine's available memory in bytes (``MemAvailable`` of
+    /proc/meminfo: free memory plus what the kernel can reclaim without
+    swapping); None where the system has no such file."""
+    try:
+        with open(meminfo, "rb") as f:
+            text = f.read(1 << 16).decode("ascii", "replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] == "MemAvailable:" and parts[1].isdigit():
+            return int(parts[1]) * (1 << 10 if parts[2:3] == ["kB"] else 1)
+    return None
+
+
+def _gib(x: int) -> str:
+    return f"{x / GIB:.2f} GiB"
+
+
+def plan(peak_ram: int, peak_mapped: int, limit: int | None, available: int | None,
+         what: str = "a step of this recipe", override: str = "--no-memory-check") -> "Memory":
+    """The memory plan of a step, decided from the predicted peaks before
+    anything is allocated, or an ``InputError`` naming the figure, the limit
+    and the override when the step cannot fit.
+
+    No ``limit`` (no --max-memory): every tensor in RAM, which must fit the
+    ``available`` memory.  A ``limit``: in RAM when the step fits it, else
+    state and gradients in mapped files; either way the process's own
+    memory (``peak_ram`` or ``peak_mapped``) must fit ``available``.
+    ``available`` None: no check (the caller's explicit opt-in, or no
+    /proc/meminfo)."""
+    if limit is None:
+        need, mapped = peak_ram, False
+        if available is not None and need > available:
+            raise InputError(
+                f"{what} needs {_gib(need)} of memory with every tensor in RAM, but this machine has "
+                f"{_gib(available)} available (MemAvailable); pass --max-memory GIB to keep state and "
+                f"gradients in memory-mapped files (about {_gib(peak_mapped)} of memory then, plus disk "
+                f"space under $TMPDIR), or {override} to run anyway")
+        return Memory(False)
+    mapped = peak_ram > limit
+    need = peak_mapped if mapped else peak_ram
+    if available is not None and need > available:
+        how = "with state and gradients in mapped files" if mapped else "with every tensor in RAM"
+        raise InputError(f"{what} needs {_gib(need)} of memory {how} (--max-memory {_gib(limit)}), but this "
+                         f"machine has {_gib(available)} available (MemAvailable); "
+                         + ("a lower --max-memory maps the state to files; " if not mapped else "")
+                         + f"{override} runs anyway")
+    return Memory(mapped)
+
+
 class Memory:
     """Allocation policy of a step.  ``mapped`` False: plain NumPy arrays
     (the default, no overhead).  True: tensors of at least ``min_bytes`` are

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import rng, untrusted
+from .. import files, rng, untrusted
 from ..errors import InputError
 from . import tokens
 
@@ -130,17 +130,20 @@ def write_shards(samples: np.ndarray, directory: Path, source: dict, vocab: int 
     if samples.dtype != tokens.token_dtype(vocab) or samples.ndim != 2:
         raise ValueError(f"samples must be a 2-d {tokens.token_dtype(vocab)} array (N, T+1) for V = {vocab}")
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise files.write_error(exc, directory) from None
     shards = []
     comp = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_checksum=True)
     for j, lo in enumerate(range(0, samples.shape[0], SHARD_SAMPLES)):
         raw = tokens.token_bytes(samples[lo: lo + SHARD_SAMPLES])
         name = f"shard-{j:05d}.zst"
-        (directory / name).write_bytes(comp.compress(raw))
+        files.write_atomic(directory / name, comp.compress(raw))  # synced, renamed: whole or absent
         shards.append({"file": name, "samples": len(raw) // samples[0].nbytes, "sha256": _sha256(raw)})
     manifest = {"format": MANIFEST_FORMAT, "vocab": vocab, "sample_tokens": int(samples.shape[1]),
                 "samples": int(samples.shape[0]), "source": source, "shards": shards}
-    (directory / "manifest.json").write_bytes(manifest_bytes(manifest))
+    files.write_atomic(directory / "manifest.json", manifest_bytes(manifest))
     return manifest
 
 

@@ -2,11 +2,10 @@
 peak memory and predicted time on this machine (``--estimate``).
 
 Counts come from the configuration alone.  The time comes from a short
-calibration (seconds; more at a large vocabulary): one micro-batch of the
-model cut to one and two layers at two short sequence lengths, which times
-the real kernels at the model's widths (a layer's cost is a*T + q*T^2, the
-embedding and head cost h0 + h1*T: the [V, C] gradients cost the same at any
-T), and the step's elementwise passes and state hash timed on a few MiB.  It is a
+calibration (seconds at any model size): one micro-batch of the model cut to
+at most 2 layers, 256 tokens, width 1024 and vocabulary 8192
+(``calibration_model``), timed and scaled by FLOPs, and the step's
+elementwise passes and state hash timed on a few MiB.  It is a
 prediction for planning, not a measurement; nothing here touches the bits of
 a step.
 """
@@ -114,20 +113,19 @@ def _time(fn, repeat: int = 2) -> float:
     return best
 
 
-def _micro_seconds(cfg: ModelConfig, layers: int, t: int, repeat: int = 1) -> float:
-    """Seconds of one micro-batch (B = 1) of ``cfg`` cut to ``layers`` layers at
-    sequence length ``t`` (best of ``repeat``); random parameters (timing does
-    not depend on them)."""
+def _micro_seconds(small: ModelConfig, repeat: int = 1) -> float:
+    """Seconds of one micro-batch (B = 1) of the model ``small`` (best of
+    ``repeat``); random parameters (timing does not depend on them)."""
     from .model import Model
 
-    small = dataclasses.replace(cfg, layers=layers, seq_len=t)
+    t = small.seq_len
     g = np.random.default_rng(0)
     pattern = g.standard_normal(4099, dtype=np.float32) * np.float32(0.02)  # tiled: cheap at any size
     params = {k: np.resize(pattern, s) if len(s) > 1 else np.ones(s, np.float32)
               for k, s in param_shapes(small).items()}
     model = Model(small)
-    x = g.integers(0, cfg.vocab, size=(1, t)).astype(np.int32)
-    y = g.integers(0, cfg.vocab, size=(1, t)).astype(np.int32)
+    x = g.integers(0, small.vocab, size=(1, t)).astype(np.int32)
+    y = g.integers(0, small.vocab, size=(1, t)).astype(np.int32)
     return _time(lambda: model.loss_and_grads(params, x, y), repeat)
 
 
@@ -146,8 +144,32 @@ def _stream_seconds_per_byte() -> tuple[float, float]:
     return merge, hashing
 
 
-CAL_LAYERS = 4  # layers of the model that calibration times (fewer if the model has fewer)
-CAL_SEQ = 512  # its sequence length (shorter if the model's is)
+CAL_LAYERS = 2  # layers of the model that calibration times (fewer if the model has fewer)
+CAL_SEQ = 256  # its sequence length (shorter if the model's is)
+CAL_WIDTH = 1024  # its width at most: whole heads of the model's head size
+CAL_MLP = 4096  # its MLP hidden size at most (the model's ratio to the width otherwise)
+CAL_VOCAB = 8192  # its vocabulary at most
+
+
+def calibration_model(cfg: ModelConfig) -> ModelConfig:
+    """The cut-down model that calibration times: at most CAL_LAYERS layers
+    of CAL_SEQ tokens, CAL_WIDTH wide, a CAL_VOCAB vocabulary, whatever the
+    model's size, so that calibrating takes seconds and a few hundred MiB at
+    any size (a recipe's widths are untrusted: the width-65,536 one would
+    otherwise allocate 16 GiB to be timed).  Head size, norm, MLP kind,
+    precision and linear kind are the model's own."""
+    head = cfg.width // cfg.heads
+    if cfg.width <= CAL_WIDTH:
+        heads, width = cfg.heads, cfg.width
+    elif head >= CAL_WIDTH:
+        heads, width = 1, CAL_WIDTH
+    else:
+        heads = CAL_WIDTH // head
+        width = heads * head
+    mlp = min(CAL_MLP, max(1, cfg.mlp_hidden * width // cfg.width))
+    return dataclasses.replace(cfg, layers=min(cfg.layers, CAL_LAYERS), seq_len=min(cfg.seq_len, CAL_SEQ),
+                               width=width, heads=heads, mlp_hidden=mlp,
+                               vocab=min(cfg.vocab, CAL_VOCAB)).validate()
 
 
 def micro_flops(cfg: ModelConfig, layers: int, t: int) -> float:
@@ -163,17 +185,19 @@ def micro_flops(cfg: ModelConfig, layers: int, t: int) -> float:
 def calibrate(cfg: ModelConfig, train: TrainConfig, c: Cost) -> Cost:
     """Fill in ``c.seconds``: the predicted time of one step here.
 
-    Times one micro-batch of the model cut to CAL_LAYERS layers at CAL_SEQ
-    tokens (after one untimed call, which loads or compiles every kernel
-    those sizes use), and scales it by the FLOPs of the real micro-batch:
-    one measurement of a few seconds, no difference of two noisy timings
-    extrapolated (the earlier fit of per-layer and head times at T = 32 and
-    64 moved by 10x between runs on a quiet machine)."""
+    Times one micro-batch of ``calibration_model(cfg)`` (after one untimed
+    call, which loads or compiles every kernel it uses) and scales it by the
+    FLOPs of the real micro-batch: one measurement of a second or so, no
+    difference of two noisy timings extrapolated (the earlier fit of
+    per-layer and head times at T = 32 and 64 moved by 10x between runs on a
+    quiet machine).  The cut-down model's size does not grow with the
+    model's, so neither does the calibration's time or memory."""
     t0 = time.perf_counter()
-    layers, t = min(cfg.layers, CAL_LAYERS), min(cfg.seq_len, CAL_SEQ)
-    _micro_seconds(cfg, layers, t)
-    cut = _micro_seconds(cfg, layers, t, repeat=2)
-    micro = train.micro_batch_size * cut * micro_flops(cfg, cfg.layers, cfg.seq_len) / micro_flops(cfg, layers, t)
+    small = calibration_model(cfg)
+    _micro_seconds(small)
+    cut = _micro_seconds(small, repeat=2)
+    micro = (train.micro_batch_size * cut * micro_flops(cfg, cfg.layers, cfg.seq_len)
+             / micro_flops(small, small.layers, small.seq_len))
     per_byte, hash_per_byte = _stream_seconds_per_byte()
     stream_bytes = c.bytes_moved - 3 * c.params * F32_BYTES * 2  # what the hash reads is timed apart
     seconds = (train.micro_batches * micro + per_byte * stream_bytes

@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from .. import __version__, spec, tensorio, untrusted
+from .. import __version__, files, spec, tensorio, untrusted
 from .. import state as statehash
 from ..errors import InputError
 from . import data
@@ -228,19 +229,26 @@ def _record_from_json(obj, where):
 class Run:
     """A published run directory, validated on open (see ``open_run``)."""
 
-    def __init__(self, path, strict: bool = True):
+    def __init__(self, path, strict: bool = True, incomplete: bool = False):
         """``strict``: every integrity problem (a hash that does not match) is
         an ``InputError``.  With ``strict=False`` (what replay uses) only
         malformed or missing files raise; integrity problems are collected in
         ``self.findings`` as ``Finding(step, kind, message)`` so that a
         replay can report them as a verification failure at the step they
-        affect."""
+        affect.
+
+        ``incomplete``: accept a run whose training stopped early (a crash):
+        fewer records than steps + 1, a torn last line of steps.jsonl
+        (dropped), no head.json.  ``self.complete`` then says which it is and
+        ``self.last_step`` is the last step with a whole record; ``self.head``
+        is None when there is no head.  Without it such a run is refused."""
         self.strict = strict
+        self.incomplete_ok = incomplete
         self.findings: list[Finding] = []
         self.warnings: list[str] = []  # faults of localisation aids (digests, traces): never a verdict
         self.path = Path(path)
         _need(self.path.is_dir(), f"run directory not found: {self.path}")
-        self._root = self.path.resolve()
+        self._root = untrusted.resolve(self.path)
         obj = untrusted.parse_json(self._read(RECIPE_FILE, "recipe"), str(self.path / RECIPE_FILE))
         published = []
 
@@ -263,12 +271,22 @@ class Run:
               f"{self.path / DATA_DIR / 'manifest.json'}: vocabulary {self.manifest['vocab']} does not pad to "
               f"the recipe's model vocabulary {self.recipe.model.vocab} ([data.vocab.c1])")
         self.records = self._read_records()
-        self.head = self._read_head()
+        self.last_step = len(self.records) - 1
+        has_head = _present(self.path / HEAD_FILE)
+        if incomplete and not has_head:
+            self.head = None
+        else:
+            _need(self.last_step == self.recipe.steps,
+                  f"{self.path / STEPS_FILE}: {len(self.records)} records for a run of {self.recipe.steps} steps "
+                  f"(expected {self.recipe.steps + 1}, steps 0..{self.recipe.steps}) beside a chain head: the "
+                  "records were truncated after publication")
+            self.head = self._read_head()
+        self.complete = self.head is not None
         self.checkpoints = checkpoint_steps(self.recipe.steps, self.recipe.checkpoint_every)
         if strict:  # replay reads a shard or checkpoint only when a step needs it
             for s in self.manifest["shards"]:
                 self._file(DATA_DIR, s["file"])  # inside the run directory, present
-            for k in self.checkpoints:
+            for k in self.checkpoints if self.complete else ():  # a crash may precede a checkpoint
                 self._file(CKPT_DIR, checkpoint_name(k))
         self._shards = None
         self._stream = None
@@ -286,8 +304,9 @@ class Run:
         """A path inside the run directory that exists; symbolic links that
         lead outside it are refused."""
         p = self.path.joinpath(*parts)
+        resolved = untrusted.resolve(p)  # a loop of links: an InputError saying so
         try:
-            p.resolve().relative_to(self._root)
+            resolved.relative_to(self._root)
         except ValueError:
             raise InputError(f"{p}: leads outside the run directory") from None
         _need(p.is_file(), f"missing file {p}")
@@ -299,7 +318,12 @@ class Run:
     def _read_records(self):
         where = self.path / STEPS_FILE
         limit = (self.recipe.steps + 1) * _RECORD_BYTES
-        lines = self._read(STEPS_FILE, "step hash", limit).decode("utf-8", "replace").splitlines()
+        if self.incomplete_ok and not _present(where):
+            return []  # training stopped before the record of step 0
+        raw = self._read(STEPS_FILE, "step hash", limit)
+        if self.incomplete_ok and raw and not raw.endswith(b"\n"):
+            raw = raw[:raw.rfind(b"\n") + 1]  # a record is whole only with its newline
+        lines = raw.decode("utf-8", "replace").splitlines()
         recs = []
         prev = statehash.GENESIS
         for i, line in enumerate(lines):
@@ -317,9 +341,13 @@ class Run:
                                 "hashes, its loss and the recipe hash")
             prev = rec.chain_link
             recs.append(rec)
-        _need(len(recs) == self.recipe.steps + 1,
+        _need(len(recs) <= self.recipe.steps + 1,
+              f"{where}: {len(recs)} records for a run of {self.recipe.steps} steps (at most "
+              f"{self.recipe.steps + 1}, steps 0..{self.recipe.steps})")
+        _need(len(recs) == self.recipe.steps + 1 or self.incomplete_ok,
               f"{where}: {len(recs)} records for a run of {self.recipe.steps} steps (expected "
-              f"{self.recipe.steps + 1}, steps 0..{self.recipe.steps}); the run is incomplete or truncated")
+              f"{self.recipe.steps + 1}, steps 0..{self.recipe.steps}); the run is incomplete or truncated "
+              f"(a crashed training run is continued with `refreplay train --resume {self.path}`)")
         return recs
 
     def _read_head(self) -> dict:
@@ -383,6 +411,7 @@ class Run:
         from .step import state_from_tensors
 
         _need(k in self.checkpoints, f"no checkpoint at step {k}; checkpoints: {self.checkpoints}")
+        _need(k <= self.last_step, f"no record of step {k}: the run's records end at step {self.last_step}")
         path = self._file(CKPT_DIR, checkpoint_name(k))
         mapped = memory is not None and memory.mapped
         tensors, meta = (tensorio.load_mapped if mapped else tensorio.load)(path)
@@ -450,8 +479,12 @@ class Finding:
     message: str
 
 
-def open_run(path, strict: bool = True) -> Run:
-    return Run(path, strict)
+def _present(p: Path) -> bool:
+    return p.exists() or p.is_symlink()
+
+
+def open_run(path, strict: bool = True, incomplete: bool = False) -> Run:
+    return Run(path, strict, incomplete)
 
 
 def checkpoint_metadata(step: int, root: str) -> str:
@@ -462,36 +495,96 @@ def checkpoint_metadata(step: int, root: str) -> str:
 
 
 class RunWriter:
-    """Writes a run directory as training proceeds; ``finish`` writes the head."""
+    """Writes a run directory as training proceeds; ``finish`` writes the head.
+
+    Every whole file (recipe, head, checkpoints) appears by an atomic rename
+    of a synced temporary; the two record files are appended one synced line
+    at a time, so after a crash each holds whole lines and at most one torn
+    last line, which ``resume`` drops (``docs/run-format.md``, "After a
+    crash")."""
 
     def __init__(self, path, recipe: Recipe):
         self.path = Path(path)
         self.recipe = recipe
         self._steps = None
+        self._digests = None
+        self.lock_fd = None  # the writer lock (``lock``), released by ``release``
+
+    def release(self) -> None:
+        """Close the record files and drop the writer lock (idempotent)."""
+        for f in (self._steps, self._digests):
+            if f is not None:
+                f.close()
+        self._steps = self._digests = None
+        if self.lock_fd is not None:
+            os.close(self.lock_fd)
+            self.lock_fd = None
 
     @staticmethod
     def prepare(path) -> Path:
         """Create the directory; refuse one that exists and is not empty."""
         p = Path(path)
+        if p.is_symlink():
+            raise InputError(f"output {p} is a symbolic link; refusing to write through it")
         if p.exists() and (not p.is_dir() or any(p.iterdir())):
-            raise InputError(f"output {p} exists and is not an empty directory; refusing to overwrite")
-        (p / DATA_DIR).mkdir(parents=True, exist_ok=True)
-        (p / CKPT_DIR).mkdir(exist_ok=True)
+            hint = (f" (to continue a crashed run: `refreplay train --resume {p}`)"
+                    if _present(p / RECIPE_FILE) and not _present(p / HEAD_FILE) else "")
+            raise InputError(f"output {p} exists and is not an empty directory; refusing to overwrite{hint}")
+        try:
+            (p / DATA_DIR).mkdir(parents=True, exist_ok=True)
+            (p / CKPT_DIR).mkdir(exist_ok=True)
+        except OSError as exc:
+            raise files.write_error(exc, p / DATA_DIR) from None
         return p
+
+    @staticmethod
+    def lock(path) -> int:
+        """Take the run directory's writer lock (an exclusive ``flock`` on the
+        directory, released when the process ends, however it ends) and return
+        its descriptor; refuse when another process holds it: a ``train`` that
+        is still running, or another ``--resume``."""
+        import fcntl
+
+        p = Path(path)
+        try:
+            fd = os.open(p, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        except OSError as exc:
+            raise InputError(f"{p}: cannot open the run directory ({exc.strerror})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise InputError(f"{p} is being written by another process (a train or --resume still running); "
+                             "wait for it to end") from None
+        return fd
 
     def write_recipe(self) -> None:
         text = json.dumps(self.recipe.to_json(), sort_keys=True, indent=2, ensure_ascii=True) + "\n"
-        (self.path / RECIPE_FILE).write_text(text)
-        self._steps = open(self.path / STEPS_FILE, "w")
-        self._digests = open(self.path / DIGESTS_FILE, "w")
+        files.write_atomic(self.path / RECIPE_FILE, text.encode())
+        self._steps = _LineFile(self.path / STEPS_FILE, truncate=True)
+        self._digests = _LineFile(self.path / DIGESTS_FILE, truncate=True)
+
+    def reopen(self, last_step: int) -> None:
+        """Continue a crashed run after step ``last_step`` (-1: before step 0):
+        keep the records and digests of steps 0..last_step, drop later and
+        torn lines, later checkpoints and leftover temporaries."""
+        self._steps = _LineFile(self.path / STEPS_FILE, keep=lambda i, line: i <= last_step)
+        self._digests = _LineFile(self.path / DIGESTS_FILE, keep=lambda i, line: _digest_step(line) <= last_step)
+        for d in (self.path, self.path / CKPT_DIR, self.path / DATA_DIR):
+            files.remove_temporaries(d)  # of writes the crash interrupted
+        for k in checkpoint_steps(self.recipe.steps, self.recipe.checkpoint_every):
+            f = self.path / CKPT_DIR / checkpoint_name(k)
+            if k > last_step and _present(f):
+                try:
+                    f.unlink()
+                except OSError as exc:
+                    raise files.write_error(exc, f) from None
 
     def record(self, rec) -> None:
-        self._steps.write(json.dumps(record_to_json(rec), sort_keys=True) + "\n")
-        self._steps.flush()
+        self._steps.append(json.dumps(record_to_json(rec), sort_keys=True) + "\n")
         if rec.digest is not None:
             line = {"step": rec.step, "digest": rec.digest.to_dict()}
-            self._digests.write(json.dumps(line, sort_keys=True, separators=(",", ":")) + "\n")
-            self._digests.flush()
+            self._digests.append(json.dumps(line, sort_keys=True, separators=(",", ":")) + "\n")
 
     def checkpoint(self, st, root: str) -> None:
         tensorio.save(self.path / CKPT_DIR / checkpoint_name(st.step), st.tensors(),
@@ -500,5 +593,60 @@ class RunWriter:
     def finish(self, last) -> None:
         self._steps.close()
         self._digests.close()
+        self._steps = self._digests = None
         head = {"step": last.step, "chain_link": last.chain_link, "recipe_sha256": self.recipe.sha256()}
-        (self.path / HEAD_FILE).write_text(json.dumps(head, sort_keys=True, indent=2) + "\n")
+        files.write_atomic(self.path / HEAD_FILE, (json.dumps(head, sort_keys=True, indent=2) + "\n").encode())
+
+
+def _digest_step(line: bytes) -> int:
+    """The step of a digests.jsonl line written by ``RunWriter`` (a huge
+    number for a line that is not one, so that it is dropped)."""
+    m = re.match(rb'\{"digest":.*,"step":([0-9]+)\}\n\Z', line, re.DOTALL)
+    return int(m.group(1)) if m else 1 << 62
+
+
+class _LineFile:
+    """An append-only file of lines, each written whole and synced before
+    ``append`` returns (a record is whole with its newline: docs/run-format.md).
+    ``truncate``: start empty; ``keep(i, line)``: keep the existing whole lines it
+    accepts, in order, up to the first it refuses (a torn last line is never kept)."""
+
+    def __init__(self, path: Path, truncate: bool = False, keep=None):
+        self.path = files.check_target(path)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0)
+        try:
+            if truncate:
+                flags |= os.O_TRUNC
+            self.fd = os.open(path, flags, 0o644)
+            if keep is not None:
+                with open(path, "rb") as f:
+                    size = 0
+                    for i, line in enumerate(f):
+                        if not line.endswith(b"\n") or not keep(i, line):
+                            break
+                        size += len(line)
+                os.ftruncate(self.fd, size)
+            os.fsync(self.fd)
+        except OSError as exc:
+            raise files.write_error(exc, path) from None
+        files._fsync_dir(path.parent)
+
+    def append(self, text: str) -> None:
+        data = text.encode()
+        end = os.lseek(self.fd, 0, os.SEEK_END)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self.fd, view):]
+            os.fsync(self.fd)
+        except OSError as exc:
+            try:
+                os.ftruncate(self.fd, end)  # the line is whole or not there
+            except OSError:
+                pass
+            raise files.write_error(exc, self.path) from None
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None

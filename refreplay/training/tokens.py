@@ -205,4 +205,6 @@ def write_llmc(path, tokens, version: int = 1) -> None:
     dt = LLMC_DTYPES[version]
     header = np.zeros(LLMC_HEADER_INTS, "<i4")
     header[:3] = (LLMC_MAGIC, version, len(tokens))
-    Path(path).write_bytes(header.tobytes() + np.asarray(tokens, dtype=dt).tobytes())
+    from .. import files
+
+    files.write_atomic(path, header.tobytes() + np.asarray(tokens, dtype=dt).tobytes())

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -65,9 +66,11 @@ def train(model: ModelConfig, train_cfg: TrainConfig, *, steps: int, checkpoint_
                          "of a step: every rank needs at least one")
 
     writer = None
+    lock = None
     if launcher.is_root:
         try:
             path = RunWriter.prepare(out)
+            lock = RunWriter.lock(path)  # held while training: a --resume meanwhile is refused
             if token_files:
                 toks, v, source = tokens.load_tokens(token_files, vocab)
                 samples = tokens.make_samples(toks, model.seq_len)
@@ -77,6 +80,8 @@ def train(model: ModelConfig, train_cfg: TrainConfig, *, steps: int, checkpoint_
             manifest = data.write_shards(samples, path / "data", source, v)
             payload = ("ok", samples, hashlib.sha256(data.manifest_bytes(manifest)).hexdigest(), v)
         except InputError as exc:
+            if lock is not None:
+                os.close(lock)
             payload = ("error", str(exc), None, None)
         payload = launcher.share(payload)
     else:
@@ -95,17 +100,29 @@ def train(model: ModelConfig, train_cfg: TrainConfig, *, steps: int, checkpoint_
     saves = set(checkpoint_steps(steps, checkpoint_every))
     if launcher.is_root:
         writer = RunWriter(path, recipe)
+        writer.lock_fd = lock
         writer.write_recipe()
 
     st = trainer.initial_state()
     rec = trainer.initial_record(st)
     launcher.same_on_all(rec.state_root, "the state root of step 0")
-    if writer:
-        writer.record(rec)
-        writer.checkpoint(st, rec.state_root)
+    try:
+        if writer:
+            writer.record(rec)
+            writer.checkpoint(st, rec.state_root)
+        return _steps(trainer, st, rec, steps, saves, writer, launcher, progress, model, train_cfg, recipe)
+    finally:
+        if writer:
+            writer.release()
+
+
+def _steps(trainer, st, rec, steps, saves, writer, launcher, progress, model, train_cfg, recipe) -> Summary:
+    """Steps st.step+1..steps: each record appended, the scheduled
+    checkpoints saved, then the head."""
     step_tokens = train_cfg.micro_batches * train_cfg.micro_batch_size * model.seq_len
+    first = st.step
     losses, t0 = [], time.perf_counter()
-    for n in range(1, steps + 1):
+    for n in range(first + 1, steps + 1):
         t = time.perf_counter()
         st, rec = trainer.step(st, rec.chain_link, launcher)
         launcher.same_on_all(rec.state_root, f"the state root of step {n}")
@@ -117,7 +134,82 @@ def train(model: ModelConfig, train_cfg: TrainConfig, *, steps: int, checkpoint_
             if progress is not None:
                 now = time.perf_counter()
                 _progress(progress, n, steps, rec.loss, step_tokens / max(now - t, 1e-9),
-                          (now - t0) / n * (steps - n), final=n == steps)
+                          (now - t0) / (n - first) * (steps - n), final=n == steps)
     if writer:
         writer.finish(rec)
     return Summary(steps, rec.chain_link, recipe.sha256(), losses, time.perf_counter() - t0)
+
+
+def open_for_resume(out):
+    """The crashed run in ``out``, opened with every check of a published run
+    but allowed to be incomplete; refused when it is complete or has no
+    recipe (killed before it was written: nothing to resume)."""
+    from pathlib import Path
+
+    from .run import HEAD_FILE, RECIPE_FILE, open_run
+
+    path = Path(out)
+    if not path.is_dir() or path.is_symlink():
+        raise InputError(f"--resume {path}: not a run directory")
+    if (path / HEAD_FILE).exists() or (path / HEAD_FILE).is_symlink():
+        raise InputError(f"--resume {path}: the run is complete (it has {HEAD_FILE}); nothing to resume")
+    if not ((path / RECIPE_FILE).exists() or (path / RECIPE_FILE).is_symlink()):
+        raise InputError(f"--resume {path}: no {RECIPE_FILE}: training stopped before the recipe was written, "
+                         "so there is nothing to resume; remove the directory and train again")
+    return open_run(path, strict=True, incomplete=True)
+
+
+def resume(out, *, progress=sys.stderr, device=None, memory=None) -> tuple[Summary, int]:
+    """Continue the crashed run in ``out`` from its last complete checkpoint
+    (or from state 0, recomputed from the recipe, when none is usable) and
+    finish it: the files end up byte for byte those an uninterrupted run
+    writes (``docs/run-format.md``, "After a crash").  Returns (summary, the
+    step resumed from).
+
+    The run is reopened with every integrity check (``open_run`` strict):
+    what was written must be this recipe's own output.  The steps run on the
+    recipe's rank count in this process: bits do not depend on the ranks or
+    the launcher ([fold.ranks.c1]), and recipe.json, which names them, is
+    kept as written."""
+    run = open_for_resume(out)
+    writer = RunWriter(run.path, run.recipe)
+    writer.lock_fd = RunWriter.lock(run.path)  # a train still running, or another --resume, holds it
+    try:
+        return _resume_with(run, writer, progress, device, memory)
+    finally:
+        writer.release()
+
+
+def _resume_with(run, writer, progress, device, memory):
+    from .launch.inproc import InProcess
+    from .run import CKPT_DIR, checkpoint_name
+
+    path, recipe = run.path, run.recipe
+    trainer = run.trainer(device, memory)
+    start = None
+    for k in sorted((c for c in run.checkpoints if c <= run.last_step), reverse=True):
+        try:
+            start = run.load_checkpoint(k, memory)  # root checked against record k
+            break
+        except InputError:
+            continue  # torn or missing: an earlier one (every write is atomic, so this is rare)
+    launcher = InProcess(recipe.ranks)
+    saves = set(checkpoint_steps(recipe.steps, recipe.checkpoint_every))
+    if start is not None:
+        writer.reopen(start.step)
+        rec = run.records[start.step]
+        st = start
+    else:
+        st = trainer.initial_state()
+        rec = trainer.initial_record(st)
+        if run.records and run.records[0].state_root != rec.state_root:
+            raise InputError(f"--resume {path}: the record of step 0 does not hold the recipe's initial state "
+                             f"(published {run.records[0].state_root}, recomputed {rec.state_root}); "
+                             "this is not the output of this recipe")
+        writer.reopen(-1)
+        writer.record(rec)
+        if not (path / CKPT_DIR / checkpoint_name(0)).exists():
+            writer.checkpoint(st, rec.state_root)
+    summary = _steps(trainer, st, rec, recipe.steps, saves, writer, launcher, progress, recipe.model,
+                     recipe.train, recipe)
+    return summary, st.step

@@ -3,6 +3,9 @@ curve from the published (bit-exact) per-step losses.  Needs matplotlib (the
 ``plot`` extra); nothing on the normative path uses it."""
 from __future__ import annotations
 
+from pathlib import Path
+
+from .. import files
 from ..errors import InputError
 
 
@@ -33,5 +36,10 @@ def plot_coverage(path, run, cov) -> None:
     bottom.set_xlabel("step")
     bottom.set_ylabel("published loss")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        with files.atomic_file(path) as f:  # synced temporary, renamed: whole or absent
+            fig.savefig(f, dpi=110, format=Path(path).suffix.lstrip(".").lower() or "png")
+    except ValueError as exc:  # an image format matplotlib does not know
+        raise InputError(f"cannot write {path}: {exc}") from None
+    finally:
+        plt.close(fig)

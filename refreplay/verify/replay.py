@@ -115,6 +115,9 @@ def replay(run, target: int, progress=None, device=None, memory=None) -> ReplayR
     steps = run.recipe.steps
     if not 1 <= target <= steps:
         raise InputError(f"step {target} is not a step of this run (1..{steps})")
+    if target > run.last_step:  # an incomplete run (open_run(..., incomplete=True)): never certified
+        raise InputError(f"step {target} has no record: the run is incomplete (records end at step "
+                         f"{run.last_step})")
     dated = sorted((f for f in run.findings if f.step is not None), key=lambda f: f.step)
     if dated:  # the published records themselves are inconsistent
         f = dated[0]
