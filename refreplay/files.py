@@ -70,7 +70,8 @@ def is_temporary(name: str) -> bool:
     return name.startswith(TMP_PREFIX) and name.endswith(TMP_SUFFIX)
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
+    """fsync a directory, so a rename or a new file in it survives a crash."""
     try:
         fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     except OSError:
@@ -110,7 +111,7 @@ def atomic_file(path, mode: int = 0o644):
         with contextlib.suppress(OSError):
             tmp_path.unlink()
         raise
-    _fsync_dir(p.parent)
+    fsync_dir(p.parent)
 
 
 def write_atomic(path, data: bytes | str, mode: int = 0o644) -> None:

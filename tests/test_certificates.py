@@ -552,3 +552,31 @@ def _fuzz_case(run0, honest, tmp_path_factory, keydir, data):
         assert audit.check_certificate(json.loads((tmp / "c.json").read_text()), facts, trust).ok
     else:
         assert res.returncode in (1, 2) and ("0 valid certificate(s)" in text or res.returncode == 2), text
+
+
+def test_concurrent_audits_into_one_directory_keep_every_certificate(run0, keydir, tmp_path):
+    """Two auditors' `refreplay audit` processes writing into the same --out at
+    once: every certificate of both arrives whole (names are unique per run,
+    key, sample and step; each is written atomically), and coverage counts
+    both auditors."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "shared"
+    env = dict(os.environ, NUMBA_NUM_THREADS="1")
+    procs = [subprocess.Popen([sys.executable, "-m", "refreplay", "audit", str(run0), "--sample", "2",
+                               "--beacon", BEACON, "--key", str(keydir / f"{name}.key"), "--auditor", name,
+                               "--out", str(out), "--quiet"], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for name in ("alice", "bob")]
+    try:
+        results = [p.communicate(timeout=600) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0], results
+    certs = {p.name: json.loads(p.read_text()) for p in sorted(out.glob("*.json"))}
+    assert len(certs) == 4 and len(_of(certs, ALICE)) == 2 and len(_of(certs, BOB)) == 2
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary left
+    res = run_cli("coverage", run0, out, *_trust(keydir))
+    assert res.returncode == 0 and "4 valid certificate(s) from 2 auditor key(s)" in res.stdout, res.stdout

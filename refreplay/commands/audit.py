@@ -17,6 +17,9 @@ def add_arguments(p):
     p.add_argument("--max-memory", metavar="GIB", default=None,
                    help="memory budget in GiB: state and gradients in memory-mapped files when a step "
                         "would not fit (bits never change)")
+    p.add_argument("--no-memory-check", action="store_true",
+                   help="audit even when a step's predicted memory exceeds what this machine has available "
+                        "(by default such a recipe is refused before anything is allocated)")
     from ..training.backend import add_argument
 
     add_argument(p)

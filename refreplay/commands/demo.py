@@ -53,7 +53,7 @@ def run(args) -> int:
             raise InputError(f"{out} exists and is not a previous demo directory; choose another --out")
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    (out / "DEMO").write_text("created by `refreplay demo`; safe to delete\n")
+    files.write_atomic(out / "DEMO", "created by `refreplay demo`; safe to delete\n")
     doctor.require_ieee()
     print(f"refreplay {__version__}, spec {spec.version()} (sha256 {spec.spec_sha256()[:16]}...)\n")
 

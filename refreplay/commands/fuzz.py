@@ -54,9 +54,9 @@ def _order_findings(op, r):
 def _write_json(obj, path):
     import json
 
-    with open(path, "w") as fh:
-        json.dump(obj, fh, indent=1)
-        fh.write("\n")
+    from ..files import write_atomic
+
+    write_atomic(path, json.dumps(obj, indent=1) + "\n")
 
 
 def _write_pass(args, run_info):
@@ -71,8 +71,9 @@ def _write_pass(args, run_info):
         suite = ET.SubElement(root, "testsuite", name=args.op, tests="1", failures="0", errors="0", skipped="0")
         ET.SubElement(suite, "testcase", classname=f"refreplay.fuzz.{args.op}",
                       name=f"{args.op}-fuzz ({run_info['examples']} examples, seed {run_info['seed']})")
-        with open(args.junit, "wb") as fh:
-            fh.write(ET.tostring(root, encoding="utf-8", xml_declaration=True))
+        from ..files import write_atomic
+
+        write_atomic(args.junit, ET.tostring(root, encoding="utf-8", xml_declaration=True))
 
 
 def _keep_hypothesis_out_of_cwd():

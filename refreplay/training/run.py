@@ -629,7 +629,7 @@ class _LineFile:
             os.fsync(self.fd)
         except OSError as exc:
             raise files.write_error(exc, path) from None
-        files._fsync_dir(path.parent)
+        files.fsync_dir(path.parent)
 
     def append(self, text: str) -> None:
         data = text.encode()
