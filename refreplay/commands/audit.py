@@ -23,6 +23,9 @@ def add_arguments(p):
     from ..training.backend import add_argument
 
     add_argument(p)
+    from ._cluster import add_arguments as add_cluster_arguments  # issue 27
+
+    add_cluster_arguments(p, estimate=True)
 
 
 def run(args) -> int:
@@ -56,6 +59,10 @@ def run(args) -> int:
     print(f"run {args.run}: {r.recipe.steps} steps, chain head {head}")
     print(f"key {key.public.fingerprint} ({auditor})")
     print(f"sampled steps {sample.steps} (beacon {sample.beacon}; fixed by the key, the head and the beacon)")
+    if args.cluster is not None or args.estimate:  # issue 27: the steps as Dask tasks
+        from ._cluster import audit as audit_on_cluster
+
+        return audit_on_cluster(args, r, sample, key, auditor, out)
     fp = doctor.fingerprint()
     fp["device"] = describe(args.device)
     memory = memory_for(args, r.recipe.model, r.recipe.train)

@@ -10,7 +10,10 @@ EXIT_INCOMPLETE = 4
 
 def add_arguments(p):
     p.add_argument("run", metavar="RUN", help="published run directory")
-    p.add_argument("--step", type=int, required=True, metavar="N", help="the step to verify (1..steps)")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--step", type=int, metavar="N", help="the step to verify (1..steps)")
+    which.add_argument("--steps", metavar="A:B", help="the segment of steps A..B to verify, split into tasks at "
+                                                      "checkpoints (with --cluster, on Dask workers)")
     p.add_argument("--expect-head", metavar="HEX",
                    help="the chain head published out of band; the run's head.json must equal it")
     p.add_argument("--quiet", action="store_true", help="no progress line")
@@ -18,6 +21,9 @@ def add_arguments(p):
     from ..training.backend import add_argument
 
     add_argument(p)
+    from ._cluster import add_arguments as add_cluster_arguments  # issue 27
+
+    add_cluster_arguments(p, estimate=False)
 
 
 def add_budget_arguments(p):
@@ -93,6 +99,15 @@ def run(args) -> int:
     from ..verify.replay import replay
 
     from ..errors import InputError
+
+    if args.steps is not None:  # issue 27: a segment, as tasks (of a complete run, as audits need)
+        from ._cluster import replay_segment
+
+        r = open_run(args.run, strict=False)
+        check_head(r, args.expect_head)
+        return replay_segment(args, r)
+    if args.cluster is not None:
+        raise InputError("--cluster replays a segment: use --steps A:B (A:A for one step)")
 
     r = open_run(args.run, strict=False, incomplete=True)
     check_head(r, args.expect_head)

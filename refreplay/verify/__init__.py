@@ -11,6 +11,8 @@ hash -> replay.  Listed in the order a replay uses them:
     keys       auditors' RSA keys and signatures (``cryptography``)   [step.audit.key.c1]
     audit      sampling by a key's unique signature, signed certificates (made
                and written in one place), coverage per key  [step.audit.coverage.c1]
+    cluster    replays as Dask tasks on fit workers; the client certifies
+               (the ``cluster`` extra)                       [step.verified.r2]
     plot       the coverage picture (the ``plot`` extra)
 
 Layers import only downward: this package reads runs through
