@@ -1,6 +1,6 @@
 """The bf16 profile on the CUDA twin, in numba-cuda's simulator.
 
-The device conversions are one check of ``cuda_backend.selfcheck`` ("bf16":
+The device conversions are one check of ``refreplay.testing.cuda_selfcheck`` ("bf16":
 edge grids and random bits against ``refreplay.numerics.bf16``), run with
 every other check by ``tests/test_cuda_sim.py``; the spec's bf16 examples
 run on the device there too (``numerics.bf16.*`` in ``EXAMPLE_FUNCTIONS``).
@@ -39,7 +39,8 @@ def _run(args, sim):
 def test_device_bf16_check_fails_on_a_truncating_encode():
     """[bf16.round.c1] with the device encode truncating (no rounding), the check fails."""
     code = ("import sys, numpy as np\n"
-            "from cuda_backend import bf16, selfcheck\n"
+            "from cuda_backend import bf16\n"
+            "from refreplay.testing import cuda_selfcheck as selfcheck\n"
             "bf16.encode1 = lambda x: np.uint16((np.int64(bf16.shim.bits(bf16.shim.finish(x))) "
             "& 0xFFFFFFFF) >> 16)\n"
             "sys.exit(selfcheck.main(['--only', 'bf16']))\n")
