@@ -25,6 +25,7 @@ from refreplay.training.run import open_run
 from refreplay.verify import audit, keys
 
 import auditor_keys
+from json_fuzz import mutated
 from cli_helpers import run_cli
 
 pytestmark = pytest.mark.usefixtures("one_numba_thread")
@@ -467,44 +468,6 @@ def test_a_failed_write_is_exit_2_and_leaves_no_file(run0, keydir, tmp_path, mon
 
 # ---- fuzz: a damaged certificate is never counted -------------------------------------------------
 
-_scalars = st.one_of(st.none(), st.booleans(), st.integers(-(1 << 70), 1 << 70),
-                     st.floats(allow_nan=False), st.text(max_size=12))
-_values = st.recursive(_scalars, lambda c: st.one_of(st.lists(c, max_size=3),
-                                                     st.dictionaries(st.text(max_size=6), c, max_size=3)),
-                       max_leaves=6)
-
-
-def _paths(obj, prefix=()):
-    yield prefix
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            yield from _paths(v, prefix + (k,))
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj):
-            yield from _paths(v, prefix + (i,))
-
-
-@st.composite
-def _mutated(draw, original):
-    obj = copy.deepcopy(original)
-    for _ in range(draw(st.integers(1, 3))):
-        paths = [p for p in _paths(obj) if p]
-        if not paths:
-            break
-        path = draw(st.sampled_from(paths))
-        parent = obj
-        for k in path[:-1]:
-            parent = parent[k]
-        action = draw(st.sampled_from(["replace", "replace", "delete", "add"]))
-        if action == "delete":
-            del parent[path[-1]]
-        elif action == "add" and isinstance(parent, dict):
-            parent[draw(st.text(max_size=6))] = draw(_values)
-        else:
-            parent[path[-1]] = draw(_values)
-    return obj
-
-
 def _fuzz(n):
     return settings(max_examples=n, deadline=None, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -530,7 +493,7 @@ def _fuzz_case(run0, honest, tmp_path_factory, keydir, data):
     counts nothing, except a harmless change signed by the certificate's own
     key, which must then pass check_certificate."""
     original = data.draw(st.sampled_from(sorted(honest)))
-    cert = data.draw(_mutated(honest[original]))
+    cert = data.draw(mutated(honest[original]))
     if cert == honest[original]:
         return
     resign, signer = data.draw(st.booleans()), None  # as mallory, or as alice herself (a forger with the key)

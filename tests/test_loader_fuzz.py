@@ -40,6 +40,7 @@ from refreplay.training import data as rdata
 from refreplay.verify import audit
 
 import auditor_keys
+from json_fuzz import deep, deep_value, json_values, mutated
 from refreplay.cli import main
 from refreplay.conformance import store
 from refreplay.errors import InputError
@@ -128,26 +129,6 @@ def guarded(name, outside: Path | None = None):
 
 # ---- strategies ------------------------------------------------------------------------------
 
-json_scalars = st.one_of(st.none(), st.booleans(), st.integers(-(1 << 70), 1 << 70),
-                         st.floats(allow_nan=False), st.text(max_size=12))
-json_values = st.recursive(json_scalars, lambda c: st.one_of(st.lists(c, max_size=3),
-                                                             st.dictionaries(st.text(max_size=6), c, max_size=3)),
-                           max_leaves=6)
-deep = st.integers(60, 3000).map(lambda d: "[" * d + "]" * d)
-deep_value = st.integers(60, 400).map(lambda d: json.loads("[" * d + "]" * d))  # json.dumps can write it
-
-
-def _paths(obj, prefix=()):
-    """Every path (tuple of keys and indices) into a JSON value."""
-    yield prefix
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            yield from _paths(v, prefix + (k,))
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj):
-            yield from _paths(v, prefix + (i,))
-
-
 @st.composite
 def mutated_json(draw, original):
     """``original`` with one to three values (at any depth) replaced by other
@@ -159,22 +140,7 @@ def mutated_json(draw, original):
         raw = json.dumps(original)
         i = draw(st.integers(0, len(raw)))
         return raw[:i] + draw(st.text(max_size=8)) + raw[i + draw(st.integers(0, 8)):]
-    obj = copy.deepcopy(original)
-    for _ in range(draw(st.integers(1, 3))):
-        paths = [p for p in _paths(obj) if p]
-        if not paths:
-            break
-        path = draw(st.sampled_from(paths))
-        parent = obj
-        for k in path[:-1]:
-            parent = parent[k]
-        action = draw(st.sampled_from(["replace", "replace", "delete", "add"]))
-        if action == "delete":
-            del parent[path[-1]]
-        elif action == "add" and isinstance(parent, dict):
-            parent[draw(st.text(max_size=6))] = draw(json_values)
-        else:
-            parent[path[-1]] = draw(st.one_of(json_values, deep_value))
+    obj = draw(mutated(original, st.one_of(json_values, deep_value)))
     return json.dumps(obj)
 
 
