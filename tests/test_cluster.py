@@ -426,3 +426,39 @@ def test_the_docs_slurm_example_builds_its_cluster_and_job_script():
         assert "--memory-limit" in script and "#SBATCH --mem=60G" in script, script
     finally:
         c.close()
+
+
+def _slow_where(run_path, head, target, device=None, max_memory=None):
+    import types
+
+    from distributed import get_worker
+
+    time.sleep(1.0)
+    return {"step": target, "worker": get_worker().address, "platform": {}, "seconds": 1.0, "bytes_read": None,
+            "result": types.SimpleNamespace(verified=True, checked=[], divergence=None)}
+
+
+def test_a_replica_whose_worker_dies_runs_on_another_worker(local2):
+    """SIGKILL of a worker holding pinned replicas: the nanny restarts it under a new
+    address, it proves fitness again, and the lost replicas run there, still on a
+    different worker from each step's other replica."""
+    targets = list(range(1, 5))
+    result = {}
+    with distributed.Client(local2) as client:
+        client.wait_for_workers(2, timeout=TIMEOUT)
+        cluster.prove_fitness(client, timeout=TIMEOUT)
+        before = set(cluster.fit_workers(client))
+        victim = sorted(before)[0]
+        pid = client.run(os.getpid, workers=[victim])[victim]
+        th = threading.Thread(target=lambda: result.setdefault("out", cluster.run_tasks(
+            client, "/no/run", "k" * 64, targets, replicas=2, task=_slow_where, rejoin=TIMEOUT)))
+        th.start()
+        time.sleep(1.5)  # the first replicas are running
+        os.kill(pid, signal.SIGKILL)
+        th.join(TIMEOUT)
+        assert not th.is_alive(), "run_tasks did not finish after the worker was killed"
+    out = result["out"]
+    assert sorted(out.results) == targets and not out.failed, (out.results, out.failed)
+    assert all(len(set(ws)) == 2 for ws in out.workers.values()), out.workers
+    ran = {w for ws in out.workers.values() for w in ws}
+    assert ran - before, f"no replica ran on the restarted worker: {out.workers}"  # resubmitted there

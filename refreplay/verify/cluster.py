@@ -216,7 +216,7 @@ def fit_workers(client) -> list[str]:
 
 
 def run_tasks(client, run_path, head, targets, *, device=None, max_memory=None, replicas=1,
-              retries=2, on_settled=None, task=None, poll: float = 0.05) -> Outcome:
+              retries=2, on_settled=None, task=None, poll: float = 0.05, rejoin: float = 120.0) -> Outcome:
     """Replay every target on the fit workers; ``on_settled(target, outcome)``
     as soon as each target's tries are all in (certificates are written
     then, not at the end).
@@ -227,7 +227,9 @@ def run_tasks(client, run_path, head, targets, *, device=None, max_memory=None, 
     ones, so a disagreement always compares two processes.  A pinned worker
     that leaves the cluster (killed; a nanny's restart comes back under a new
     address) has its replica submitted again to a fit worker that none of the
-    step's other replicas is pinned to.  ``InputError`` when fewer than R
+    step's other replicas is pinned to, waiting up to ``rejoin`` seconds for
+    one to be fit (a restarted worker proves fitness again first); after
+    that the replica is a failed try.  ``InputError`` when fewer than R
     workers are fit."""
     import os
 
@@ -264,6 +266,8 @@ def run_tasks(client, run_path, head, targets, *, device=None, max_memory=None, 
                          f"the cluster has {len(fit)} fit worker(s)")
     pinned: dict = {}  # future -> (target, replica, worker)
     tries: dict[tuple[int, int], int] = {}
+    lost: dict = {}  # future -> when its pinned worker was first seen gone
+    assigned: dict[tuple[int, int], str] = {}  # (target, replica) -> the worker it is, or was, pinned to
 
     def submit(t, rep, w):
         n = tries[(t, rep)] = tries.get((t, rep), -1) + 1
@@ -272,6 +276,7 @@ def run_tasks(client, run_path, head, targets, *, device=None, max_memory=None, 
                           resources={RESOURCE: 1}, workers=[w], allow_other_workers=False, retries=retries,
                           pure=False)
         pinned[f] = (t, rep, w)
+        assigned[(t, rep)] = w
 
     for i, t in enumerate(targets):
         for rep in range(replicas):
@@ -292,8 +297,12 @@ def run_tasks(client, run_path, head, targets, *, device=None, max_memory=None, 
         for f, (t, rep, w) in list(pinned.items()):
             if w in alive:
                 continue
-            others = {w2 for t2, r2, w2 in pinned.values() if t2 == t and r2 != rep}
+            others = {w2 for (t2, r2), w2 in assigned.items() if t2 == t and r2 != rep}
             free = sorted(alive - others)
+            gone = time.monotonic() - lost.setdefault(f, time.monotonic())
+            if not free and gone < rejoin and tries[(t, rep)] < retries + 1:
+                continue  # wait for a restarted or new worker to prove fit
+            lost.pop(f, None)
             if not free or tries[(t, rep)] >= retries + 1:
                 pinned.pop(f)
                 f.cancel()
