@@ -5,7 +5,10 @@ Every word is a pure function of (key, counter), so threads compute disjoint
 blocks of a stream with no shared state: thread t of ``words_k`` computes one
 Philox block (four consecutive words).  Integer arithmetic is uint64 holding
 32-bit values, as in the reference: the 64-bit products of the round function
-are exact.  The word-to-float maps use the shim's ``mul``.  Bounded integers
+are exact.  The round function is not written here: it is
+``refreplay.philox.philox_block``, the plain Python function that
+``refreplay.rng`` compiles for the CPU, compiled here as a device function,
+so both backends run one source.  The word-to-float maps use the shim's ``mul``.  Bounded integers
 and permutations read a stream sequentially and stay on the host.
 """
 from __future__ import annotations
@@ -13,20 +16,16 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
+from refreplay import philox
+from refreplay.philox import MASK32, U32  # [rng.philox.c1] the round: one source, both backends
+
 from . import shim
 from ._jit import device, kernel
 
-# [rng.philox.c1] multipliers and Weyl key increments (Random123).
-M0 = np.uint64(0xD2511F53)
-M1 = np.uint64(0xCD9E8D57)
-W0 = np.uint64(0x9E3779B9)
-W1 = np.uint64(0xBB67AE85)
-MASK32 = np.uint64(0xFFFFFFFF)
 U0 = np.uint64(0)
 U1 = np.uint64(1)
 U2 = np.uint64(2)
 U8 = np.uint64(8)
-U32 = np.uint64(32)
 TWO_M24 = np.float32(2.0 ** -24)  # 0x33800000
 TWO_M23 = np.float32(2.0 ** -23)  # 0x34000000
 TWO23 = np.int64(1 << 23)
@@ -34,22 +33,8 @@ ROUNDS = 10
 STREAM_INIT = np.uint64(1)  # [rng.streams.c1]
 
 
-@device
-def philox_block(c0, c1, c2, c3, k0, k1, rounds):
-    """[rng.philox.c1] Philox4x32-``rounds`` of counter (c0..c3) under key (k0, k1).
-
-    All uint64 holding 32-bit values; returns the four output words.  The key
-    is bumped by the Weyl constants before every round but the first.
-    """
-    for r in range(rounds):
-        if r > 0:
-            k0 = (k0 + W0) & MASK32
-            k1 = (k1 + W1) & MASK32
-        p0 = M0 * c0
-        p1 = M1 * c2
-        c0, c1, c2, c3 = ((p1 >> U32) ^ c1 ^ k0, p1 & MASK32,
-                          (p0 >> U32) ^ c3 ^ k1, p0 & MASK32)
-    return c0, c1, c2, c3
+# [rng.philox.c1] the block function: refreplay.philox.philox_block, compiled here for the device.
+philox_block = device(philox.philox_block)
 
 
 @device

@@ -6,9 +6,10 @@ its own (``tests/test_layering.py`` holds the code to this map).
 
     0      errors _env _jit resources
            exit codes, process set-up, the one compiler, where the data lies
-    1      environ untrusted files _tiles numerics state spec
+    1      environ untrusted files _tiles numerics state spec philox
            checked settings, files an adversary wrote, files written whole, tile moves the compiler
-           misses, binary32 arithmetic, the state hash, the spec's text
+           misses, binary32 arithmetic, the state hash, the spec's text, the integer Philox round
+           (plain Python, compiled by rng and by cuda_backend)
     2      rng tensorio doctor linalg
            Philox, tensor files, the platform check, reductions and matmul
     3      ops

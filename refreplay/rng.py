@@ -24,22 +24,17 @@ import hashlib
 import numpy as np
 from numba import prange
 
+from . import philox
 from ._jit import kernel, parallel_kernel
 from .numerics.core import F32, FLT_MIN, mul
+from .philox import MASK32, U32  # [rng.philox.c1] the constants and the round live in philox.py
 
-# [rng.philox.c1] multipliers and Weyl key increments (Random123).
-M0 = np.uint64(0xD2511F53)
-M1 = np.uint64(0xCD9E8D57)
-W0 = np.uint64(0x9E3779B9)
-W1 = np.uint64(0xBB67AE85)
-MASK32 = np.uint64(0xFFFFFFFF)
 TWO32 = np.uint64(1 << 32)
 U0 = np.uint64(0)
 U1 = np.uint64(1)
 U2 = np.uint64(2)
 U3 = np.uint64(3)
 U8 = np.uint64(8)
-U32 = np.uint64(32)
 TWO_M24 = F32(2.0 ** -24)  # 0x33800000
 TWO_M23 = F32(2.0 ** -23)  # 0x34000000
 TWO23 = np.int64(1 << 23)
@@ -54,24 +49,8 @@ ROUNDS = 10
 # ---- the block function -------------------------------------------------------
 
 
-@kernel
-def philox_block(c0, c1, c2, c3, k0, k1, rounds):
-    """[rng.philox.c1] Philox4x32-``rounds`` of one counter under one key.
-
-    Counter words c0..c3 and key words k0, k1 are uint64 holding 32-bit
-    values; returns the four 32-bit output words (as uint64).  Each round
-    takes the 64-bit products M0*c0 and M1*c2 and permutes their halves; the
-    key is bumped by the Weyl constants before every round but the first.
-    """
-    for r in range(rounds):
-        if r > 0:
-            k0 = (k0 + W0) & MASK32
-            k1 = (k1 + W1) & MASK32
-        p0 = M0 * c0
-        p1 = M1 * c2
-        c0, c1, c2, c3 = ((p1 >> U32) ^ c1 ^ k0, p1 & MASK32,
-                          (p0 >> U32) ^ c3 ^ k1, p0 & MASK32)
-    return c0, c1, c2, c3
+# [rng.philox.c1] the block function: philox.philox_block, compiled here for the CPU.
+philox_block = kernel(philox.philox_block)
 
 
 def _u32_words(values, n: int, what: str) -> list[int]:

@@ -34,12 +34,32 @@ def spec_table(text: str) -> dict[str, tuple[str, str]]:
     return table
 
 
-def test_the_profile_table_is_the_spec_table():
+def check_profile(profile):
     table = spec_table(spec.parse()["bf16.ops.c1"].text())
     assert len(table) >= 25, f"only {len(table)} rows parsed from [bf16.ops.c1]"
-    assert set(table) == set(OB.PROFILE), (sorted(set(table) ^ set(OB.PROFILE)))
-    wrong = {op: (table[op], OB.PROFILE[op]) for op in table if table[op] != OB.PROFILE[op]}
+    assert set(table) == set(profile), (sorted(set(table) ^ set(profile)))
+    wrong = {op: (table[op], profile[op]) for op in table if table[op] != profile[op]}
     assert not wrong, f"spec (inputs, outputs) vs PROFILE: {wrong}"
+
+
+def test_the_profile_table_is_the_spec_table():
+    check_profile(OB.PROFILE)
+
+
+@pytest.mark.parametrize("change", [
+    {"add": ("hf", "h")},                        # a kind changed
+    {"rmsnorm_forward": ("hh", "hh")},           # an output's kind changed
+    {"embedding_backward": ("hi", "f")},         # an input dropped
+    {"extra_op": ("h", "h")},                    # an op the spec does not list
+])
+def test_a_changed_profile_is_noticed(change):
+    with pytest.raises(AssertionError):
+        check_profile({**OB.PROFILE, **change})
+
+
+def test_a_missing_op_is_noticed():
+    with pytest.raises(AssertionError):
+        check_profile({k: v for k, v in OB.PROFILE.items() if k != "rope_backward"})
 
 
 @pytest.mark.parametrize("edit", [

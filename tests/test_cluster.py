@@ -352,3 +352,113 @@ def test_parse_steps_refuses_bad_segments(bad):
     with pytest.raises(InputError):
         _cluster.parse_steps(bad, STEPS)
     assert _cluster.parse_steps("3:12", STEPS) == (3, 12)
+
+
+def _where(slow, run_path, head, target, device=None, max_memory=None):
+    """A stand-in task: which worker ran it (the ``slow`` one takes longer, so an unpinned
+    schedule would let the other worker take both replicas of a step)."""
+    import types
+
+    from distributed import get_worker
+
+    w = get_worker().address
+    if w == slow:
+        time.sleep(0.2)
+    return {"step": target, "worker": w, "platform": {}, "seconds": 0.0, "bytes_read": None,
+            "result": types.SimpleNamespace(verified=True, checked=[], divergence=None)}
+
+
+def test_replicas_run_on_different_workers(local2, monkeypatch):
+    """--replicas R pins the R replicas of a step to R distinct fit workers; fewer fit
+    workers than R is refused; pinning both to one worker is what the check catches."""
+    import functools
+
+    from refreplay.errors import InputError
+
+    with distributed.Client(local2) as client:
+        client.wait_for_workers(2, timeout=TIMEOUT)
+        cluster.prove_fitness(client, timeout=TIMEOUT)
+        fit = cluster.fit_workers(client)
+        assert len(fit) == 2
+        task = functools.partial(_where, fit[1])
+        targets = list(range(1, 7))
+
+        def placed(out):
+            assert sorted(out.results) == targets and not out.failed
+            return {t: sorted(ws) for t, ws in out.workers.items()}
+
+        where = placed(cluster.run_tasks(client, "/no/run", "h" * 64, targets, replicas=2, task=task))
+        assert all(len(set(ws)) == 2 for ws in where.values()), where
+        with pytest.raises(InputError, match="--replicas 3 needs 3 fit workers"):
+            cluster.run_tasks(client, "/no/run", "h" * 64, targets, replicas=3, task=task)
+        # the control: with one worker offered twice, both replicas of each step share it
+        monkeypatch.setattr(cluster, "fit_workers", lambda c: [fit[0], fit[0]])
+        where = placed(cluster.run_tasks(client, "/no/run", "g" * 64, targets, replicas=2, task=task))
+        assert all(len(set(ws)) == 1 for ws in where.values()), where
+
+
+def test_the_docs_slurm_example_builds_its_cluster_and_job_script():
+    """docs/cluster.md's dask-jobqueue example, up to cluster construction: the
+    SLURMCluster line as written (its scheduler held to loopback by configuration) and
+    the job script it would submit.  ``scale`` needs sbatch and is not run here."""
+    import re
+    from pathlib import Path
+
+    import dask
+
+    dask_jobqueue = pytest.importorskip("dask_jobqueue")  # in the test extra
+    text = (Path(__file__).resolve().parents[1] / "docs" / "cluster.md").read_text()
+    block = re.search(r"```python\n(from dask_jobqueue import SLURMCluster\n.*?)```", text, re.S).group(1)
+    build = block[:block.index("cluster.scale(")]
+    assert "SLURMCluster(" in build and "NUMBA_NUM_THREADS" in build
+    ns = {}
+    with dask.config.set({"jobqueue.slurm.scheduler-options": {"host": "127.0.0.1", "dashboard": False,
+                                                                 "dashboard_address": "127.0.0.1:0"}}):
+        exec(compile(build, "docs/cluster.md", "exec"), ns)
+    c = ns["cluster"]
+    try:
+        assert isinstance(c, dask_jobqueue.SLURMCluster)
+        script = c.job_script()
+        assert c.scheduler_address.startswith("tcp://127.0.0.1:")
+        assert "#SBATCH" in script and "#SBATCH -t 04:00:00" in script
+        assert "export NUMBA_NUM_THREADS=8" in script
+        assert re.search(r"distributed\.cli\.dask_worker tcp://127\.0\.0\.1:\d+ .*--nthreads 8", script), script
+        assert "--memory-limit" in script and "#SBATCH --mem=60G" in script, script
+    finally:
+        c.close()
+
+
+def _slow_where(run_path, head, target, device=None, max_memory=None):
+    import types
+
+    from distributed import get_worker
+
+    time.sleep(1.0)
+    return {"step": target, "worker": get_worker().address, "platform": {}, "seconds": 1.0, "bytes_read": None,
+            "result": types.SimpleNamespace(verified=True, checked=[], divergence=None)}
+
+
+def test_a_replica_whose_worker_dies_runs_on_another_worker(local2):
+    """SIGKILL of a worker holding pinned replicas: the nanny restarts it under a new
+    address, it proves fitness again, and the lost replicas run there, still on a
+    different worker from each step's other replica."""
+    targets = list(range(1, 5))
+    result = {}
+    with distributed.Client(local2) as client:
+        client.wait_for_workers(2, timeout=TIMEOUT)
+        cluster.prove_fitness(client, timeout=TIMEOUT)
+        before = set(cluster.fit_workers(client))
+        victim = sorted(before)[0]
+        pid = client.run(os.getpid, workers=[victim])[victim]
+        th = threading.Thread(target=lambda: result.setdefault("out", cluster.run_tasks(
+            client, "/no/run", "k" * 64, targets, replicas=2, task=_slow_where, rejoin=TIMEOUT)))
+        th.start()
+        time.sleep(1.5)  # the first replicas are running
+        os.kill(pid, signal.SIGKILL)
+        th.join(TIMEOUT)
+        assert not th.is_alive(), "run_tasks did not finish after the worker was killed"
+    out = result["out"]
+    assert sorted(out.results) == targets and not out.failed, (out.results, out.failed)
+    assert all(len(set(ws)) == 2 for ws in out.workers.values()), out.workers
+    ran = {w for ws in out.workers.values() for w in ws}
+    assert ran - before, f"no replica ran on the restarted worker: {out.workers}"  # resubmitted there

@@ -20,8 +20,9 @@ Faults: a worker that dies mid-task has its task rerun elsewhere by the
 scheduler (``distributed.scheduler.allowed-failures``); a task that raises
 is retried (``retries``).  A step whose task fails on every try is reported
 by name; a bad run (``InputError``) is not retried.  With ``replicas`` > 1
-a step runs as several tasks, and results that differ are a disagreement
-naming both workers' platform fingerprints.  Bits never depend on the
+a step runs as several tasks on different workers, and results that differ are a disagreement
+naming both workers' platform fingerprints; the replicas of a step are
+pinned to distinct workers (``run_tasks``).  Bits never depend on the
 number of workers: each task is the serial replay of its step
 ([step.verified.r2]).
 """
@@ -205,39 +206,116 @@ class Outcome:
     errors: dict[int, str] = field(default_factory=dict)
     task_seconds: list[float] = field(default_factory=list)
     bytes_read: list[int] = field(default_factory=list)
+    workers: dict[int, list[str]] = field(default_factory=dict)  # per target: the workers its tries ran on
+
+
+def fit_workers(client) -> list[str]:
+    """Addresses of the workers that hold the ``refreplay`` resource (proved fit), sorted."""
+    info = client.scheduler_info(n_workers=-1).get("workers", {})
+    return sorted(a for a, w in info.items() if w.get("resources", {}).get(RESOURCE, 0) >= 1)
 
 
 def run_tasks(client, run_path, head, targets, *, device=None, max_memory=None, replicas=1,
-              retries=2, on_settled=None, task=None) -> Outcome:
+              retries=2, on_settled=None, task=None, poll: float = 0.05, rejoin: float = 120.0) -> Outcome:
     """Replay every target on the fit workers; ``on_settled(target, outcome)``
     as soon as each target's tries are all in (certificates are written
-    then, not at the end)."""
+    then, not at the end).
+
+    With ``replicas`` > 1 the replicas of one step run on different workers:
+    each is pinned to one fit worker (``workers=[w]``,
+    ``allow_other_workers=False``), the R replicas of a step to R distinct
+    ones, so a disagreement always compares two processes.  A pinned worker
+    that leaves the cluster (killed; a nanny's restart comes back under a new
+    address) has its replica submitted again to a fit worker that none of the
+    step's other replicas is pinned to, waiting up to ``rejoin`` seconds for
+    one to be fit (a restarted worker proves fitness again first); after
+    that the replica is a failed try.  ``InputError`` when fewer than R
+    workers are fit."""
     import os
 
     from distributed import as_completed
 
     run_path = os.path.abspath(run_path)  # the same path on every worker of a shared filesystem
-    futures = {}
-    for t in targets:
-        for rep in range(replicas):
-            f = client.submit(task or replay_task, str(run_path), head, t, device, max_memory,
-                              key=f"refreplay-{head[:12]}-{t}-{rep}", resources={RESOURCE: 1}, retries=retries,
-                              pure=False)
-            futures[f] = t
+    fn = task or replay_task
     got: dict[int, list[dict]] = {t: [] for t in targets}
     out = Outcome()
-    for f in as_completed(list(futures)):
-        t = futures[f]
+
+    def done(f, t):
         if f.status == "error":
             exc = f.exception()
             got[t].append({"failed": f"{type(exc).__name__}: {exc}"})
         else:
             got[t].append(f.result())
+            out.workers.setdefault(t, []).append(got[t][-1].get("worker"))
         f.release()
         if len(got[t]) == replicas:
             settle(t, got[t], out)
             if on_settled:
                 on_settled(t, out)
+
+    if replicas == 1:
+        futures = {client.submit(fn, str(run_path), head, t, device, max_memory, key=f"refreplay-{head[:12]}-{t}-0",
+                                 resources={RESOURCE: 1}, retries=retries, pure=False): t for t in targets}
+        for f in as_completed(list(futures)):
+            done(f, futures[f])
+        return out
+
+    fit = fit_workers(client)
+    if len(fit) < replicas:
+        raise InputError(f"--replicas {replicas} needs {replicas} fit workers on different processes; "
+                         f"the cluster has {len(fit)} fit worker(s)")
+    pinned: dict = {}  # future -> (target, replica, worker)
+    tries: dict[tuple[int, int], int] = {}
+    lost: dict = {}  # future -> when its pinned worker was first seen gone
+    assigned: dict[tuple[int, int], str] = {}  # (target, replica) -> the worker it is, or was, pinned to
+
+    def submit(t, rep, w):
+        n = tries[(t, rep)] = tries.get((t, rep), -1) + 1
+        f = client.submit(fn, str(run_path), head, t, device, max_memory,
+                          key=f"refreplay-{head[:12]}-{t}-{rep}" + (f"-again{n}" if n else ""),
+                          resources={RESOURCE: 1}, workers=[w], allow_other_workers=False, retries=retries,
+                          pure=False)
+        pinned[f] = (t, rep, w)
+        assigned[(t, rep)] = w
+
+    for i, t in enumerate(targets):
+        for rep in range(replicas):
+            submit(t, rep, fit[(i + rep) % len(fit)])  # R consecutive workers: R distinct ones
+    last_check = time.monotonic()
+    while pinned:
+        finished = [f for f in pinned if f.done()]
+        for f in finished:
+            t, _, w = pinned.pop(f)
+            done(f, t)
+        if finished:
+            continue
+        time.sleep(poll)
+        if time.monotonic() - last_check < 1.0:
+            continue
+        last_check = time.monotonic()
+        alive = set(fit_workers(client))
+        for f, (t, rep, w) in list(pinned.items()):
+            if w in alive:
+                continue
+            others = {w2 for (t2, r2), w2 in assigned.items() if t2 == t and r2 != rep}
+            free = sorted(alive - others)
+            gone = time.monotonic() - lost.setdefault(f, time.monotonic())
+            if not free and gone < rejoin and tries[(t, rep)] < retries + 1:
+                continue  # wait for a restarted or new worker to prove fit
+            lost.pop(f, None)
+            if not free or tries[(t, rep)] >= retries + 1:
+                pinned.pop(f)
+                f.cancel()
+                got[t].append({"failed": f"replica {rep}: its worker {w} left the cluster and no other fit "
+                                         "worker was free of the step's other replicas"})
+                if len(got[t]) == replicas:
+                    settle(t, got[t], out)
+                    if on_settled:
+                        on_settled(t, out)
+                continue
+            pinned.pop(f)
+            f.cancel()
+            submit(t, rep, free[0])
     return out
 
 
