@@ -153,16 +153,17 @@ def _env(threads: int) -> dict:
 
 
 def peak(threads: int) -> float:
-    """This machine's unfused multiply-then-add peak (GF/s) at ``threads``,
-    measured now in a fresh worker (benchmarks/peak.py); exits if its check fails."""
+    """This machine's unfused multiply-then-add peak (GF/s) at ``threads``:
+    ``threads`` x one core's, measured now in a fresh 1-thread worker
+    (benchmarks/peak.py, ``yardstick``); exits if its check fails."""
     out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "peak.py"), "--worker-json"],
-                         env=_env(threads), capture_output=True, text=True)
+                         env=_env(1), capture_output=True, text=True)
     if out.returncode != 0:
         sys.exit(f"peak worker ({threads} threads) failed:\n{out.stderr}")
     res = json.loads(out.stdout.strip().splitlines()[-1])
     if not res["check"]["ok"]:
         sys.exit(f"the yardstick kernel failed its check (fused or wrong bits): {res['check']}")
-    return res["runs"][0]["gflops"]
+    return threads * res["runs"][0]["gflops"]
 
 
 def run_worker(threads: int, repeats: int, only: str, side: str = "both", blocks=None) -> dict:

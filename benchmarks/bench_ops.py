@@ -185,11 +185,12 @@ def flops(name: str) -> float | None:
 
 
 def peak(threads: int) -> float:
-    """The unfused multiply-then-add peak (GF/s), measured now in a fresh worker (peak.py)."""
-    res = run_worker(HERE / "peak.py", ["--worker-json"], threads)
+    """The unfused multiply-then-add peak (GF/s) at ``threads``: threads x one
+    core's, measured now in a fresh 1-thread worker (peak.py, ``yardstick``)."""
+    res = run_worker(HERE / "peak.py", ["--worker-json"], 1)
     if not res["check"]["ok"]:
         raise SystemExit(f"the yardstick kernel failed its check: {res['check']}")
-    return res["runs"][0]["gflops"]
+    return threads * res["runs"][0]["gflops"]
 
 
 def worker(threads: int, repeats: int, shapes: str, ops: list[str] | None = None) -> dict:

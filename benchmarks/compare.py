@@ -4,7 +4,8 @@
 
 Each file is a bench_matmul.py result (``runs[].rows[]``, each row with
 ``of_peak``: throughput as a fraction of that run's unfused multiply-then-add
-peak, benchmarks/peak.py), a bench_ops.py result (``rows[]`` with
+peak, benchmarks/peak.py; at one thread ``of_peak_cpu``, from CPU time, where
+present), a bench_ops.py result (``rows[]`` with
 ``refreplay_ms`` and a ``peak_gflops`` beside them), or a machine results
 file (``results/machine-<cpu>.json``) holding either as its ``matmul`` /
 ``ops-*`` sections.  Rows are matched by (section, threads, case name); a
@@ -29,8 +30,12 @@ def _rows_of(section: str, data: dict):
     if isinstance(data.get("runs"), list):  # bench_matmul
         for run in data["runs"]:
             for r in run.get("rows", []):
-                if isinstance(r, dict) and isinstance(r.get("of_peak"), (int, float)) and r["of_peak"] > 0:
-                    yield (section, run.get("threads"), r.get("name")), float(r["of_peak"])
+                if not isinstance(r, dict):
+                    continue
+                # one thread: the CPU-time fraction, which other processes disturb less
+                v = r.get("of_peak_cpu") if run.get("threads") == 1 and "of_peak_cpu" in r else r.get("of_peak")
+                if isinstance(v, (int, float)) and v > 0:
+                    yield (section, run.get("threads"), r.get("name")), float(v)
     elif isinstance(data.get("rows"), list):  # bench_ops
         for r in data["rows"]:
             peak = r.get("peak_gflops", data.get("peak_gflops")) if isinstance(r, dict) else None

@@ -153,10 +153,14 @@ def measure(threads: int, repeats: int, seconds: float = 0.2) -> dict:
     """GF/s (2 flops per lane per step: one multiply, one add) of ``threads``
     copies at once, each run for about ``seconds``, ``repeats`` times.
 
-    ``gflops`` (the yardstick) is the best sample by process CPU time (flops
-    / (CPU seconds / threads)): a ceiling of the hardware, which other
-    processes on a shared machine can only lower, and CPU time leaves out the
-    time they held the core.  The wall-time median is kept beside it."""
+    ``gflops`` is the best sample by process CPU time (flops / (CPU seconds /
+    threads)): a ceiling of the hardware, which other processes on a shared
+    machine can only lower, and CPU time leaves out the time they held the
+    core.  The wall-time median is kept beside it.  With several threads CPU
+    time is not to be trusted (idle OpenMP workers spin, and threads sharing a
+    busy core each count their share), so the yardstick for T threads is T x
+    one thread's ``gflops`` (the chains live in registers: cores share nothing;
+    measured idle here, 2 threads gave 192.5 GF/s wall against 2 x 96.6)."""
     import numba
     import numpy as np
     run_one, run_many = kernels()
@@ -199,7 +203,11 @@ def main(argv=None) -> int:
     print(f"check: bits equal NumPy mul-then-add: {c['bits_equal_numpy_mul_then_add']}; fused would differ in "
           f"{c['lanes_where_fused_differs']}/{c['lanes']} lanes; FMA instructions in the code: "
           f"{c['fma_instructions'] or 'none'}; vector ops {c['vector_mul_add']}, zmm: {c['uses_zmm']}")
+    one = next((r["gflops"] for r in res["runs"] if r["threads"] == 1), None)
+    res["yardstick"] = {str(r["threads"]): r["threads"] * one for r in res["runs"]} if one else {}
     for r in res["runs"]:
+        if one:
+            print(f"yardstick, {r['threads']} thread(s): {r['threads'] * one:.1f} GF/s ({r['threads']} x one core's)")
         print(f"unfused mul+add peak, {r['threads']} thread(s): {r['gflops']:.1f} GF/s (best by CPU time; "
               f"wall median {r['gflops_wall_median']:.1f}, max {r['gflops_wall_max']:.1f}; "
               f"{r['accumulators']} x {r['lanes']}-lane chains per thread)")
@@ -210,16 +218,6 @@ def main(argv=None) -> int:
         out = update_machine_results("peak", dict(res, machine=machine_info()))
         print(f"wrote {out}")
     return 0
-
-
-def load_peak(threads: int) -> float | None:
-    """The saved unfused peak (GF/s) for ``threads`` on this machine, if measured."""
-    from run_all import read_machine_results
-    data = read_machine_results().get("peak")
-    for r in (data or {}).get("runs", []):
-        if r["threads"] == threads:
-            return r["gflops"]
-    return None
 
 
 if __name__ == "__main__":
