@@ -48,7 +48,9 @@ def scores(data: dict) -> dict:
     """key -> score over a result file (a bench result, or a machine file's sections)."""
     if not isinstance(data, dict):
         raise ValueError("not a JSON object")
-    out = dict(_rows_of("", data))
+    # a bench result is keyed like the machine file's section it would fill
+    top = "matmul" if isinstance(data.get("runs"), list) else f"ops-{data.get('shapes') or 'small'}"
+    out = dict(_rows_of(top, data))
     for name, section in data.items():
         if isinstance(section, dict) and (name == "matmul" or name.startswith("ops")):
             out.update(_rows_of(name, section))

@@ -51,6 +51,12 @@ def test_machine_file_sections(tmp_path):
     assert out.returncode == 1 and "ops-small" in out.stdout
 
 
+def test_bench_result_against_machine_file(tmp_path):
+    """A bench_matmul result matches the machine file's matmul section row by row."""
+    out = run(tmp_path, matmul(0.8, 0.8), {"machine": {}, "matmul": matmul(0.8, 0.6)})
+    assert out.returncode == 1 and out.stdout.count("SLOWER") == 1
+
+
 def test_bad_input_is_exit_2(tmp_path):
     assert run(tmp_path, {"rows": []}, {"rows": []}).returncode == 2  # nothing comparable
     (tmp_path / "junk.json").write_text("{not json")
