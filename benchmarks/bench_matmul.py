@@ -22,7 +22,16 @@ process and 1.30 ms alone).  ``--same-process`` restores one worker.
 The table shows medians of wall time and the throughput ratio refreplay /
 NumPy (1.0 = as fast as OpenBLAS), and the same ratio from process CPU
 time, which a busy shared machine disturbs less (for one thread it is the
-time the core actually worked).
+time the core actually worked).  ``of peak`` (``of peak cpu``, from CPU time) is refreplay's throughput as a
+fraction of this machine's unfused multiply-then-add peak (``peak.py``,
+measured in a fresh worker with the same thread count just before the
+cases): the yardstick that means the same on every CPU, where the ratio to an
+FMA BLAS does not.
+
+refreplay runs with the block sizes ``refreplay.linalg.blocking`` derives from
+this machine's caches (printed), or with ``--blocks KC B_CACHED B_BLOCK``.
+Results go to ``--json`` (default benchmarks/results/matmul.json) and, as
+section ``matmul``, into this CPU kind's file ``results/machine-<cpu>.json``.
 """
 from __future__ import annotations
 
@@ -37,6 +46,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+DEFAULT_JSON = REPO / "benchmarks" / "results" / "matmul.json"
 
 # (name, form, I, K, J): form nn = A·B, nt = A·Bᵀ, tn = Aᵀ·B; C is I×J.
 CASES = [
@@ -50,6 +60,10 @@ CASES = [
     ("small mlp down fwd", "nn", 512, 1024, 256),
     ("small mlp up dX (A.Bt)", "nt", 512, 1024, 256),
     ("small mlp up dW (At.B)", "tn", 256, 512, 1024),
+    ("square 256 A.Bt", "nt", 256, 256, 256),
+    ("square 256 At.B", "tn", 256, 256, 256),
+    ("square 512 A.Bt", "nt", 512, 512, 512),
+    ("square 512 At.B", "tn", 512, 512, 512),
     ("square 1024 A.Bt", "nt", 1024, 1024, 1024),
     ("square 1024 At.B", "tn", 1024, 1024, 1024),
 ]
@@ -89,13 +103,15 @@ def openblas_kernel() -> str:
     return "unknown (threadpoolctl not installed and no OpenBLAS symbols found)"
 
 
-def worker(repeats: int, only: str, side: str) -> dict:
+def worker(repeats: int, only: str, side: str, blocks: list[int] | None = None) -> dict:
     """Time the cases; ``side``: "both" (alternately), "ours" or "blas" alone.
     Returns every sample (wall and process CPU seconds) per case and side."""
     import numpy as np
     from refreplay import linalg as L
+    from refreplay.linalg.blocking import Blocks, machine_blocks
     from refreplay.numerics import load
 
+    blk = Blocks(*blocks) if blocks else machine_blocks()
     rng = np.random.default_rng(0)
     rows = []
     for name, form, I, K, J in CASES:
@@ -107,7 +123,7 @@ def worker(repeats: int, only: str, side: str) -> dict:
         B = load(rng.standard_normal(b_shape).astype(np.float32))
         C = np.empty((I, J), np.float32)
         mm = {"nn": L.mm_nn, "nt": L.mm_nt, "tn": L.mm_tn}[form]
-        fns = {"ours": lambda: mm(A, B, C, False),
+        fns = {"ours": lambda: mm(A, B, C, False, *blk.args()),
                "blas": {"nn": lambda: np.matmul(A, B, out=C), "nt": lambda: np.matmul(A, B.T, out=C),
                         "tn": lambda: np.matmul(A.T, B, out=C)}[form]}
         if side != "both":
@@ -124,28 +140,49 @@ def worker(repeats: int, only: str, side: str) -> dict:
                 samples[k][1].append(time.process_time() - c0)
         rows.append(dict(name=name, form=form, I=I, K=K, J=J, samples=samples))
     return dict(threads=int(os.environ["NUMBA_NUM_THREADS"]), openblas=openblas_kernel(),
-                numpy=np.__version__, rows=rows)
+                numpy=np.__version__, rows=rows, blocks=vars(blk))
 
 
-def run_worker(threads: int, repeats: int, only: str, side: str = "both") -> dict:
+def _env(threads: int) -> dict:
     env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads), NUMBA_NUM_THREADS=str(threads),
                OMP_NUM_THREADS=str(threads))
     env.pop("OPENBLAS_CORETYPE", None)  # removed together: let OpenBLAS choose its kernel
     env.pop("OPENBLAS_L2_SIZE", None)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    return env
+
+
+def peak(threads: int) -> float:
+    """This machine's unfused multiply-then-add peak (GF/s) at ``threads``:
+    ``threads`` x one core's, measured now in a fresh 1-thread worker
+    (benchmarks/peak.py, ``yardstick``); exits if its check fails."""
+    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "peak.py"), "--worker-json"],
+                         env=_env(1), capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"peak worker ({threads} threads) failed:\n{out.stderr}")
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    if not res["check"]["ok"]:
+        sys.exit(f"the yardstick kernel failed its check (fused or wrong bits): {res['check']}")
+    return threads * res["runs"][0]["gflops"]
+
+
+def run_worker(threads: int, repeats: int, only: str, side: str = "both", blocks=None) -> dict:
+    env = _env(threads)
+    extra = ["--blocks", *map(str, blocks)] if blocks else []
     out = subprocess.run([sys.executable, __file__, "--worker", "--repeats", str(repeats), "--only", only,
-                          "--side", side], env=env, capture_output=True, text=True)
+                          "--side", side, *extra], env=env, capture_output=True, text=True)
     if out.returncode != 0:
         sys.exit(f"benchmark worker ({threads} threads) failed:\n{out.stderr}")
     return json.loads(out.stdout)
 
 
-def measure(threads: int, repeats: int, only: str, same_process: bool) -> dict:
+def measure(threads: int, repeats: int, only: str, same_process: bool, blocks=None) -> dict:
     """One table's rows: medians per case, from one worker or from separate ones."""
+    gf_peak = peak(threads)
     if threads == 1 or same_process:
-        parts = [run_worker(threads, repeats, only)]
+        parts = [run_worker(threads, repeats, only, blocks=blocks)]
     else:
-        parts = [run_worker(threads, repeats, only, side) for _ in range(2) for side in ("ours", "blas")]
+        parts = [run_worker(threads, repeats, only, side, blocks) for _ in range(2) for side in ("ours", "blas")]
     base = parts[0]
     rows = []
     for i, r in enumerate(base["rows"]):
@@ -159,42 +196,57 @@ def measure(threads: int, repeats: int, only: str, same_process: bool) -> dict:
         rows.append(dict(name=r["name"], form=r["form"], I=r["I"], K=r["K"], J=r["J"],
                          refreplay_ms=m_ours * 1e3, numpy_ms=m_blas * 1e3,
                          refreplay_gflops=flop / m_ours / 1e9, numpy_gflops=flop / m_blas / 1e9,
-                         ratio=m_blas / m_ours,
+                         ratio=m_blas / m_ours, of_peak=flop / m_ours / 1e9 / gf_peak,
+                         of_peak_cpu=flop / statistics.median(pooled["ours"][1]) / 1e9 / gf_peak,
+                         numpy_of_peak=flop / m_blas / 1e9 / gf_peak,
                          ratio_cpu=statistics.median(pooled["blas"][1]) / statistics.median(pooled["ours"][1])))
     mode = "one process, alternating" if len(parts) == 1 else "separate processes, 2 rounds"
-    return dict(threads=threads, openblas=base["openblas"], numpy=base["numpy"], mode=mode, rows=rows)
+    return dict(threads=threads, openblas=base["openblas"], numpy=base["numpy"], mode=mode, rows=rows,
+                peak_gflops=gf_peak, blocks=base["blocks"])
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--json", default="benchmarks/results/matmul.json", help="where to write the results")
+    p.add_argument("--json", default=str(DEFAULT_JSON), help="where to write the results")
     p.add_argument("--only", default="", help="run only the cases whose name contains this text")
     p.add_argument("--same-process", action="store_true",
                    help="with several threads, time both libraries alternately in one process")
+    p.add_argument("--blocks", type=int, nargs=3, metavar=("KC", "B_CACHED", "B_BLOCK"), default=None,
+                   help="run refreplay with these block sizes instead of the machine's (blocking.py)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--side", default="both", choices=("both", "ours", "blas"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
-        print(json.dumps(worker(args.repeats, args.only, args.side)))
+        print(json.dumps(worker(args.repeats, args.only, args.side, args.blocks)))
         return 0
-    runs = [measure(t, args.repeats, args.only, args.same_process) for t in args.threads]
-    print(f"machine: {cpu_model()}, {os.cpu_count()} CPUs; "
-          f"1-minute load average at the end: {os.getloadavg()[0]:.1f}")
+    load_start = os.getloadavg()
+    runs = [measure(t, args.repeats, args.only, args.same_process, args.blocks) for t in args.threads]
+    print(f"machine: {cpu_model()}, {os.cpu_count()} CPUs; 1-minute load average at the start "
+          f"{load_start[0]:.1f}, at the end {os.getloadavg()[0]:.1f}")
     for run in runs:
         print(f"\nthreads = {run['threads']} ({run['mode']})   NumPy {run['numpy']}, OpenBLAS {run['openblas']}")
+        print(f"unfused mul+add peak (peak.py) {run['peak_gflops']:.1f} GF/s; blocks {run['blocks']}"
+              + ("; 'of peak cpu' uses the CPU-time median (1 thread: the time the core worked)"
+                 if run["threads"] == 1 else ""))
         print(f"{'case':26s} {'form':4s} {'I x K x J':>16s} {'refreplay ms':>13s} {'numpy ms':>9s} "
-              f"{'GF/s ours':>9s} {'GF/s numpy':>10s} {'ratio':>6s} {'ratio(cpu)':>10s}")
+              f"{'GF/s ours':>9s} {'GF/s numpy':>10s} {'ratio':>6s} {'ratio(cpu)':>10s} {'of peak':>7s} "
+              f"{'numpy of peak':>13s} {'of peak cpu':>11s}")
         for r in run["rows"]:
             print(f"{r['name']:26s} {r['form']:4s} {r['I']:>5d}x{r['K']:>4d}x{r['J']:>5d} "
                   f"{r['refreplay_ms']:13.2f} {r['numpy_ms']:9.2f} {r['refreplay_gflops']:9.1f} "
-                  f"{r['numpy_gflops']:10.1f} {r['ratio']:6.2f} {r['ratio_cpu']:10.2f}")
+                  f"{r['numpy_gflops']:10.1f} {r['ratio']:6.2f} {r['ratio_cpu']:10.2f} {r['of_peak']:7.2f} "
+                  f"{r['numpy_of_peak']:13.2f} {r['of_peak_cpu']:11.2f}")
+    payload = dict(cpu=cpu_model(), load_average=os.getloadavg(), load_average_start=load_start, runs=runs)
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(dict(cpu=cpu_model(), load_average=os.getloadavg(), runs=runs),
-                              indent=1) + "\n")
+    out.write_text(json.dumps(payload, indent=1) + "\n")
     print(f"\nwrote {out}")
+    if not args.only and not args.blocks and Path(args.json).resolve() == DEFAULT_JSON.resolve():
+        sys.path.insert(0, str(REPO / "benchmarks"))
+        from run_all import update_machine_results
+        print(f"wrote {update_machine_results('matmul', payload)}")
     return 0
 
 

@@ -16,6 +16,13 @@ NUMBA_NUM_THREADS = OMP_NUM_THREADS = N and torch.set_num_threads(N).  Both
 sides are warmed up and then timed alternately; the table gives medians and
 the ratio refreplay / PyTorch (1.0 = as fast; above 1 = slower).
 
+Beside the ratios: ``of peak``, throughput as a fraction of this machine's
+unfused multiply-then-add peak (benchmarks/peak.py, measured in a fresh worker
+per thread count) for the matmul-shaped ops (linear, attention; multiplies
+and adds counted, the causal mask halving attention's), and each row's
+``peak_gflops`` (compare.py scores every row as 1 / (time x peak)).  Full
+runs also write section ``ops-<shapes>`` of results/machine-<cpu>.json.
+
 PyTorch's attention is ``scaled_dot_product_attention(is_causal=True)``,
 what a PyTorch user would call; AdamW is ``torch.optim.AdamW(foreach=True)``
 over the small preset's parameter tensors, against ``optim.adamw_step``.
@@ -32,7 +39,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from run_all import alternate, load_line, machine, run_worker, table, write_json  # noqa: E402
+from run_all import (alternate, load_line, machine, run_worker, table, update_machine_results,  # noqa: E402
+                     write_json)
 
 B, T, C, NH, F, V = 4, 128, 256, 8, 1024, 256
 HS, N = C // NH, B * T
@@ -165,6 +173,26 @@ def cases():
     return out
 
 
+def flops(name: str) -> float | None:
+    """Multiplies + adds of one forward + backward of the matmul-shaped cases
+    (linear: 3 products of N x C x 3C; causal attention: 6 products of
+    T x T x HS per head, halved by the mask), None for the others."""
+    if name.startswith("linear qkv"):
+        return 3 * 2.0 * N * C * 3 * C
+    if name.startswith("causal attention"):
+        return 6 * 2.0 * B * NH * T * T * HS / 2
+    return None
+
+
+def peak(threads: int) -> float:
+    """The unfused multiply-then-add peak (GF/s) at ``threads``: threads x one
+    core's, measured now in a fresh 1-thread worker (peak.py, ``yardstick``)."""
+    res = run_worker(HERE / "peak.py", ["--worker-json"], 1)
+    if not res["check"]["ok"]:
+        raise SystemExit(f"the yardstick kernel failed its check: {res['check']}")
+    return threads * res["runs"][0]["gflops"]
+
+
 def worker(threads: int, repeats: int, shapes: str, ops: list[str] | None = None) -> dict:
     import torch
     torch.set_num_threads(threads)
@@ -201,20 +229,33 @@ def main(argv=None) -> int:
     for n in args.threads:
         res = run_worker(Path(__file__), ["--worker", str(n), "--repeats", str(args.repeats),
                                           "--shapes", args.shapes] + (["--ops", *args.ops] if args.ops else []), n)
+        gf = peak(n)
         for r in res["rows"]:
             r["loadavg"] = res["loadavg"]
+            r["peak_gflops"] = gf
+            f = flops(r["op"])
+            r["of_peak"] = f / (r["refreplay_ms"] * 1e-3) / 1e9 / gf if f else None
+            r["torch_of_peak"] = f / (r["torch_ms"] * 1e-3) / 1e9 / gf if f else None
         rows += res["rows"]
     print(f"\nforward + backward at the {args.shapes} preset's shapes, medians of {args.repeats} (ms)")
-    print(table(["op", "threads", "refreplay ms", "torch ms", "ratio wall", "ratio cpu", "load"],
+    print("of peak: throughput (counted multiplies and adds) as a fraction of the unfused mul+add peak "
+          "(peak.py, GF/s in 'peak'), for the matmul-shaped ops; torch's beside it")
+    print(table(["op", "threads", "refreplay ms", "torch ms", "ratio wall", "ratio cpu", "of peak", "torch of peak",
+                 "peak", "load"],
                 [[r["op"], r["threads"], f"{r['refreplay_ms']:.2f}", f"{r['torch_ms']:.2f}",
-                  f"{r['ratio_wall']:.2f}", f"{r['ratio_cpu']:.2f}", f"{r['loadavg']:.1f}"] for r in rows]))
+                  f"{r['ratio_wall']:.2f}", f"{r['ratio_cpu']:.2f}",
+                  f"{r['of_peak']:.2f}" if r["of_peak"] else "-",
+                  f"{r['torch_of_peak']:.2f}" if r["torch_of_peak"] else "-",
+                  f"{r['peak_gflops']:.0f}", f"{r['loadavg']:.1f}"] for r in rows]))
     if args.ops and not args.json:  # a subset must not replace the full results file
         print(f"\n{load_line()}")
         return 0
     name = "ops.json" if args.shapes == "small" else f"ops-{args.shapes}.json"
-    out = write_json(name, {"machine": machine(), "repeats": args.repeats, "shapes": args.shapes,
-                            "rows": rows}, args.json)
+    payload = {"machine": machine(), "repeats": args.repeats, "shapes": args.shapes, "rows": rows}
+    out = write_json(name, payload, args.json)
     print(f"\n{load_line()}\nwrote {out}")
+    if not args.json:
+        print(f"wrote {update_machine_results(f'ops-{args.shapes}', payload)}")
     return 0
 
 

@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -48,6 +49,81 @@ def machine() -> dict:
     return {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
             "loadavg_1_5_15": [round(x, 2) for x in la],
             "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+_ISA = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_fp16",
+        "amx_tile", "asimd", "sve", "sve2")
+
+
+def _cpuinfo() -> dict:
+    """The first processor's fields of /proc/cpuinfo (empty where there is none)."""
+    info = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if not line.strip():
+                break
+            k, _, v = line.partition(":")
+            info[k.strip()] = v.strip()
+    except OSError:
+        pass
+    return info
+
+
+def machine_info() -> dict:
+    """CPU model, vendor/family/model, the SIMD flags that matter, the caches
+    the process sees (sysfs) and the matmul blocks derived from them."""
+    from refreplay.linalg import blocking
+    ci = _cpuinfo()
+    flags = set((ci.get("flags") or ci.get("Features") or "").split())
+    caches = {}
+    root = Path(blocking.SYSFS)
+    for d in sorted(root.glob("index*")) if root.is_dir() else []:
+        try:
+            lv, kind, size = ((d / n).read_text().strip() for n in ("level", "type", "size"))
+            shared = (d / "shared_cpu_list").read_text().strip() if (d / "shared_cpu_list").exists() else ""
+        except OSError:
+            continue
+        caches[f"L{lv}{'d' if kind == 'Data' else 'i' if kind == 'Instruction' else ''}"] = \
+            dict(size=size, shared_cpu_list=shared)
+    c = blocking.machine_caches()
+    return {"cpu": cpu_model(), "vendor": ci.get("vendor_id", ""), "family": ci.get("cpu family", ""),
+            "model": ci.get("model", ""), "isa": [f for f in _ISA if f in flags], "caches": caches,
+            "blocks": dict(vars(blocking.blocks_for(c)), from_caches=dict(vars(c))),
+            "cores": os.cpu_count(), "python": platform.python_version()}
+
+
+def machine_slug() -> str:
+    """A file name for this CPU kind: model name, vendor family and model number."""
+    ci = _cpuinfo()
+    parts = [cpu_model(), f"f{ci['cpu family']}" if "cpu family" in ci else "",
+             f"m{ci['model']}" if ci.get("model", "").isdigit() else ""]
+    slug = "-".join(p for p in parts if p).lower()
+    return re.sub(r"[^a-z0-9]+", "-", slug).strip("-")[:80] or "unknown-cpu"
+
+
+def machine_results_path() -> Path:
+    """benchmarks/results/machine-<cpu>.json: every figure of this CPU kind in one
+    file, so that runs on different CPUs never overwrite each other's."""
+    return RESULTS / f"machine-{machine_slug()}.json"
+
+
+def read_machine_results(path: Path | None = None) -> dict:
+    p = path or machine_results_path()
+    return json.loads(p.read_text()) if p.exists() else {}
+
+
+def update_machine_results(section: str, payload: dict, path: Path | None = None) -> Path:
+    """Replace one section (``peak``, ``matmul-1t``, ``ops-small``, ...) of this
+    machine's results file, keeping the others; each section carries its own
+    time and load average."""
+    p = path or machine_results_path()
+    data = read_machine_results(p)
+    data["machine"] = machine_info()
+    data[section] = dict(payload, utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                         loadavg_1_5_15=[round(x, 2) for x in os.getloadavg()])
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    return p
 
 
 def load_line() -> str:
@@ -140,6 +216,16 @@ def summary_rows() -> list[list]:
                     ratio = r["ratio"]
                     rows.append(["matmul 1024, 1 thread (x OpenBLAS throughput; bench_matmul.py)",
                                  f"{ratio:.2f}", ">= 0.5", "yes" if ratio >= 0.5 else "no"])
+    pk = read_machine_results().get("peak")
+    for th, gf in sorted((pk or {}).get("yardstick", {}).items()):
+        rows.append([f"unfused mul+add yardstick, {th} thread(s) (GF/s; peak.py)", f"{gf:.1f}", "", ""])
+    mf = read_machine_results().get("matmul")
+    for run in (mf or {}).get("runs", []):
+        fr = [r["of_peak"] for r in run.get("rows", []) if "of_peak" in r]
+        if fr:
+            rows.append([f"matmul, {run['threads']} thread(s): min / median fraction of peak",
+                         f"{min(fr):.2f} / {statistics.median(fr):.2f}", ">= 0.85 (issue 32)",
+                         "yes" if min(fr) >= 0.85 else "no"])
     st = _read("step.json")
     if st:
         for r in st["rows"]:
@@ -177,6 +263,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     names = args.only or ["ops", "step", "hash", "memory", "start"]
     print(load_line(), flush=True)
+    print("\n===== peak.py (the yardstick) =====", flush=True)
+    if subprocess.run([sys.executable, str(HERE / "peak.py")]).returncode != 0:
+        print("peak.py failed: the yardstick kernel's check or run")
     for name in names:
         extra = ["--repeats", "2"] if args.quick else []
         print(f"\n===== bench_{name}.py =====", flush=True)

@@ -11,6 +11,7 @@ import numpy as np
 
 from . import mm_fp32 as _mm
 from . import reduce as _red
+from .blocking import Blocks, machine_blocks
 from .mm_int8 import I8_MAX_K, mm_i8
 
 
@@ -41,39 +42,52 @@ def _output(out, shape, inputs, dtype=np.float32, accumulate=False):
     return out
 
 
+def _blocks(blocks):
+    """The block sizes to run with: the machine's (``blocking.py``) unless given."""
+    if blocks is None:
+        return machine_blocks().args()
+    if not isinstance(blocks, Blocks):
+        raise TypeError(f"blocks must be a refreplay.linalg.blocking.Blocks, got {type(blocks).__name__}")
+    if min(blocks.args()) < 1:
+        raise ValueError(f"blocks must be positive, got {blocks}")
+    return blocks.args()
+
+
 def _contracted(what, ka, kb):
     if ka != kb:
         raise ValueError(f"{what}: contracted lengths differ (K = {ka} vs {kb})")
 
 
-def matmul(A, B, out=None, accumulate=False):
+def matmul(A, B, out=None, accumulate=False, blocks=None):
     """[mm.nn.c1] C = A·B, A: I×K, B: K×J -> C: I×J (float32).
 
     With ``out`` the result is written there; with ``accumulate=True`` it is
     added to ``out`` ([mm.accumulate.c1]).  Returns the output array.
+    ``blocks`` (a ``blocking.Blocks``) overrides the block sizes derived from
+    this machine's caches; no bit depends on them.
     """
     _matrix("A", A), _matrix("B", B)
     _contracted("matmul", A.shape[1], B.shape[0])
     C = _output(out, (A.shape[0], B.shape[1]), (A, B), accumulate=accumulate)
-    _mm.mm_nn(A, B, C, bool(accumulate))
+    _mm.mm_nn(A, B, C, bool(accumulate), *_blocks(blocks))
     return C
 
 
-def matmul_nt(A, B, out=None, accumulate=False):
+def matmul_nt(A, B, out=None, accumulate=False, blocks=None):
     """[mm.nt.c1] C = A·Bᵀ, A: I×K, B: J×K -> C: I×J (float32)."""
     _matrix("A", A), _matrix("B", B)
     _contracted("matmul_nt", A.shape[1], B.shape[1])
     C = _output(out, (A.shape[0], B.shape[0]), (A, B), accumulate=accumulate)
-    _mm.mm_nt(A, B, C, bool(accumulate))
+    _mm.mm_nt(A, B, C, bool(accumulate), *_blocks(blocks))
     return C
 
 
-def matmul_tn(A, B, out=None, accumulate=False):
+def matmul_tn(A, B, out=None, accumulate=False, blocks=None):
     """[mm.tn.c1] C = Aᵀ·B, A: K×I, B: K×J -> C: I×J (float32)."""
     _matrix("A", A), _matrix("B", B)
     _contracted("matmul_tn", A.shape[0], B.shape[0])
     C = _output(out, (A.shape[1], B.shape[1]), (A, B), accumulate=accumulate)
-    _mm.mm_tn(A, B, C, bool(accumulate))
+    _mm.mm_tn(A, B, C, bool(accumulate), *_blocks(blocks))
     return C
 
 

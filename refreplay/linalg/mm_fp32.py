@@ -15,12 +15,14 @@ Structure (the classic packed GEMM, with nothing reassociated):
   contiguous along j) and A into row blocks of MR rows (``Ap[k, r]``).
   Packing copies bits (and zero-pads the edges, which feed only lanes that
   are never stored).
-* Where packed B fits in L3 (B_CACHED), each row block runs over all the
-  panels.  Where it does not, the panels are taken B_BLOCK floats at a time
-  (a column block that stays in L2) and every row block runs its tiles over
-  that block before the next: B is read from memory once per k block, not
-  once per row block (the LM head's 50,304 × 768 B is 154 MB; streaming it
-  per row block ran at a third of the speed).
+* Where packed B fits in cache (``b_cached`` floats), each row block runs over
+  all the panels.  Where it does not, the panels are taken ``b_block`` floats
+  at a time (a column block that stays in L2) and every row block runs its
+  tiles over that block before the next: B is read from memory once per k
+  block, not once per row block (the LM head's 50,304 × 768 B is 154 MB;
+  streaming it per row block ran at a third of the speed).  The block sizes
+  are run-time arguments, derived from the machine's caches by
+  ``blocking.py`` (no bit depends on them).
 * ``_tile.tile_*`` runs one MR × NR tile over the k block with its
   accumulators in vector registers, skipping flushes only where the
   exponent bounds below prove them identities.  Threads take row blocks (independent
@@ -45,6 +47,12 @@ from ..numerics._bits import f32_bits
 from ..numerics.core import ZERO, add
 from ._tile import MR, NR, tile_flush, tile_flush_sums, tile_plain
 
+# Block sizes: run-time arguments of the driver, chosen per machine from its
+# cache sizes by ``blocking.py`` (the API passes them).  These constants are
+# only the defaults for compiled callers that pass none (``mm_int8``): the
+# sizes of the 32 KiB L1d / 1 MiB L2 / 32 MiB L3 machine they were tuned on.
+# No block size changes a bit: k blocks meet in C (stored and reloaded
+# float32, exact), and which tile runs when is free.
 KC = 1024  # k block: long enough that one row block's tiles stream B once per block
 B_CACHED = 1 << 21  # floats of packed B (8 MiB) that row blocks can each stream from L3
 B_BLOCK = 1 << 17  # floats of packed B (512 KiB) that the row blocks share while in L2
@@ -174,10 +182,26 @@ def pack_b_panel(B, b_trans, j0, k0, kc, Bp, off):
 
 # ---- the driver ------------------------------------------------------------------------
 
+@kernel
+def plan(nj, K, kc_max, b_cached):
+    """(k block length, column-blocked?) for nj panels of B over K: column
+    blocks where packed B (nj panels of min(kc, K) x NR floats) exceeds b_cached."""
+    KB = max(1, kc_max)
+    return KB, nj * min(KB, K) * NR > b_cached
+
+
+@kernel
+def panels_per_block(kc, b_block):
+    """Panels of kc x NR floats per column block of b_block floats (at least 1)."""
+    return max(1, b_block // (kc * NR))
+
+
 @parallel_kernel
-def _mm_packed(A, B, C, a_trans, b_trans):
+def _mm_packed(A, B, C, a_trans, b_trans, kc_max=KC, b_cached=B_CACHED, b_block=B_BLOCK):
     """C = op(A)·op(B), overwriting C (I×J), NaNs canonical.  op transposes when
-    the flag is set: A is I×K (K×I if a_trans), B is K×J (J×K if b_trans)."""
+    the flag is set: A is I×K (K×I if a_trans), B is K×J (J×K if b_trans).
+    kc_max: the k block; b_cached: the floats of packed B above which column
+    blocks are used; b_block: the floats of packed B per column block."""
     I, J = C.shape
     K = A.shape[0] if a_trans else A.shape[1]
     if K == 0:
@@ -188,11 +212,11 @@ def _mm_packed(A, B, C, a_trans, b_trans):
     ea = cols_exp_min(A, ni, MR) if a_trans else rows_exp_min(A, ni, MR)
     eb = rows_exp_min(B, nj, NR) if b_trans else cols_exp_min(B, nj, NR)
     Cf = C.reshape(-1)
-    Bp = np.empty(nj * KC * NR, dtype=np.float32)
-    blocked = nj * min(KC, K) * NR > B_CACHED  # packed B outgrows the cache: column blocks
-    Ap = np.empty(ni * KC * MR if blocked else 0, dtype=np.float32)
-    for k0 in range(0, K, KC):  # k blocks in increasing order, never in parallel
-        kc = min(KC, K - k0)
+    KB, blocked = plan(nj, K, kc_max, b_cached)
+    Bp = np.empty(nj * min(KB, K) * NR, dtype=np.float32)
+    Ap = np.empty(ni * min(KB, K) * MR if blocked else 0, dtype=np.float32)
+    for k0 in range(0, K, KB):  # k blocks in increasing order, never in parallel
+        kc = min(KB, K - k0)
         for jp in prange(nj):
             pack_b_panel(B, b_trans, jp * NR, k0, kc, Bp, jp * kc * NR)
         load_c = k0 > 0
@@ -202,13 +226,13 @@ def _mm_packed(A, B, C, a_trans, b_trans):
                 pack_a(A, a_trans, ib * MR, k0, kc, Ai)
                 _row_block_tiles(Ai, 0, ib, Bp, 0, nj, kc, C, Cf, ea[ib], eb, load_c)
             continue
-        # Column blocks of nb panels (B_BLOCK floats, in L2) that every row
+        # Column blocks of nb panels (b_block floats, in L2) that every row
         # block runs over before the next: B is read from memory once per
         # k block instead of once per row block.  A is packed whole, once.
         # Which tile runs when changes no bit.
         for ib in prange(ni):
             pack_a(A, a_trans, ib * MR, k0, kc, Ap[ib * kc * MR:(ib + 1) * kc * MR])
-        nb = max(1, B_BLOCK // (kc * NR))
+        nb = panels_per_block(kc, b_block)
         for jb in range(0, nj, nb):
             for ib in prange(ni):
                 _row_block_tiles(Ap, ib * kc * MR, ib, Bp, jb, min(jb + nb, nj), kc, C, Cf, ea[ib], eb, load_c)
@@ -248,32 +272,34 @@ def _add_into(C, S):
 
 
 @kernel
-def _mm(A, B, C, accumulate, a_trans, b_trans):
+def _mm(A, B, C, accumulate, a_trans, b_trans, kc_max, b_cached, b_block):
     if accumulate:
         S = np.empty_like(C)
-        _mm_packed(A, B, S, a_trans, b_trans)
+        _mm_packed(A, B, S, a_trans, b_trans, kc_max, b_cached, b_block)
         _add_into(C, S)
     else:
-        _mm_packed(A, B, C, a_trans, b_trans)
+        _mm_packed(A, B, C, a_trans, b_trans, kc_max, b_cached, b_block)
 
 
 @kernel
-def mm_nn(A, B, C, accumulate=False):
+def mm_nn(A, B, C, accumulate=False, kc_max=KC, b_cached=B_CACHED, b_block=B_BLOCK):
     """[mm.nn.c1] C = A·B.  A: I×K, B: K×J, C: I×J; overwritten, or accumulated
-    into with ``accumulate`` ([mm.accumulate.c1]).  Threads over row blocks."""
-    _mm(A, B, C, accumulate, False, False)
+    into with ``accumulate`` ([mm.accumulate.c1]).  Threads over row blocks.
+    The block sizes (``blocking.Blocks``; bits never depend on them) default
+    to the constants above."""
+    _mm(A, B, C, accumulate, False, False, kc_max, b_cached, b_block)
 
 
 @kernel
-def mm_nt(A, B, C, accumulate=False):
+def mm_nt(A, B, C, accumulate=False, kc_max=KC, b_cached=B_CACHED, b_block=B_BLOCK):
     """[mm.nt.c1] C = A·Bᵀ.  A: I×K, B: J×K, C: I×J; overwritten or accumulated."""
-    _mm(A, B, C, accumulate, False, True)
+    _mm(A, B, C, accumulate, False, True, kc_max, b_cached, b_block)
 
 
 @kernel
-def mm_tn(A, B, C, accumulate=False):
+def mm_tn(A, B, C, accumulate=False, kc_max=KC, b_cached=B_CACHED, b_block=B_BLOCK):
     """[mm.tn.c1] C = Aᵀ·B.  A: K×I, B: K×J, C: I×J; overwritten or accumulated."""
-    _mm(A, B, C, accumulate, True, False)
+    _mm(A, B, C, accumulate, True, False, kc_max, b_cached, b_block)
 
 
 @parallel_kernel

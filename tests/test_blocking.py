@@ -1,0 +1,140 @@
+"""The matmul's machine-derived block sizes (refreplay/linalg/blocking.py).
+
+No bit may depend on them: for a small cache description, Intel's (48 KiB
+L1d, 2 MiB L2), a large one and this machine's, the blocked kernels must
+equal the one-output-at-a-time loops (``*_naive``) bit for bit on shapes at,
+below and above every size derived (the k block, the column-block threshold,
+the column-block width), in all three forms, overwriting and accumulating.
+``plan`` (the driver's own decision) is checked to take the path each shape
+is meant to exercise, so the shapes cannot silently miss a boundary.
+"""
+import numpy as np
+import pytest
+
+from naive import bits
+from refreplay import linalg as L
+from refreplay.linalg import _tile, blocking
+from refreplay.linalg import mm_fp32 as M
+from refreplay.linalg.blocking import Blocks, Caches, blocks_for, machine_caches
+from refreplay.numerics import load
+from test_linalg import edgy, rand
+
+SMALL = Caches(l1d=16 << 10, l2=256 << 10, l3=0)
+INTEL = Caches(l1d=48 << 10, l2=2 << 20, l3=105 << 20)
+LARGE = Caches(l1d=64 << 10, l2=4 << 20, l3=256 << 20)
+NR = _tile.NR
+
+
+def test_tile_shape_matches_the_kernel():
+    assert (blocking.MR, blocking.NR) == (_tile.MR, _tile.NR)
+
+
+def test_rule_on_known_descriptions():
+    assert blocks_for(SMALL) == Blocks(kc=256, b_cached=1 << 15, b_block=1 << 15)
+    assert blocks_for(INTEL) == Blocks(kc=1024, b_cached=1 << 18, b_block=1 << 18)
+    assert blocks_for(LARGE) == Blocks(kc=1024, b_cached=1 << 19, b_block=1 << 19)
+    # the machine the constants were tuned on keeps them (kc, column block)
+    tuned = blocks_for(blocking.FALLBACK)
+    assert (tuned.kc, tuned.b_block) == (M.KC, M.B_BLOCK)
+    # nonsense sizes give small but valid blocks
+    tiny = blocks_for(Caches(l1d=0, l2=0))
+    assert tiny.kc >= blocking.KC_MIN and tiny.b_cached > 0 and tiny.b_block > 0
+
+
+def _fake_sysfs(root, entries):
+    for i, (level, kind, size) in enumerate(entries):
+        d = root / f"index{i}"
+        d.mkdir(parents=True)
+        for name, text in (("level", level), ("type", kind), ("size", size)):
+            if text is not None:
+                (d / name).write_text(text + "\n")
+    return str(root)
+
+
+def test_sysfs_reading(tmp_path):
+    root = _fake_sysfs(tmp_path / "a", [("1", "Data", "48K"), ("1", "Instruction", "32K"),
+                                        ("2", "Unified", "2048K"), ("3", "Unified", "105M")])
+    assert machine_caches(root) == Caches(48 << 10, 2 << 20, 105 << 20, source=root)
+    # a missing or garbled level takes the fallback's size; no file at all: the fallback
+    root = _fake_sysfs(tmp_path / "b", [("1", "Data", "lots"), ("2", "Unified", None)])
+    assert machine_caches(root) == blocking.FALLBACK
+    root = _fake_sysfs(tmp_path / "c", [("1", "Data", "16K"), ("2", "Unified", "junk")])
+    c = machine_caches(root)
+    assert (c.l1d, c.l2, c.l3) == (16 << 10, blocking.FALLBACK.l2, 0)
+    assert machine_caches(str(tmp_path / "absent")) == blocking.FALLBACK
+
+
+def test_api_blocks_argument():
+    A = np.ones((3, 4), np.float32)
+    with pytest.raises(TypeError):
+        L.matmul(A, A.T.copy(), blocks=(1024, 1, 1))
+    with pytest.raises(ValueError):
+        L.matmul(A, A.T.copy(), blocks=Blocks(0, 1, 1))
+
+
+def boundary_shapes(b: Blocks):
+    """(I, K, J, blocked?) at, below and above each of b's sizes."""
+    kc = b.kc
+    out = []
+    for K in (kc - 1, kc, kc + 1, 2 * kc + 1):
+        width = min(kc, K) * NR  # floats of one packed panel in a k block
+        thr = b.b_cached // width  # most panels that stay unblocked
+        nb = max(1, b.b_block // width)  # panels per column block
+        # around the threshold: whole and partial last panels; beyond it, a
+        # partial last column block (2nb + 1 panels) and whole ones (3nb)
+        edge = [(thr, 0), (thr, 5), (thr + 1, 0), (thr + 1, 5)] if K != 2 * kc + 1 else [(thr + 1, 5)]
+        for panels, short in edge + [(max(1, thr - 1), 5), (2 * nb + 1, 5), (3 * nb, 0)]:
+            if panels * NR - short >= 1:
+                out.append((5, K, panels * NR - short))
+    return sorted(set(out))
+
+
+def _cases():
+    cases = []
+    for label, desc in (("small", SMALL), ("intel", INTEL), ("large", LARGE), ("machine", machine_caches())):
+        b = blocks_for(desc)
+        cases += [pytest.param(b, shape, id=f"{label}-{shape[0]}x{shape[1]}x{shape[2]}")
+                  for shape in boundary_shapes(b)]
+    return cases
+
+
+def test_shapes_cross_every_boundary():
+    """The shapes take both paths, and more than one k block and column block."""
+    for desc in (SMALL, INTEL, LARGE):
+        b = blocks_for(desc)
+        paths, kblocks, cblocks = set(), set(), set()
+        for _, K, J in boundary_shapes(b):
+            nj = (J + NR - 1) // NR
+            KB, blocked = M.plan(nj, K, b.kc, b.b_cached)
+            paths.add(bool(blocked))
+            kblocks.add((K + KB - 1) // KB)
+            if blocked:
+                cblocks.add((nj + M.panels_per_block(min(KB, K), b.b_block) - 1)
+                            // M.panels_per_block(min(KB, K), b.b_block))
+        assert paths == {False, True}, desc
+        assert {1, 2, 3} <= kblocks, desc
+        assert len(cblocks) >= 2 and max(cblocks) >= 3, desc
+
+
+@pytest.mark.parametrize("blocks,shape", _cases())
+def test_blocked_equals_naive(blocks, shape):
+    """[mm.nn.c1] [mm.nt.c1] [mm.tn.c1] [mm.accumulate.c1] the same bits whatever the blocks."""
+    I, K, J = shape
+    rng = np.random.default_rng(I * 7919 + K * 31 + J)
+    A, B, D = edgy(rng, (I, K), 0.05), edgy(rng, (K, J), 0.05), rand(rng, (I, J))
+    At, Bt = np.ascontiguousarray(A.T), np.ascontiguousarray(B.T)
+    for api, slow, a, b in [(L.matmul, L.mm_nn_naive, A, B), (L.matmul_nt, L.mm_nt_naive, A, Bt),
+                            (L.matmul_tn, L.mm_tn_naive, At, B)]:
+        for acc in (False, True):
+            c_fast, c_slow = D.copy(), D.copy()
+            api(a, b, out=c_fast, accumulate=acc, blocks=blocks)
+            slow(a, b, c_slow, acc)
+            assert np.array_equal(bits(c_fast), bits(c_slow)), (api.__name__, acc)
+
+
+def test_machine_blocks_are_the_default():
+    """The API without blocks= runs with blocking.machine_blocks() (same bits as any)."""
+    rng = np.random.default_rng(5)
+    A = load(rng.standard_normal((9, 70)).astype(np.float32))
+    B = load(rng.standard_normal((70, 130)).astype(np.float32))
+    assert np.array_equal(bits(L.matmul(A, B)), bits(L.matmul(A, B, blocks=blocking.machine_blocks())))
