@@ -977,3 +977,109 @@ MUTANTS.update({
     "bf16 linear backward keeps dW in bf16": ("bf16_linear_backward", P(k_bf16_linear_backward, dw_bf16=True),
                                               "bf16.tensors.c1", "dW rounded to bf16"),
 })
+
+
+# ---- wrong readings of the step clauses (chapters 15, 22, 23) ---------------------------------
+#
+# These are not op kernels: each replaces one function of the reference's trainer (a
+# monkeypatch, undone after the test) so that `refreplay vectors steps` computes whole steps
+# with one clause misread.  ``tests/test_golden_steps.py`` checks that every one fails the
+# committed golden steps, and names the case that catches it.  The readings in NumPy below
+# use this file's binary32 arithmetic (every operation rounded, then the spec's flush).
+
+CLIP_EPS = from_bits(0x358637BD)  # the binary32 nearest 1e-6, [optim.clip.c1]
+
+
+def s_bottom_up(self):
+    """[fold.final.c1] misread: the stack folded from the bottom up,
+    ((P_1 + P_2) + P_3) instead of P_1 + (P_2 + P_3)."""
+    acc = self.entries[0].value
+    for block in self.entries[1:]:
+        acc = self.node(acc, block.value)
+    return acc
+
+
+def s_divide(value, m):
+    """[fold.scale.c1] misread: the folded sum divided by M, not multiplied by recip(M)."""
+    if isinstance(value, dict):
+        return {k: s_divide(value[k], m) for k in sorted(value)}
+    with np.errstate(all="ignore"):
+        return finish(np.asarray(value, F32) / F32(m))
+
+
+def s_identity_scale(value, m):
+    """The mean already taken per micro-batch (with ``s_fold_scaled_leaves``)."""
+    return value
+
+
+def s_fold_scaled_leaves(self, leaf, m, merge=None):
+    """[fold.scale.c1] misread: every micro-batch's gradients and loss times
+    recip(M) before the fold (gradient accumulation of loss / M), not the
+    folded sum once after it (``s_identity_scale`` drops the later scaling)."""
+    from refreplay.training import treefold
+
+    r = recip(F32(m))
+    return treefold.treefold([{k: mul(v, r) for k, v in sorted(leaf(i).items())} for i in range(m)])
+
+
+def s_loss_in_order(self, leaf, m, merge=None):
+    """[step.loss.c1] misread: the gradients folded by the tree, the loss
+    summed left to right over the micro-batches."""
+    from refreplay.training import treefold
+    from refreplay.training.step import LOSS
+
+    leaves = [leaf(i) for i in range(m)]
+    out = treefold.treefold([{k: v for k, v in x.items() if k != LOSS} for x in leaves])
+    total = leaves[0][LOSS]
+    for x in leaves[1:]:
+        total = add(total, x[LOSS])
+    out[LOSS] = total
+    return out
+
+
+def s_no_clip(grads, max_norm):
+    """[optim.clip.c1] misread: no clipping at all."""
+    return F32(0), F32(1)
+
+
+def s_clip_coefficient_no_eps(partials, max_norm):
+    """[optim.clip.c1] step 4 misread: coef = max_norm * recip(norm), without the 1e-6."""
+    total = F32(-0.0)
+    for p in partials:
+        total = add(total, p)
+    norm = sqrt(total)
+    return norm, mul(max_norm, recip(norm))
+
+
+def s_clip_one_sum(grads, max_norm):
+    """[optim.clip.c1] steps 1-2 misread: one sequential sum of squares over
+    the elements of all tensors (name order), not a sum per tensor and then a
+    sum of the per-tensor sums."""
+    squares = np.concatenate([mul(grads[k].reshape(-1), grads[k].reshape(-1)) for k in sorted(grads)])
+    total = np.add.accumulate(np.concatenate([[F32(-0.0)], squares]).astype(F32))[-1]  # sequential, rounded
+    norm = sqrt(total)
+    coef = mul(max_norm, recip(add(norm, CLIP_EPS)))
+    if coef < 1:
+        for k in sorted(grads):
+            grads[k][...] = mul(grads[k], coef)
+    return F32(norm), F32(coef)
+
+
+# name: (patches [(module, attribute path, replacement)], clause misread, what it does)
+STEP_MUTANTS = {
+    "bottom-up final fold": ([("refreplay.training.treefold", "FoldStack.result", s_bottom_up)],
+                             "fold.final.c1", "the stack of blocks folded from the bottom up"),
+    "division by M": ([("refreplay.training.treefold", "scale", s_divide)],
+                      "fold.scale.c1", "the folded sum divided by M"),
+    "mean per micro-batch": ([("refreplay.training.launch.inproc", "InProcess.fold", s_fold_scaled_leaves),
+                              ("refreplay.training.treefold", "scale", s_identity_scale)],
+                             "fold.scale.c1", "each micro-batch times recip(M) before the fold"),
+    "loss summed in order": ([("refreplay.training.launch.inproc", "InProcess.fold", s_loss_in_order)],
+                             "step.loss.c1", "the loss summed left to right, not folded by the tree"),
+    "no clipping": ([("refreplay.ops.optim", "clip_grad_norm", s_no_clip)],
+                    "optim.clip.c1", "gradients never clipped"),
+    "clip without the 1e-6": ([("refreplay.ops.optim", "clip_coefficient", s_clip_coefficient_no_eps)],
+                              "optim.clip.c1", "coef = max_norm * recip(norm)"),
+    "clip norm as one sum": ([("refreplay.ops.optim", "clip_grad_norm", s_clip_one_sum)],
+                             "optim.clip.c1", "one sequential sum of squares over every element"),
+}

@@ -6,18 +6,16 @@ code and the first differing record named."""
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 
 import numpy as np
 import pytest
 
+import mutants as M
 from refreplay import cli
 from refreplay.conformance import steps
-from refreplay.numerics import core, elementwise
 from refreplay.ops import optim
-from refreplay.training import treefold
-from refreplay.training.launch import inproc
-from refreplay.training.step import LOSS
 from refreplay.conformance.store import VECTOR_DIR
 
 PATH = VECTOR_DIR / steps.STEPS_FILE
@@ -44,65 +42,45 @@ def test_every_record_reproduces_with_1_3_and_m_ranks():
 
 M7 = next(c for c in steps.CASES if c.name == "tiny-m7-clip")
 
-
-def _bottom_up(self):
-    """[fold.final.c1] misread: the stack folded from the bottom up."""
-    acc = self.entries[0].value
-    for block in self.entries[1:]:
-        acc = self.node(acc, block.value)
-    return acc
+# Every mutant of tests/mutants.py STEP_MUTANTS must fail tiny-m7-clip, the case where the final
+# fold of three blocks ([fold.final.c1]), clipping ([optim.clip.c1]), an inexact recip(M)
+# ([fold.scale.c1]) and the folded loss ([step.loss.c1]) each decide bits.  (Measured: bottom-up
+# folding, no clipping and both clip misreadings pass the three other cases; division by M and
+# the mean per micro-batch also fail the M = 6 case, the loss summed in order tiny and M = 6.)
 
 
-def _divide(value, m):
-    """[fold.scale.c1] misread: the folded sum divided by M instead of times recip(M)."""
-    if isinstance(value, dict):
-        return {k: _divide(value[k], m) for k in sorted(value)}
-    with np.errstate(all="ignore"):
-        return core.load(value / np.float32(m))
+def _patch(monkeypatch, name):
+    for module, path, fn in M.STEP_MUTANTS[name][0]:
+        owner = importlib.import_module(module)
+        *outer, attr = path.split(".")
+        for part in outer:
+            owner = getattr(owner, part)
+        assert hasattr(owner, attr), f"{module}.{path} does not exist: the mutant would patch nothing"
+        monkeypatch.setattr(owner, attr, fn)
 
 
-def _no_clip(grads, max_norm):
-    """[optim.clip.c1] misread: no clipping."""
-    return np.float32(0), np.float32(1)
+def test_every_step_clause_has_a_mutant():
+    clauses = {clause for _, clause, _ in M.STEP_MUTANTS.values()}
+    assert {"fold.final.c1", "fold.scale.c1", "step.loss.c1", "optim.clip.c1"} <= clauses
+    assert len(M.STEP_MUTANTS) >= 4
 
 
-def _loss_in_order(self, leaf, m, merge=None):
-    """[step.loss.c1] misread: the gradients folded by the tree, the loss summed in order."""
-    leaves = [leaf(i) for i in range(m)]
-    out = treefold.treefold([{k: v for k, v in x.items() if k != LOSS} for x in leaves])
-    total = leaves[0][LOSS]
-    for x in leaves[1:]:
-        total = elementwise.add(total, x[LOSS])
-    out[LOSS] = total
-    return out
-
-
-WRONG_READINGS = {
-    "bottom-up final fold": (treefold.FoldStack, "result", _bottom_up),
-    "division by M": (treefold, "scale", _divide),
-    "no clipping": (optim, "clip_grad_norm", _no_clip),
-    "loss summed in order": (inproc.InProcess, "fold", _loss_in_order),
-}
+@pytest.mark.parametrize("name", sorted(M.STEP_MUTANTS))
+def test_a_step_mutant_fails_vectors_steps(name, monkeypatch, capsys):
+    """`refreplay vectors steps` (the committed file, 1 rank) with one clause
+    misread exits 1 and names the case that catches it."""
+    _patch(monkeypatch, name)
+    assert cli.main(["vectors", "steps", "--ranks", "1"]) == 1
+    out = capsys.readouterr().out
+    clause, what = M.STEP_MUTANTS[name][1:]
+    assert f"MISMATCH {M7.name}, 1 rank(s): step " in out, f"{name} ([{clause}], {what}) passes"
+    assert "FAILED" in out
+    if name == "loss summed in order":  # the gradients are the tree's: only the loss field tells
+        assert f"MISMATCH {M7.name}, 1 rank(s): step 2: loss is" in out
 
 
 def _records(case):
     return steps.run_case(case.model, case.train, steps._samples(case), case.steps)
-
-
-@pytest.fixture(scope="module")
-def m7_records():
-    return _records(M7)
-
-
-@pytest.mark.parametrize("reading", sorted(WRONG_READINGS))
-def test_a_wrong_reading_of_a_step_clause_fails_the_m7_case(reading, m7_records, monkeypatch):
-    owner, name, wrong = WRONG_READINGS[reading]
-    monkeypatch.setattr(owner, name, wrong)
-    got = _records(M7)
-    assert got[0] == m7_records[0]  # state 0 does not depend on the step
-    assert got[1:] != m7_records[1:], f"{reading} reproduces the golden records of {M7.name}"
-    if reading == "loss summed in order":  # the gradients are the same: only the loss field tells
-        assert [r["loss"] for r in got[1:]] != [r["loss"] for r in m7_records[1:]]
 
 
 def test_the_m7_case_engages_clipping(monkeypatch):
