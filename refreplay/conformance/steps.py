@@ -83,8 +83,10 @@ def _samples(case: StepCase) -> np.ndarray:
 
 
 def recipe_sha256(model: ModelConfig, train: TrainConfig, samples: np.ndarray) -> str:
-    """[conf.steps.c1] The recipe hash a case's chain binds: SHA-256 of the
-    canonical JSON of {"model", "train", "samples_sha256"}."""
+    """[conf.steps.c1] The recipe hash a case's chain binds (its case hash):
+    SHA-256 of the canonical JSON ([step.recipe.c1]) of {"model", "train",
+    "samples_sha256"}, "model" and "train" with the keys, types and omitted
+    defaults of [step.recipe.keys.c1] (``model_to_json``, ``train_to_json``)."""
     body = {"model": model_to_json(model), "train": train_to_json(train),
             "samples_sha256": hashlib.sha256(np.ascontiguousarray(samples).tobytes()).hexdigest()}
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
@@ -136,7 +138,8 @@ class Loaded:
 
 
 def load(path: Path) -> list[Loaded]:
-    """The cases of a steps file; InputError naming what is malformed."""
+    """The cases of a steps file; InputError naming what is malformed (a
+    "model" or "train" key, type or value outside [step.recipe.keys.c1])."""
     from .. import untrusted
 
     obj = untrusted.load_json(path, what="steps file")

@@ -143,7 +143,8 @@ def _exact_keys(d, keys, where):
 
 
 def recipe_from_json(obj, where: str = RECIPE_FILE, on_edited=None) -> Recipe:
-    """Validate every field of a recipe.json object.  A recipe_sha256 that is
+    """Validate every field of a recipe.json object (the keys, types and
+    values of [step.recipe.keys.c1]).  A recipe_sha256 that is
     not the hash of the recipe raises InputError, or, when ``on_edited`` is
     given, is passed to ``on_edited(published_sha256, message)``."""
     _need(isinstance(obj, dict), f"{where}: not a JSON object")
