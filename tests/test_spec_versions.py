@@ -102,3 +102,21 @@ def test_a_field_the_earlier_version_lacks_is_refused(earlier_run, tmp_path):
     run = _relabel(earlier_run, tmp_path / "run", precision="bf16")
     res = run_cli("replay", run, "--step", 1)
     assert res.returncode == 2 and "precision" in res.stderr and "VERIFIED" not in res.stdout, res.stderr
+
+
+@pytest.mark.parametrize("version,accepted", [("0.3.0", True), ("0.4.0", True), ("0.2.0", False)])
+def test_precision_is_gated_by_the_version_that_added_it(earlier_run, version, accepted):
+    """[conv.version.c1] 0.4.0 replays 0.3.0's bf16 runs: the gate is "0.3.0
+    or later", not "this version"."""
+    from refreplay.errors import InputError
+    from refreplay.training.run import recipe_from_json
+
+    obj = json.loads((earlier_run / "recipe.json").read_text())
+    obj["recipe"]["spec_version"] = version
+    obj["recipe"]["model"]["precision"] = "bf16"
+    obj["recipe_sha256"] = hashlib.sha256(canonical_json(obj["recipe"])).hexdigest()
+    if accepted:
+        assert recipe_from_json(obj).model.precision == "bf16"
+    else:
+        with pytest.raises(InputError, match="precision"):
+            recipe_from_json(obj)

@@ -142,6 +142,15 @@ def _exact_keys(d, keys, where):
                                                   missing and f"missing field(s) {', '.join(missing)}"])))
 
 
+# [step.recipe.keys.c1] The model keys a later spec version added: a run made
+# under an earlier version may only hold the value the key is omitted at.
+_MODEL_KEYS_SINCE = (("precision", "fp32", "0.3.0"),)
+
+
+def _version(v: str) -> tuple:
+    return tuple(int(x) for x in v.split("."))
+
+
 def recipe_from_json(obj, where: str = RECIPE_FILE, on_edited=None) -> Recipe:
     """Validate every field of a recipe.json object (the keys, types and
     values of [step.recipe.keys.c1]).  A recipe_sha256 that is
@@ -157,8 +166,9 @@ def recipe_from_json(obj, where: str = RECIPE_FILE, on_edited=None) -> Recipe:
                                            f"implements spec {spec.version()!r} and replays runs of "
                                            f"{', '.join(spec.replayed_versions())}")
     model = model_from_json(_obj(hashed, "model", where), f"{where}: recipe.model")
-    _need(sv == spec.version() or model.precision == "fp32",
-          f"{where}: recipe.model.precision is a field of spec {spec.version()}, not of {sv} ([conv.version.c1])")
+    for key, default, since in _MODEL_KEYS_SINCE:
+        _need(_version(sv) >= _version(since) or getattr(model, key) == default,
+              f"{where}: recipe.model.{key} is a field of spec {since} and later, not of {sv} ([conv.version.c1])")
     train = train_from_json(_obj(hashed, "train", where), f"{where}: recipe.train")
     dat = _obj(hashed, "data", where)
     _exact_keys(dat, ("manifest_sha256", "samples", "sample_tokens"), f"{where}: recipe.data")
