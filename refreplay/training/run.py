@@ -158,6 +158,9 @@ def recipe_from_json(obj, where: str = RECIPE_FILE, on_edited=None) -> Recipe:
     model = model_from_json(_obj(hashed, "model", where), f"{where}: recipe.model")
     _need(sv == spec.version() or model.precision == "fp32",
           f"{where}: recipe.model.precision is a field of spec {spec.version()}, not of {sv} ([conv.version.c1])")
+    _need(sv == spec.version() or (model.pos == "rope" and model.norm_bias),
+          f"{where}: recipe.model.pos and norm_bias are fields of spec {spec.version()}, not of {sv} "
+          "([model.pos.c1] [norm.layer.nobias.c1])")
     train = train_from_json(_obj(hashed, "train", where), f"{where}: recipe.train")
     dat = _obj(hashed, "data", where)
     _exact_keys(dat, ("manifest_sha256", "samples", "sample_tokens"), f"{where}: recipe.data")
