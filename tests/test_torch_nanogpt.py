@@ -183,3 +183,30 @@ def test_replay_verifies_and_a_flipped_checkpoint_bit_fails(runs, tmp_path):
 def test_world_sizes_3_and_4_publish_the_same_run(runs, tmp_path, text, world):
     variant, by_r = runs
     assert _records(_run(tmp_path, world, text, variant)) == _records(by_r[1])
+
+
+def test_the_nanogpt_port_with_bias_false_converts_and_runs_without_a_leak():
+    """examples/nanogpt_port with nanoGPT's bias=False: nn.LayerNorm(bias=False)
+    and bias-free Linears convert; a whole step has no leak under guard, and
+    two runs give the same bits."""
+    import sys
+
+    here = ROOT / "examples" / "nanogpt_port"
+    sys.path.insert(0, str(here))
+    try:
+        from model import Config
+
+        spec = importlib.util.spec_from_file_location("nanogpt_port_train_nobias", here / "train.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(here))
+    cfg = Config(vocab=64, block=16, layers=1, heads=2, width=32, bias=False)
+    run = mod.Run(cfg)
+    assert all(p.dim() == 2 or n.endswith("weight") for n, p in run.named.items())
+    assert not any(n.endswith("bias") for n in run.named)
+    with rt.guard(collect=True, model=run.model) as leaks:
+        first = run.step(1)
+    assert list(leaks) == [], str(leaks)
+    assert mod.Run(cfg).step(1) == first
+    assert mod.Run(Config(vocab=64, block=16, layers=1, heads=2, width=32, bias=True)).step(1) != first
