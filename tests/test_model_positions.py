@@ -304,3 +304,41 @@ def test_an_older_spec_recipe_with_the_new_fields_is_refused():
     obj["recipe_sha256"] = dataclasses.replace(rec, spec_version=obj["recipe"]["spec_version"]).sha256()
     with pytest.raises(InputError, match="pos and norm_bias are fields"):
         recipe_from_json(obj)
+
+
+_SIM = """
+import dataclasses, numpy as np
+from refreplay.training.presets import PRESETS
+from refreplay.training.model import Model, init_params
+m = PRESETS["tiny"][0]
+for nb in (True, False):
+    cfg = dataclasses.replace(m, vocab=64, width=16, heads=2, layers=1, seq_len=4, mlp_hidden=32, norm="layer",
+                              pos="learned", bias=nb, norm_bias=nb)
+    P = init_params(cfg, 0)
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 64, (2, 4)).astype(np.int32)
+    y = rng.integers(0, 64, (2, 4)).astype(np.int32)
+    a = Model(cfg).loss_and_grads(P, x, y)
+    mc = Model(cfg, device="cuda")
+    b = mc.loss_and_grads({k: mc.arrays.to_device(v) for k, v in P.items()}, x, y)
+    host = getattr(mc.arrays, "to_host", np.asarray)
+    assert np.float32(a.loss).tobytes() == np.float32(b.loss).tobytes()
+    for k in a.grads:
+        assert a.grads[k].tobytes() == np.ascontiguousarray(host(b.grads[k])).tobytes(), k
+print("same")
+"""
+
+
+@pytest.mark.slow
+def test_cuda_twin_in_the_simulator_gives_the_cpu_bits():
+    """[model.pos.c1] [norm.layer.nobias.c1] on device="cuda" (numba-cuda's
+    simulator): loss and every gradient equal the CPU reference's."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=str(root))
+    res = subprocess.run([sys.executable, "-c", _SIM], env=env, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0 and "same" in res.stdout, res.stdout + res.stderr[-3000:]
