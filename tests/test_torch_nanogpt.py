@@ -4,8 +4,8 @@ and without biases, tanh GELU, tied head: examples/torch_gpt/gpt.py's
 [norm.layer.nobias.c1]), trained under torchrun (gloo, 127.0.0.1, bounded
 by timeouts) and published: R = 1 and R = 2 give the same chain head, it
 is the head `refreplay train` computes for the same recipe, `refreplay
-replay` verifies it with the reference trainer (exit 0) and a flipped
-checkpoint bit fails (exit 1).  R = 3 and 4 under `-m slow`.
+replay` verifies it with the reference trainer (exit 0), `audit`
+certifies the sampled steps, and a flipped checkpoint bit fails (exit 1).  R = 3 and 4 under `-m slow`.
 """
 from __future__ import annotations
 
@@ -176,6 +176,19 @@ def test_replay_verifies_and_a_flipped_checkpoint_bit_fails(runs, tmp_path):
     ck.write_bytes(bytes(raw))
     out = run_cli("replay", bad, "--step", STEPS, "--quiet")
     assert out.returncode == 1 and "VERIFIED" not in out.stdout, out.stdout + out.stderr
+
+
+def test_audit_certifies_the_sampled_steps_and_coverage_accepts_them(runs, tmp_path):
+    import auditor_keys
+
+    run = runs[1][2]
+    key, pub = auditor_keys.key_files(tmp_path / "keys", "ann")
+    certs = tmp_path / "certs"
+    aud = run_cli("audit", run, "--sample", STEPS, "--beacon", "c0ffee", "--auditor", "ann", "--key", key,
+                  "--out", certs, "--quiet")
+    assert aud.returncode == 0 and aud.stdout.count("VERIFIED") == STEPS, aud.stdout + aud.stderr
+    cov = run_cli("coverage", run, certs, "--trust", pub)
+    assert cov.returncode == 0, cov.stdout + cov.stderr
 
 
 @pytest.mark.slow
