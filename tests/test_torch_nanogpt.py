@@ -93,6 +93,42 @@ def test_torch_nanogpt_is_the_reference_model_bit_for_bit(variant):
         assert p.grad.numpy().tobytes() == ref.grads[k].tobytes(), k
 
 
+def _late_forward(model, idx, targets):
+    """examples/torch_gpt/gpt.py's forward with one change: the position
+    rows are added to the first LayerNorm's output, not to the embedding."""
+    from refreplay.torch import functional as F
+
+    B, T = idx.shape
+    w_emb, w_head = F.fork(model.wte.weight)
+    x = F.embedding(idx, w_emb)
+    pos = model.wpe(model.pos_ids[:T].expand(B, T))
+    for i, block in enumerate(model.h.values()):
+        if i:
+            x = block(x)
+            continue
+        x, x_attn = F.fork(x)
+        x = F.add(x, block.attn(F.add(block.ln1(x_attn), pos)))
+        x, x_mlp = F.fork(x)
+        x = F.add(x, block.mlp(block.ln2(x_mlp)))
+    logits = F.linear(model.lnf(x), w_head)
+    return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+
+
+def test_a_torch_model_that_adds_the_positions_after_the_first_norm_is_not_the_reference():
+    """The check can fail: the same modules (model_config cannot tell), wpe
+    added after ln1; loss and d wpe differ from the reference model's."""
+    cfg = dataclasses.replace(CFG["bias"], seq_len=16)
+    model, named, _, _ = TRAIN.build(cfg, TINY_TRAIN)
+    g = torch.Generator().manual_seed(1)
+    batch = torch.randint(0, cfg.vocab, (2, cfg.seq_len + 1), generator=g).numpy().astype(np.uint16)
+    x, y = inputs_targets(batch)
+    loss = _late_forward(model, torch.from_numpy(x), torch.from_numpy(y))
+    loss.backward()
+    ref = Model(cfg).loss_and_grads(init_params(cfg, TINY_TRAIN.seed), x, y)
+    assert loss.detach().numpy().tobytes() != np.float32(ref.loss).tobytes()
+    assert named["wpe"].grad.numpy().tobytes() != ref.grads["wpe"].tobytes()
+
+
 def test_model_config_maps_the_nanogpt_model():
     for variant, cfg in CFG.items():
         model = GPT.GPT(cfg)
