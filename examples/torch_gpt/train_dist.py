@@ -7,6 +7,12 @@ the reference trainer (docs/torch.md, "Distributed training").
 Every R gives the same chain head: rank q holds the micro-batches of
 [fold.ranks.c1] and ``all_fold`` moves their TreeFold blocks as bytes.
 
+``--nanogpt bias`` / ``--nanogpt nobias`` trains nanoGPT's architecture
+at the preset's shape instead (learned positions, LayerNorm with or
+without biases, tanh GELU, tied head: ``gpt.nanogpt_config``); the recipe
+carries pos "learned" (and norm_bias false), which the reference trainer
+replays ([model.pos.c1], [norm.layer.nobias.c1]).
+
 Switches that exist to show what is NOT conformant (the tests use them):
 ``--all-reduce-steps 2,3`` sums those steps' gradients with
 ``dist.all_reduce`` like an ordinary DDP loop; ``--die-rank q --die-step n``
@@ -36,7 +42,7 @@ from refreplay.torch.optim import clip_grad_norm_
 from refreplay.torch.publish import Publisher, model_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpt import quant_names  # noqa: E402
+from gpt import nanogpt_config, quant_names  # noqa: E402
 from train import build  # noqa: E402
 
 
@@ -63,6 +69,8 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--preset", default="tiny")
     ap.add_argument("--data", nargs="+", default=None, help="corpus files (default: refreplay's corpus)")
+    ap.add_argument("--nanogpt", choices=("bias", "nobias"), default=None,
+                    help="nanoGPT's architecture at the preset's shape, with or without biases")
     ap.add_argument("--checkpoint-every", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds before a missing rank is an error")
     ap.add_argument("--all-reduce-steps", default="", help="comma-separated steps summed by dist.all_reduce")
@@ -75,10 +83,13 @@ def main(argv=None) -> int:
     rank = dist.get_rank()
     try:
         model_cfg, train_cfg = PRESETS[args.preset]
+        preset = args.preset
+        if args.nanogpt:
+            model_cfg, preset = nanogpt_config(model_cfg, bias=args.nanogpt == "bias"), None
         reduce_steps = {int(s) for s in args.all_reduce_steps.split(",") if s}
         # the model is built for the data's vocabulary; Publisher checks it
         pub = Publisher(args.out, model_cfg, train_cfg, steps=args.steps, checkpoint_every=args.checkpoint_every,
-                        corpus_files=args.data, preset=args.preset)
+                        corpus_files=args.data, preset=preset)
         model, named, opt, schedule = build(pub.model, train_cfg)
         cfg = model_config(model, named, init_std=model_cfg.init_std, rope_theta=model_cfg.rope_theta)
         assert dataclasses.asdict(cfg) == dataclasses.asdict(pub.model)

@@ -3,7 +3,7 @@ spec-exact twins, in place, keeping the very same Parameter objects (so an
 optimizer built before still holds them).
 
     torch.nn.Linear            -> refreplay.torch.nn.Linear
-    torch.nn.LayerNorm         -> LayerNorm   (affine; eps must be a binary32)
+    torch.nn.LayerNorm         -> LayerNorm   (with weight, bias or not; eps a binary32)
     torch.nn.RMSNorm           -> RMSNorm     (with weight; eps likewise)
     torch.nn.Embedding         -> Embedding   (no padding_idx / max_norm / sparse)
     torch.nn.GELU('tanh')      -> GELU
@@ -228,9 +228,10 @@ def _replacement(mod, round_eps: bool):
         new.weight, new.bias = mod.weight, mod.bias
         return new
     if t is nn.LayerNorm:
-        if mod.weight is None or mod.bias is None:
-            raise Unsupported("LayerNorm without weight or bias is not covered")
-        new = rnn.LayerNorm(mod.normalized_shape, eps=_eps(mod, round_eps), device="meta")
+        if mod.weight is None:
+            raise Unsupported("LayerNorm without a weight (elementwise_affine=False) is not covered")
+        new = rnn.LayerNorm(mod.normalized_shape, eps=_eps(mod, round_eps), bias=mod.bias is not None,
+                            device="meta")
         new.weight, new.bias = mod.weight, mod.bias
         return new
     if hasattr(nn, "RMSNorm") and t is nn.RMSNorm:

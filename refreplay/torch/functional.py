@@ -150,17 +150,20 @@ def qlinear(input, weight, bias=None):
 
 
 class LayerNorm(torch.autograd.Function):
-    """[norm.layer.fwd.c1] [norm.layer.bwd.c1] over the last axis of x [..., C]."""
+    """[norm.layer.fwd.c1] [norm.layer.bwd.c1] over the last axis of x [..., C];
+    bias None is the bias -0 of [norm.layer.nobias.c1] (and has no gradient)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, eps):
-        ops = backend_of(x, weight, bias)
+        ops = backend_of(x, weight) if bias is None else backend_of(x, weight, bias)
         with inside_reference():
             xn = to_numpy("input", x.reshape(-1, x.shape[-1]))
-            out, mean, rstd = ops.norms.layernorm_forward(xn, to_numpy("weight", weight),
-                                                          to_numpy("bias", bias), eps)
+            b = (np.full(x.shape[-1], -0.0, np.float32) if bias is None  # [norm.layer.nobias.c1]
+                 else to_numpy("bias", bias))
+            out, mean, rstd = ops.norms.layernorm_forward(xn, to_numpy("weight", weight), b, eps)
         ctx.save_for_backward(x, weight)
         ctx.stats = (mean, rstd)
+        ctx.has_bias = bias is not None
         return from_numpy(out, x).reshape(x.shape)
 
     @staticmethod
@@ -173,16 +176,20 @@ class LayerNorm(torch.autograd.Function):
                 to_numpy("grad_output", dout.reshape(-1, x.shape[-1])),
                 to_numpy("input", x.reshape(-1, x.shape[-1]), False), to_numpy("weight", weight, False),
                 *ctx.stats)
-        return from_numpy(dx, x).reshape(x.shape), from_numpy(dw, weight), from_numpy(db, weight), None
+        db = from_numpy(db, weight) if ctx.has_bias else None
+        return from_numpy(dx, x).reshape(x.shape), from_numpy(dw, weight), db, None
 
 
 @eager
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=EPS):
     """[norm.layer.fwd.c1] torch.nn.functional.layer_norm over the last axis;
-    weight and bias are required (the spec's LayerNorm is affine)."""
+    weight is required (the spec's LayerNorm has a weight); bias=None is
+    LayerNorm without a bias, the bias -0 ([norm.layer.nobias.c1]: bitwise
+    the result of omitting the add)."""
     _last_axis("layer_norm", input, normalized_shape)
-    if weight is None or bias is None:
-        raise Unsupported("layer_norm: weight and bias are required (the spec's LayerNorm is affine)")
+    if weight is None:
+        raise Unsupported("layer_norm: weight is required (the spec's LayerNorm has a weight; "
+                          "elementwise_affine=False is not covered)")
     return LayerNorm.apply(input, weight, bias, f32_scalar("eps", eps))
 
 

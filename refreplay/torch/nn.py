@@ -41,15 +41,18 @@ class Linear(nn.Linear):
 
 
 class LayerNorm(nn.LayerNorm):
-    """[norm.layer.fwd.c1] over the last axis, affine (weight and bias);
-    eps is a binary32 (default f32(0x3727C5AC))."""
+    """[norm.layer.fwd.c1] over the last axis with a weight, and a bias
+    unless ``bias=False`` (then the bias -0, [norm.layer.nobias.c1]); eps
+    is a binary32 (default f32(0x3727C5AC)).  elementwise_affine=False is
+    refused."""
 
     def __init__(self, normalized_shape, eps=F.EPS, elementwise_affine=True, bias=True, device=None,
                  dtype=None):
-        if not elementwise_affine or not bias:
-            raise Unsupported("LayerNorm: only the affine form with weight and bias is covered")
+        if not elementwise_affine:
+            raise Unsupported("LayerNorm: elementwise_affine=False is not covered (the spec's LayerNorm has "
+                              "a weight)")
         eps = f32_scalar("eps", eps)
-        super().__init__(normalized_shape, float(eps), True, True, device, dtype)
+        super().__init__(normalized_shape, float(eps), True, bool(bias), device, dtype)
         if len(self.normalized_shape) != 1:
             raise Unsupported(f"LayerNorm: only the last axis is covered, got {self.normalized_shape}")
 
@@ -171,30 +174,41 @@ class Residual(nn.Module):
 class CausalSelfAttention(nn.Module):
     """[model.forward.c1] steps 3-5: qkv = Linear(C, 3C)(x); q, k, v are the
     three C-wide parts, split into NH heads of HS channels (exact copies);
-    rotary on q and k ([rope.fwd.c1]); causal attention ([attn.out.c1]);
-    heads merged back to [B, T, C]; proj = Linear(C, C).  x: [B, T, C]."""
+    rotary on q and k ([rope.fwd.c1]) unless ``rope=False`` (a model with
+    learned positions, [model.pos.c1]: no rotation, rope_theta unused);
+    causal attention ([attn.out.c1]); heads merged back to [B, T, C];
+    proj = Linear(C, C).  x: [B, T, C] with T = seq_len."""
 
     def __init__(self, width, heads, seq_len, rope_theta=np.float32(10000.0), bias=False, quant=None,
-                 device=None):
+                 device=None, rope=True):
         super().__init__()
-        if width % heads or (width // heads) % 2:
-            raise Unsupported(f"CausalSelfAttention: width {width} must split into {heads} heads of even size")
-        self.heads, self.head_size = heads, width // heads
+        if not isinstance(rope, bool):
+            raise Unsupported(f"CausalSelfAttention: rope must be True or False, got {rope!r}")
+        if width % heads or (rope and (width // heads) % 2):
+            raise Unsupported(f"CausalSelfAttention: width {width} must split into {heads} heads"
+                              + (" of even size (rotary pairs)" if rope else ""))
+        self.heads, self.head_size, self.seq_len, self.rope = heads, width // heads, int(seq_len), rope
         self.qkv = Linear(width, 3 * width, bias=bias, device=device, quant=quant)
         self.proj = Linear(width, width, bias=bias, device=device, quant=quant)
-        cos, sin = F.rope_tables(seq_len, self.head_size, rope_theta, device or "cpu")
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
+        if rope:
+            cos, sin = F.rope_tables(seq_len, self.head_size, rope_theta, device or "cpu")
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        else:
+            self.rope_cos = self.rope_sin = None
 
     def forward(self, x):
         B, T, C = x.shape
         NH, HS = self.heads, self.head_size
-        if T != self.rope_cos.shape[0]:
-            raise Unsupported(f"CausalSelfAttention: sequence length {T}, tables were built for "
-                              f"{self.rope_cos.shape[0]}")
+        if T != self.seq_len:
+            raise Unsupported(f"CausalSelfAttention: sequence length {T}, the module was built for "
+                              f"{self.seq_len}")
         q, k, v = self.qkv(x).split(C, dim=2)
-        q = F.rope(q.view(B, T, NH, HS).transpose(1, 2), self.rope_cos, self.rope_sin)
-        k = F.rope(k.view(B, T, NH, HS).transpose(1, 2), self.rope_cos, self.rope_sin)
+        q = q.view(B, T, NH, HS).transpose(1, 2)
+        k = k.view(B, T, NH, HS).transpose(1, 2)
+        if self.rope:
+            q = F.rope(q, self.rope_cos, self.rope_sin)
+            k = F.rope(k, self.rope_cos, self.rope_sin)
         v = v.view(B, T, NH, HS).transpose(1, 2)
         o = F.causal_attention(q, k, v)
         return self.proj(o.transpose(1, 2).contiguous().view(B, T, C))

@@ -52,7 +52,15 @@ def model_config(model: nn.Module, named_parameters, *, init_std=F32(0.02), rope
     cannot express.  ``named_parameters``: {reference name: parameter}
     ([model.params.c1]), whose names and shapes must be exactly the
     configuration's.  ``init_std`` and ``rope_theta`` are not visible in the
-    module's tensors (the rotary tables are checked against ``rope_theta``)."""
+    module's tensors (the rotary tables are checked against ``rope_theta``).
+
+    Learned positions ([model.pos.c1]): a second ``Embedding`` whose weight
+    is named "wpe" in ``named_parameters``, of shape [T, C], with every
+    attention built with ``rope=False``.  LayerNorms built with
+    ``bias=False`` give norm_bias false ([norm.layer.nobias.c1]).  What a
+    forward does with the modules is not visible here: a forward that adds
+    the position rows elsewhere trains a different model, and its first
+    published state root is not the reference's (replay names the step)."""
     named = named_tensors(named_parameters, "model_config")
     emb, attn, mlps, norms, lins = [], [], [], [], []
     inside = set()
@@ -82,13 +90,25 @@ def model_config(model: nn.Module, named_parameters, *, init_std=F32(0.02), rope
         if own and not isinstance(mod, (rnn.Embedding, rnn.LayerNorm, rnn.RMSNorm, rnn.Linear)):
             raise Unsupported(f"model_config: module {where!r} ({type(mod).__name__}) holds its own parameter(s) "
                               f"{own}, which no part of spec/20-model.txt names")
-    if len(emb) != 1:
-        raise Unsupported(f"model_config: the spec's GPT has one token embedding, found {[w for w, _ in emb]}")
+    name_of = {id(p): k for k, p in named.items()}
+    pos_emb = [(w, m) for w, m in emb if name_of.get(id(m.weight)) == "wpe"]
+    tok_emb = [(w, m) for w, m in emb if name_of.get(id(m.weight)) != "wpe"]
+    if len(tok_emb) != 1 or len(pos_emb) > 1:
+        raise Unsupported(f"model_config: the spec's GPT has one token embedding and at most one position "
+                          f"table (an Embedding whose weight is named 'wpe', [model.pos.c1]); found "
+                          f"{[(w, name_of.get(id(m.weight))) for w, m in emb]}")
     if not attn or len(attn) != len(mlps):
         raise Unsupported(f"model_config: {len(attn)} attention and {len(mlps)} MLP modules; the spec's "
                           "layers hold one of each")
-    wte = emb[0][1]
+    wte = tok_emb[0][1]
     V, C = wte.num_embeddings, wte.embedding_dim
+    pos = "learned" if pos_emb else "rope"
+    for w, mod in attn:
+        if mod.rope != (pos == "rope"):
+            raise Unsupported(f"model_config: attention {w!r} is built with rope={mod.rope}, but the model "
+                              + (f"has the learned position table {pos_emb[0][0]!r}: build it with rope=False"
+                                 if pos_emb else "has no position table named 'wpe': positions would be "
+                                 "missing ([model.pos.c1])"))
     a0, m0 = attn[0][1], mlps[0][1]
     hidden = (m0.fc if m0.kind == "gelu" else m0.gate).out_features
     every_linear = [(f"{w}.{n}", lin) for w, mod in attn + mlps
@@ -100,7 +120,7 @@ def model_config(model: nn.Module, named_parameters, *, init_std=F32(0.02), rope
         raise Unsupported("model_config: every linear layer of the spec's model has the same bias and "
                           f"quantization setting; found {found}")
     for w, mod in attn:
-        if (mod.heads, mod.head_size, mod.rope_cos.shape[0]) != (a0.heads, a0.head_size, a0.rope_cos.shape[0]):
+        if (mod.heads, mod.head_size, mod.seq_len) != (a0.heads, a0.head_size, a0.seq_len):
             raise Unsupported(f"model_config: attention {w!r} differs in shape from {attn[0][0]!r}")
     for w, mod in mlps:
         if mod.kind != m0.kind:
@@ -110,6 +130,13 @@ def model_config(model: nn.Module, named_parameters, *, init_std=F32(0.02), rope
     if len(norms) != 2 * len(attn) + 1 or len(kinds) != 1 or len(eps) != 1:
         raise Unsupported(f"model_config: the spec's model has 2 norms per layer and a final one, all of one "
                           f"kind and eps; found {[(w, type(n).__name__, n.eps) for w, n in norms]}")
+    norm_biased = {getattr(n, "bias", None) is not None for _, n in norms} if kinds == {rnn.LayerNorm} else {True}
+    if len(norm_biased) != 1:
+        raise Unsupported("model_config: the spec's LayerNorms all have a bias or none has "
+                          f"([norm.layer.nobias.c1]); found {[(w, n.bias is not None) for w, n in norms]}")
+    if pos_emb and (pos_emb[0][1].num_embeddings, pos_emb[0][1].embedding_dim) != (a0.seq_len, C):
+        raise Unsupported(f"model_config: the position table {pos_emb[0][0]!r} must be Embedding({a0.seq_len}, "
+                          f"{C}) (wpe [T, C], [model.pos.c1])")
     if len(lins) > 1:
         raise Unsupported(f"model_config: linear layers outside attention and MLP: {[w for w, _ in lins]}; "
                           "the spec's model has at most the output head there")
@@ -117,17 +144,18 @@ def model_config(model: nn.Module, named_parameters, *, init_std=F32(0.02), rope
                  or (lins[0][1].out_features, lins[0][1].in_features) != (V, C)):
         raise Unsupported(f"model_config: the output head {lins[0][0]!r} must be a bias-free binary32 "
                           f"Linear({C}, {V})")
-    cfg = ModelConfig(vocab=V, width=C, layers=len(attn), heads=a0.heads, seq_len=int(a0.rope_cos.shape[0]),
+    cfg = ModelConfig(vocab=V, width=C, layers=len(attn), heads=a0.heads, seq_len=a0.seq_len,
                       mlp_hidden=hidden, norm="layer" if kinds == {rnn.LayerNorm} else "rms", mlp=m0.kind,
                       tied=not lins, linear="int8" if quant == {"int8"} else "fp32", bias=biased == {True},
-                      rope_theta=F32(rope_theta), norm_eps=eps.pop(), init_std=F32(init_std))
+                      rope_theta=F32(rope_theta), norm_eps=eps.pop(), init_std=F32(init_std), pos=pos,
+                      norm_bias=norm_biased == {True})
     try:
         cfg = cfg.validate()
     except InputError as exc:
         raise Unsupported(f"model_config: {exc}") from None
     from .functional import rope_tables
     cos, sin = rope_tables(cfg.seq_len, cfg.head_size, cfg.rope_theta, "cpu")
-    for w, mod in attn:
+    for w, mod in attn if pos == "rope" else ():
         if not (torch.equal(mod.rope_cos.cpu(), cos) and torch.equal(mod.rope_sin.cpu(), sin)):
             raise Unsupported(f"model_config: the rotary tables of {w!r} are not those of rope_theta "
                               f"{float(cfg.rope_theta)} ([rope.freq.c1]); pass the model's rope_theta")

@@ -9,6 +9,9 @@ Shapes (spec letters): tokens, targets [B, T] int32; the residual stream
 * [model.config.c1] the configuration (``presets.ModelConfig``);
 * [model.params.c1] parameter names and shapes: a flat dict, sorted names;
 * [model.init.c1]   initialisation from Philox;
+* [model.pos.c1]    positions: rotary (q, k) or a learned table wpe added to
+  the token embedding, its gradient the embedding's ordered scatter-add;
+* [norm.layer.nobias.c1] LayerNorm without a bias: the bias -0;
 * [model.forward.c1] the forward pass, op by op;
 * [model.backward.c1] the backward pass: the forward in reverse, with every
   gradient sum (residual, tied weights, SwiGLU branches) in a stated order;
@@ -55,10 +58,12 @@ def param_shapes(cfg: ModelConfig) -> dict[str, tuple]:
     """[model.params.c1] name -> shape of every parameter, names sorted."""
     C, V, F = cfg.width, cfg.vocab, cfg.mlp_hidden
     shapes: dict[str, tuple] = {"wte": (V, C)}
+    if cfg.pos == "learned":  # [model.pos.c1]
+        shapes["wpe"] = (cfg.seq_len, C)
 
     def norm(prefix):
         shapes[f"{prefix}.w"] = (C,)
-        if cfg.norm == "layer":
+        if cfg.norm == "layer" and cfg.norm_bias:  # [norm.layer.nobias.c1]
             shapes[f"{prefix}.b"] = (C,)
 
     def lin(prefix, oc, ic):
@@ -102,7 +107,7 @@ def init_weight(seed: int, name: str, count: int, init_std) -> np.ndarray:
 
 def init_params(cfg: ModelConfig, seed: int, device=None, keep=None) -> dict[str, np.ndarray]:
     """[model.init.c1] Norm weights +1, biases (".b") +0, every other tensor
-    (embedding, linear weights, head) uniform in [-a, a) from its own Philox
+    (embeddings wte and wpe, linear weights, head) uniform in [-a, a) from its own Philox
     stream [rng.init.c1].  ``keep`` (``budget.Memory.keep``), when given,
     places each tensor as soon as it is drawn, so that no more than one
     sits in RAM."""
@@ -164,12 +169,14 @@ class _Ctx:
         self.saved: dict = {}
 
 
-def _norm_fwd(ops, cfg, params, prefix, x, ctx, key):
+def _norm_fwd(ops, cfg, params, prefix, x, ctx, key, nobias=None):
     if cfg.norm == "rms":
         out, rrms = ops.norms.rmsnorm_forward(x, params[f"{prefix}.w"], cfg.norm_eps)
         ctx.saved[key] = (x, rrms)
     else:
-        out, mean, rstd = ops.norms.layernorm_forward(x, params[f"{prefix}.w"], params[f"{prefix}.b"], cfg.norm_eps)
+        # [norm.layer.nobias.c1] without a bias parameter, the bias is -0 (``nobias``)
+        b = params[f"{prefix}.b"] if cfg.norm_bias else nobias
+        out, mean, rstd = ops.norms.layernorm_forward(x, params[f"{prefix}.w"], b, cfg.norm_eps)
         ctx.saved[key] = (x, mean, rstd)
     return _h(ops, cfg, out)
 
@@ -181,7 +188,8 @@ def _norm_bwd(ops, cfg, params, prefix, dout, ctx, key, grads):
     else:
         x, mean, rstd = ctx.saved[key]
         dx, dw, db = ops.norms.layernorm_backward(dout, x, params[f"{prefix}.w"], mean, rstd)
-        grads[f"{prefix}.b"] = db
+        if cfg.norm_bias:  # [norm.layer.nobias.c1]: the constant -0 has no gradient
+            grads[f"{prefix}.b"] = db
     grads[f"{prefix}.w"] = dw
     return _h(ops, cfg, dx)
 
@@ -229,8 +237,20 @@ class Model:
         self.ops = backends.get(device)  # where the ops run ("cpu", the default, or "cuda")
         self.arrays = self.ops.arrays  # where the tensors live: the host, or the device
         self.shapes = param_shapes(cfg)
-        self.cos, self.sin = (self.arrays.to_device(t) for t in
-                              self.ops.rope.rope_tables(cfg.seq_len, cfg.head_size, cfg.rope_theta))
+        self.learned = cfg.pos == "learned"  # [model.pos.c1]
+        if self.learned:
+            self.cos = self.sin = None
+        else:
+            self.cos, self.sin = (self.arrays.to_device(t) for t in
+                                  self.ops.rope.rope_tables(cfg.seq_len, cfg.head_size, cfg.rope_theta))
+        # [norm.layer.nobias.c1] the bias of a LayerNorm without one: C copies of -0
+        self.nobias = (self.arrays.to_device(np.full(cfg.width, -0.0, np.float32))
+                       if cfg.norm == "layer" and not cfg.norm_bias else None)
+
+    def positions(self, B: int) -> np.ndarray:
+        """[model.pos.c1] The position ids p[b, t] = t, [B, T] int32."""
+        T = self.cfg.seq_len
+        return np.ascontiguousarray(np.broadcast_to(np.arange(T, dtype=np.int32), (B, T)))
 
     def check_params(self, params: dict) -> None:
         if sorted(params) != list(self.shapes):
@@ -264,20 +284,27 @@ class Model:
         ctx = _Ctx()
         ctx.saved["tokens"] = tokens
         r = lambda x: _h(ops, cfg, x)  # noqa: E731  [bf16.ops.c1]
+        nb = self.nobias
         h = r(ops.embedding.embedding_forward(params["wte"], tokens).reshape(B * T, cfg.width))
+        if self.learned:  # [model.pos.c1] h = add(wte[x], wpe[p]), the token rows on the left
+            pe = ops.embedding.embedding_forward(params["wpe"], self.positions(B)).reshape(B * T, cfg.width)
+            h = r(_add(ops, h, pe))
         for i in range(cfg.layers):
             p = _layer(i)
-            n1 = _norm_fwd(ops, cfg, params, f"{p}.ln1", h, ctx, f"{p}.ln1")
+            n1 = _norm_fwd(ops, cfg, params, f"{p}.ln1", h, ctx, f"{p}.ln1", nb)
             qkv = _lin_fwd(ops, cfg, params, f"{p}.attn.qkv", n1, ctx, B, T)
-            q = r(ops.rope.rope_forward(A.split_heads(qkv, 0, B, T, NH, HS), self.cos, self.sin))
-            k = r(ops.rope.rope_forward(A.split_heads(qkv, 1, B, T, NH, HS), self.cos, self.sin))
+            q = A.split_heads(qkv, 0, B, T, NH, HS)
+            k = A.split_heads(qkv, 1, B, T, NH, HS)
+            if not self.learned:  # step 4: rotary q and k
+                q = r(ops.rope.rope_forward(q, self.cos, self.sin))
+                k = r(ops.rope.rope_forward(k, self.cos, self.sin))
             v = A.split_heads(qkv, 2, B, T, NH, HS)  # an exact copy: bf16 already
             o, att = ops.attention.attention_forward(q, k, v)
             o = r(o)
             ctx.saved[f"{p}.attn"] = (q, k, v, att)
             a = _lin_fwd(ops, cfg, params, f"{p}.attn.proj", A.merge_heads([o], B, T, NH, HS), ctx, B, T)
             h = r(_add(ops, h, a))
-            n2 = _norm_fwd(ops, cfg, params, f"{p}.ln2", h, ctx, f"{p}.ln2")
+            n2 = _norm_fwd(ops, cfg, params, f"{p}.ln2", h, ctx, f"{p}.ln2", nb)
             if cfg.mlp == "gelu":
                 u = _lin_fwd(ops, cfg, params, f"{p}.mlp.fc", n2, ctx, B, T)
                 g = r(ops.activations.gelu_forward(u))
@@ -289,7 +316,7 @@ class Model:
                 ctx.saved[f"{p}.act"] = (ga, up)
             m = _lin_fwd(ops, cfg, params, f"{p}.mlp.proj", g, ctx, B, T)
             h = r(_add(ops, h, m))
-        nf = _norm_fwd(ops, cfg, params, "lnf", h, ctx, "lnf")
+        nf = _norm_fwd(ops, cfg, params, "lnf", h, ctx, "lnf", nb)
         head = params["wte"] if cfg.tied else params["head.w"]
         logits = r(ops.linear.linear_forward(nf, head))
         ctx.saved["head"] = nf
@@ -334,12 +361,16 @@ class Model:
             q, k, v, att = ctx.saved[f"{p}.attn"]
             do4 = A.split_heads(do, 0, B, T, NH, HS)
             dq, dk, dv = (r(d) for d in ops.attention.attention_backward(do4, q, k, v, att))
-            dq = r(ops.rope.rope_backward(dq, self.cos, self.sin))
-            dk = r(ops.rope.rope_backward(dk, self.cos, self.sin))
+            if not self.learned:
+                dq = r(ops.rope.rope_backward(dq, self.cos, self.sin))
+                dk = r(ops.rope.rope_backward(dk, self.cos, self.sin))
             dqkv = A.merge_heads([dq, dk, dv], B, T, NH, HS)
             dn1 = _lin_bwd(ops, cfg, params, f"{p}.attn.qkv", dqkv, ctx, B, T, grads)
             dh = r(_add(ops, dh, _norm_bwd(ops, cfg, params, f"{p}.ln1", dn1, ctx, f"{p}.ln1", grads)))
         dwte = ops.embedding.embedding_backward(dh.reshape(B, T, cfg.width), tokens, cfg.vocab)
+        if self.learned:  # [model.pos.c1] d wpe: [emb.bwd.c1] over the ids p[b, t] = t (b increasing)
+            grads["wpe"] = ops.embedding.embedding_backward(dh.reshape(B, T, cfg.width), self.positions(B),
+                                                            cfg.seq_len)
         if cfg.tied:  # parameter gradients stay binary32 ([bf16.tensors.c1])
             grads["wte"] = _add(ops, dwte, dhead)
         else:

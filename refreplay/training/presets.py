@@ -29,7 +29,11 @@ NORMS = ("rms", "layer")
 MLPS = ("gelu", "swiglu")
 LINEARS = ("fp32", "int8")
 PRECISIONS = ("fp32", "bf16")  # [bf16.precision.c1]
-OPTIONAL = {"precision": "fp32"}  # fields a recipe may leave out, and the value that means
+POSITIONS = ("rope", "learned")  # [model.pos.c1]
+# Fields a recipe may leave out, and the value that means: a field at this
+# value is never written, so recipes (and their hashes) made before the field
+# existed are unchanged ([bf16.precision.c1] [model.pos.c1] [norm.layer.nobias.c1]).
+OPTIONAL = {"precision": "fp32", "pos": "rope", "norm_bias": True}
 
 
 def f32_hex(x) -> str:
@@ -71,6 +75,8 @@ class ModelConfig:
     norm_eps: np.float32 = F32(1e-5)
     init_std: np.float32 = F32(0.02)
     precision: str = "fp32"  # "fp32" or "bf16": the mixed-precision profile ([bf16.precision.c1])
+    pos: str = "rope"  # "rope" (rotary) or "learned" (a parameter wpe [T, C]) ([model.pos.c1])
+    norm_bias: bool = True  # LayerNorm carries a bias; False: bias -0 ([norm.layer.nobias.c1])
 
     def validate(self) -> "ModelConfig":
         def need(cond, msg):
@@ -82,14 +88,19 @@ class ModelConfig:
                  f"{name} must be an integer in [1, 2^20], got {v!r}")
         need(self.vocab % 64 == 0, "vocab must be a multiple of 64 (the padded vocabulary, [data.vocab.c1])")
         need(self.width % self.heads == 0, f"width {self.width} is not a multiple of heads {self.heads}")
-        need((self.width // self.heads) % 2 == 0, "head size width/heads must be even (rotary pairs)")
+        need(self.pos in POSITIONS, f"pos must be one of {POSITIONS}, got {self.pos!r}")
+        need(self.pos != "rope" or (self.width // self.heads) % 2 == 0,
+             "head size width/heads must be even (rotary pairs) under pos \"rope\"")
         need(self.norm in NORMS, f"norm must be one of {NORMS}, got {self.norm!r}")
         need(self.mlp in MLPS, f"mlp must be one of {MLPS}, got {self.mlp!r}")
         need(self.linear in LINEARS, f"linear must be one of {LINEARS}, got {self.linear!r}")
         need(self.precision in PRECISIONS, f"precision must be one of {PRECISIONS}, got {self.precision!r}")
         need(not (self.precision == "bf16" and self.linear == "int8"),
              'precision "bf16" cannot be combined with linear "int8" ([bf16.ops.c1])')
-        need(isinstance(self.tied, bool) and isinstance(self.bias, bool), "tied and bias must be booleans")
+        need(isinstance(self.tied, bool) and isinstance(self.bias, bool) and isinstance(self.norm_bias, bool),
+             "tied, bias and norm_bias must be booleans")
+        need(self.norm_bias or self.norm == "layer",
+             'norm_bias false is a LayerNorm setting: norm "rms" has no bias ([norm.layer.nobias.c1])')
         for name in ("rope_theta", "norm_eps", "init_std"):
             v = getattr(self, name)
             need(isinstance(v, np.float32) and np.isfinite(v) and v > 0,

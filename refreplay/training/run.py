@@ -144,7 +144,9 @@ def _exact_keys(d, keys, where):
 
 # [step.recipe.keys.c1] The model keys a later spec version added: a run made
 # under an earlier version may only hold the value the key is omitted at.
-_MODEL_KEYS_SINCE = (("precision", "fp32", "0.3.0"),)
+_MODEL_KEYS_SINCE = (("precision", "fp32", "0.3.0"),   # [bf16.precision.c1]
+                     ("pos", "rope", "0.4.0"),         # [model.pos.c1]
+                     ("norm_bias", True, "0.4.0"))     # [norm.layer.nobias.c1]
 
 
 def _version(v: str) -> tuple:
