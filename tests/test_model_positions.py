@@ -302,7 +302,13 @@ def test_an_older_spec_recipe_with_the_new_fields_is_refused():
     recipe_from_json(obj)  # as written: accepted
     obj["recipe"]["spec_version"] = [v for v in spec.replayed_versions() if v != spec.version()][0]
     obj["recipe_sha256"] = dataclasses.replace(rec, spec_version=obj["recipe"]["spec_version"]).sha256()
-    with pytest.raises(InputError, match="pos and norm_bias are fields"):
+    with pytest.raises(InputError, match=r"recipe.model.pos is a field of spec 0\.4\.0 and later"):
+        recipe_from_json(obj)
+    norm_only = dataclasses.replace(rec, model=dataclasses.replace(rec.model, pos="rope", norm_bias=False))
+    obj = json.loads(json.dumps(norm_only.to_json()))
+    obj["recipe"]["spec_version"] = "0.3.0"
+    obj["recipe_sha256"] = dataclasses.replace(norm_only, spec_version="0.3.0").sha256()
+    with pytest.raises(InputError, match=r"recipe.model.norm_bias is a field of spec 0\.4\.0 and later"):
         recipe_from_json(obj)
 
 

@@ -183,17 +183,17 @@ def test_quant_step_names_and_shapes():
 
 
 def test_decayed_parameters_are_those_the_text_lists():
-    """[step.hparams.c1] wte, head.w and every X.w decayed; norm weights and every bias not."""
+    """[step.hparams.c1] wte, wpe, head.w and every X.w decayed; norm weights and every bias not."""
     cfg = presets.ModelConfig(width=16, layers=2, heads=2, seq_len=8, mlp_hidden=24, mlp="swiglu",
-                              bias=True, tied=False, norm="layer").validate()
+                              bias=True, tied=False, norm="layer", pos="learned").validate()
     params = {k: np.zeros(s, np.float32) for k, s in tmodel.param_shapes(cfg).items()}
     no_decay = no_decay_names(params)
     norm_names = {f"h.{i:02d}.{n}.{p}" for i in range(2) for n in ("ln1", "ln2") for p in "wb"} | {"lnf.w", "lnf.b"}
     assert no_decay == norm_names | {k for k in params if k.endswith(".b")}
     decayed = set(params) - no_decay
-    assert decayed == {"wte", "head.w"} | {k for k in params if k.endswith(".w") and k not in norm_names}
+    assert decayed == {"wte", "wpe", "head.w"} | {k for k in params if k.endswith(".w") and k not in norm_names}
     text = " ".join(CLAUSES["step.hparams.c1"].text().split())
-    assert "wte, head.w and every linear weight X.w" in text
+    assert "wte, wpe, head.w and every linear weight X.w" in text
     assert "the LayerNorm biases ln1.b, ln2.b, lnf.b and every linear bias X.b are not" in text
 
 
