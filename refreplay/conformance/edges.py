@@ -213,10 +213,13 @@ def _near_unary(op, make):
         r = _fp32(op)(*args)
     r = r[0] if isinstance(r, tuple) else r
     keep = _distance(r) <= NEAR_UNARY
+    e6 = x[(x & 0x7F80) == (133 << 7)]  # exponent 6
     return [("edge", make(np.ascontiguousarray(x[keep])),
              f"every bf16 x whose binary32 result lies within {NEAR_UNARY} ulp of a bf16 rounding boundary "
              f"({int(keep.sum())} of {x.size}): a deviation of at most {NEAR_UNARY} ulp before the one rounding "
-             f"that changes any bf16 output changes one of these")]
+             f"that changes any bf16 output changes one of these"),
+            ("edge", make(np.ascontiguousarray(e6)), "every bf16 x with |x| in [64, 128): exp(|x|) crosses its "
+                                                     "overflow threshold, sigmoid and 1 + tanh reach +0")]
 
 
 ONE_H = np.uint16(0x3F80)
@@ -291,6 +294,31 @@ def bf16_linear_forward(op, rng):
     return out
 
 
+def bf16_add(op, rng):
+    a = np.array([0x0040, 0x0001, 0x8040, 0x007F, 0x0040, 0x8001], np.uint16)
+    b = np.array([0x0040, 0x0080, 0x8080, 0x0001, 0x8080, 0x8080], np.uint16)
+    return [("bf16_input_zeroing", {"a": np.concatenate([a, b]), "b": np.concatenate([b, a])},
+             "bf16 subnormals beside subnormals and +-FLT_MIN: kept, their sums are normal")]
+
+
+def bf16_from_f32(op, rng):
+    """The binary32 cases of ``F32_CASES`` with their inputs rounded to bf16 (all
+    exact: -0, powers of two, small integers); the fma probes rebuilt with
+    products below 2^-126."""
+    out = [c for c in F32_CASES[op](rng) if c[0] != "fma"]
+    out = _ported(op, out, rng)
+    if op == "linear_backward":
+        i, k, j = TAIL_SHAPES[0]
+        A, B = _tail_fma_bf16(rng, i, k, j)
+        out.append(("fma", {"dy": _enc(A), "x": _enc(V.random_f32(rng, (i, 2), -2, 2)), "W": _enc(B)},
+                    f"N,OC,C={i},{k},{j}: dx = dy·W, a product below 2^-126 in the last OC mod 8 terms"))
+        A, B = _tail_fma_bf16(rng, j, k, 3)
+        out.append(("fma", {"dy": _enc(np.ascontiguousarray(A.T)), "x": _enc(B),
+                            "W": _enc(V.random_f32(rng, (j, 3), -2, 2))},
+                    f"N,OC,C={k},{j},3: dW = dyᵀ·x, a product below 2^-126 in the last N mod 8 terms"))
+    return out
+
+
 def bf16_attention(op, rng):
     sets = _mp()._attention_edge_inputs(rng)
     far = sets[-1]  # every score finite and below -1e9
@@ -323,6 +351,8 @@ def _softmax_bf16(op, rng):
 
 
 BF16 = {
+    "add": bf16_add,
+    **{op: bf16_from_f32 for op in ("linear_backward", "layernorm_backward", "rmsnorm_backward")},
     "matmul": bf16_matmul, "matmul_nt": bf16_matmul, "matmul_tn": bf16_matmul,
     "linear_forward": bf16_linear_forward,
     "attention_forward": bf16_attention, "attention_backward": bf16_attention,
