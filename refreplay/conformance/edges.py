@@ -6,6 +6,9 @@ own cases by ``generate.build_op``.  They draw from a stream of their own
 (seeded by the op's name and ``STREAM``), so the op's other cases keep their
 bytes.  What each pins:
 
+Cases of the transformer ops are "edge" cases: their failures are explained
+by the variants of [conf.diagnosis.r1], not by a family.
+
 * binary32 linear and norm backward ops: sums whose every term is -0 (a sum
   started from +0 gives +0 there, [red.sum.c1]); linear forward with
   x = -0, W > 0, b = -0 (y = -0 under the spec, +0 under a +0 start);
@@ -80,28 +83,28 @@ def _tail_probe(rng, i, k, j):
 
 def linear_forward(rng):
     t = fp.f32
-    out = [("signed_zero", {"x": np.full((2, 3), NEG0), "W": t([[0x3F800000, 0x40000000, 0x3F000000],
+    out = [("edge", {"x": np.full((2, 3), NEG0), "W": t([[0x3F800000, 0x40000000, 0x3F000000],
                                                                    [0x3F800000, 0x3F800000, 0x3F800000]]),
                             "b": t([0x80000000, 0x00000000])},
             "x = -0, W > 0: every product -0, the sum -0; + b = -0 gives -0 (a sum from +0 gives +0), "
             "+ b = +0 gives +0")]
     for i, k, j in TAIL_SHAPES:
         A, B = _tail_probe(rng, i, k, j)
-        out.append(("fma", {"x": A, "W": np.ascontiguousarray(B.T), "b": np.full(j, NEG0)},
+        out.append(("edge", {"x": A, "W": np.ascontiguousarray(B.T), "b": np.full(j, NEG0)},
                     f"N,C,OC={i},{k},{j}; the second cancelling product in the last C mod 8 terms; b = -0"))
     return out
 
 
 def linear_backward(rng):
     pos = lambda shape: V.powers_of_two(rng, shape, -2, 2)  # noqa: E731  (positive, exact products)
-    out = [("signed_zero", {"dy": np.full((3, 2), NEG0), "x": pos((3, 4)), "W": pos((2, 4))},
+    out = [("edge", {"dy": np.full((3, 2), NEG0), "x": pos((3, 4)), "W": pos((2, 4))},
             "dy = -0, x, W > 0: dx, dW and db are sums of -0 terms, -0 (a sum from +0 gives +0)")]
     i, k, j = TAIL_SHAPES[0]
     A, B = _tail_probe(rng, i, k, j)  # dx = dy·W: K = OC
-    out.append(("fma", {"dy": A, "x": V.random_f32(rng, (i, 2), -2, 2), "W": B},
+    out.append(("edge", {"dy": A, "x": V.random_f32(rng, (i, 2), -2, 2), "W": B},
                 f"N,OC,C={i},{k},{j}: dx = dy·W, the second cancelling product in the last OC mod 8 terms"))
     A, B = _tail_probe(rng, j, k, 3)  # dW = dyᵀ·x: K = N
-    out.append(("fma", {"dy": np.ascontiguousarray(A.T), "x": B, "W": V.random_f32(rng, (j, 3), -2, 2)},
+    out.append(("edge", {"dy": np.ascontiguousarray(A.T), "x": B, "W": V.random_f32(rng, (j, 3), -2, 2)},
                 f"N,OC,C={k},{j},3: dW = dyᵀ·x, the second cancelling product in the last N mod 8 terms"))
     return out
 
@@ -114,14 +117,14 @@ def _norm_zero_rows(rng, c=4):
 def layernorm_backward(rng):
     x, w = _norm_zero_rows(rng)
     _, mean, rstd = _norms().layernorm_forward(x, w, np.zeros(w.size, F32))
-    return [("signed_zero", {"dout": np.full(x.shape, NEG0), "x": x, "w": w, "mean": mean, "rstd": rstd},
+    return [("edge", {"dout": np.full(x.shape, NEG0), "x": x, "w": w, "mean": mean, "rstd": rstd},
              "dout = -0: db and, where xhat > 0, dw are sums of -0 terms, -0 (a sum from +0 gives +0)")]
 
 
 def rmsnorm_backward(rng):
     x, w = _norm_zero_rows(rng)
     _, rrms = _norms().rmsnorm_forward(x, w)
-    return [("signed_zero", {"dout": np.full(x.shape, NEG0), "x": x, "w": w, "rrms": rrms},
+    return [("edge", {"dout": np.full(x.shape, NEG0), "x": x, "w": w, "rrms": rrms},
              "dout = -0, x > 0: dw is a sum of -0 terms, -0 (a sum from +0 gives +0)")]
 
 
@@ -289,7 +292,7 @@ def bf16_linear_forward(op, rng):
                 "((1 + 2^-8) + 2^-24) + 2^-24 is a bf16 tie that rounds to 1"))
     for i, k, j in TAIL_SHAPES:
         A, B = _tail_fma_bf16(rng, i, k, j)
-        out.append(("fma", {"x": _enc(A), "W": _enc(np.ascontiguousarray(B.T)), "b": np.full(j, 0x8000, np.uint16)},
+        out.append(("edge", {"x": _enc(A), "W": _enc(np.ascontiguousarray(B.T)), "b": np.full(j, 0x8000, np.uint16)},
                     f"N,C,OC={i},{k},{j}; a product below 2^-126 in the last C mod 8 terms; b = -0"))
     return out
 
@@ -310,10 +313,10 @@ def bf16_from_f32(op, rng):
     if op == "linear_backward":
         i, k, j = TAIL_SHAPES[0]
         A, B = _tail_fma_bf16(rng, i, k, j)
-        out.append(("fma", {"dy": _enc(A), "x": _enc(V.random_f32(rng, (i, 2), -2, 2)), "W": _enc(B)},
+        out.append(("edge", {"dy": _enc(A), "x": _enc(V.random_f32(rng, (i, 2), -2, 2)), "W": _enc(B)},
                     f"N,OC,C={i},{k},{j}: dx = dy·W, a product below 2^-126 in the last OC mod 8 terms"))
         A, B = _tail_fma_bf16(rng, j, k, 3)
-        out.append(("fma", {"dy": _enc(np.ascontiguousarray(A.T)), "x": _enc(B),
+        out.append(("edge", {"dy": _enc(np.ascontiguousarray(A.T)), "x": _enc(B),
                             "W": _enc(V.random_f32(rng, (j, 3), -2, 2))},
                     f"N,OC,C={k},{j},3: dW = dyᵀ·x, a product below 2^-126 in the last N mod 8 terms"))
     return out
