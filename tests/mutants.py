@@ -1083,3 +1083,161 @@ STEP_MUTANTS = {
     "clip norm as one sum": ([("refreplay.ops.optim", "clip_grad_norm", s_clip_one_sum)],
                              "optim.clip.c1", "one sequential sum of squares over every element"),
 }
+# ---- issue 31: readings that passed every vector, and the bf16 twins of every reading ---------------
+
+def k_linear_forward_mm(x, W, b, start=F32(-0.0), fused_tail=None):
+    """[linear.fwd.c1] y = (x·Wᵀ, [mm.nt.c1] through k_matmul) + b ([mm.bias.c1]);
+    ``start``: the sums' starting value; ``fused_tail``: as k_matmul's."""
+    return add(k_matmul(x, np.ascontiguousarray(np.asarray(W).T), start=start, fused_tail=fused_tail), load(b))
+
+
+def k_linear_backward(dy, x, W, start=F32(-0.0), fused_tail=None):
+    """[linear.bwd.c1] dx = dy·W, dW = dyᵀ·x (n increasing), db = column sums of dy."""
+    dy_t = np.ascontiguousarray(np.asarray(dy).T)
+    dx = k_matmul(dy, W, start=start, fused_tail=fused_tail)
+    dW = k_matmul(dy_t, x, start=start, fused_tail=fused_tail)
+    return dx, dW, seq_rows(load(dy_t), start)
+
+
+def plus_zero_sums(fn, which):
+    """A kernel whose sums giving the outputs ``which`` (indices) start from
+    +0: a sum from +0 differs from one from -0 only where every term is -0,
+    so exactly the -0 results of those outputs become +0 ([red.sum.c1])."""
+    def kernel(*xs):
+        out = list(fn(*(load(x) for x in xs)))
+        for i in which:
+            o = np.asarray(out[i], F32)
+            out[i] = np.where((o == 0) & np.signbit(o), F32(0.0), o).astype(F32)
+        return tuple(out)
+    return kernel
+
+
+def _ref_op(module, name):
+    def fn(*xs):
+        import importlib
+
+        return getattr(importlib.import_module(f"refreplay.ops.{module}"), name)(*xs)
+    return fn
+
+
+def k_log_softmax_from(x, max_from=None):
+    """[softmax.log.c1] (x - m) - log(s); ``max_from``: the running maximum's start."""
+    x = load(x)
+    m = seq_max(x, max_from)
+    s = seq_rows(exp_(sub(x, m[:, None])))
+    return sub(sub(x, m[:, None]), log_(s)[:, None])
+
+
+def k_adamw_f64_powers(p, g, m, v, step, lr, f64=True):
+    """k_adamw with beta^t computed in float64 and rounded (and flushed) once."""
+    if not f64:
+        return k_adamw(p, g, m, v, step, lr)
+    t = int(step[0])
+    pow1, pow2 = (F32(finish(np.array([float(beta) ** t], np.float64).astype(F32))[0]) for beta in (BETA1, BETA2))
+    rbc = (recip(sub(ONE, pow1)), recip(sub(ONE, pow2)))
+    p, g, m, v, lr = load(p), load(g), load(m), load(v), load(lr)[0]
+    m2 = add(mul(BETA1, m), mul(sub(ONE, BETA1), g))
+    v2 = add(mul(BETA2, v), mul(mul(sub(ONE, BETA2), g), g))
+    upd = mul(mul(m2, rbc[0]), recip(add(sqrt(mul(v2, rbc[1])), ADAM_EPS)))
+    return sub(p, mul(lr, add(upd, mul(WD, p)))), m2, v2
+
+
+def k_attention_backward_recomputed(dout, q, k, v, att, mask_fill=None):
+    """[attn.bwd.c1] refreplay's backward (used, not mutated) on probabilities
+    recomputed from q and k by the transcription above, not the att given:
+    a flash-style backward; ``mask_fill`` as k_attention_forward's."""
+    from refreplay.ops import attention
+
+    dout, q, k, v = load(dout), load(q), load(k), load(v)
+    return attention.attention_backward(dout, q, k, v, k_attention_forward(q, k, v, mask_fill=mask_fill)[1])
+
+
+def k_cross_entropy_plus_zero_terms(logits, targets):
+    """[loss.mean.c1] misread: every ignored token adds a +0 term to the total."""
+    lg = load(logits)
+    losses, counted = _ce_losses(lg, targets)
+    count = int(counted.sum())
+    if count == 0:
+        return losses, np.zeros(1, F32)
+    total = seq_rows(losses[None, :])[0]
+    return losses, np.array([mul(total, recip(F32(count)))], F32).reshape(1)
+
+
+_layernorm_backward = _ref_op("norms", "layernorm_backward")
+_rmsnorm_backward = _ref_op("norms", "rmsnorm_backward")
+
+CORRECT.update({
+    "linear_backward": k_linear_backward, "attention_backward": k_attention_backward_recomputed,
+    "layernorm_backward": lambda *xs: _layernorm_backward(*(load(x) for x in xs)),
+    "rmsnorm_backward": lambda *xs: _rmsnorm_backward(*(load(x) for x in xs)),
+})
+
+# name: (op, kernel, clause, what); the readings of issue 31 (items 3 and 6) that passed every vector
+EDGE_MUTANTS = {
+    "linear sums from +0": ("linear_forward", P(k_linear_forward_mm, start=F32(0.0)), "red.sum.c1",
+                            "y = (+0 + x·Wᵀ) + b: x = -0, W > 0, b = -0 gives +0"),
+    "linear fused in the C mod 8 tail": ("linear_forward", P(k_linear_forward_mm, fused_tail=8), "num.nofma.c1",
+                                         "8-wide blocks unfused, the scalar tail fused, for C >= 64"),
+    "linear backward sums from +0": ("linear_backward", P(k_linear_backward, start=F32(0.0)), "red.sum.c1",
+                                     "dx, dW, db from +0"),
+    "linear backward fused in the K mod 8 tail": ("linear_backward", P(k_linear_backward, fused_tail=8),
+                                                  "num.nofma.c1", "dx and dW fuse their K mod 8 tail, K >= 64"),
+    "layernorm backward dw, db from +0": ("layernorm_backward", plus_zero_sums(_layernorm_backward, (1, 2)),
+                                          "red.sum.c1", "the column sums dw and db start from +0"),
+    "rmsnorm backward dw from +0": ("rmsnorm_backward", plus_zero_sums(_rmsnorm_backward, (1,)), "red.sum.c1",
+                                    "the column sum dw starts from +0"),
+    "log-softmax max from -10000": ("log_softmax_forward", P(k_log_softmax_from, max_from=-10000.0),
+                                    "softmax.log.c1", "running maximum started at -10,000"),
+    "AdamW bias powers in float64": ("adamw_update", k_adamw_f64_powers, "optim.adamw.bias.c1",
+                                     "beta^t in float64, rounded once"),
+    "attention backward recomputes att, mask -1e9": ("attention_backward",
+                                                     P(k_attention_backward_recomputed, mask_fill=-1e9),
+                                                     "attn.mask.c1", "flash-style: att recomputed with a -1e9 fill"),
+}
+MUTANTS.update(EDGE_MUTANTS)
+EQUIVALENT.update({
+    "loss ignored tokens as +0 terms": (
+        "cross_entropy_forward", k_cross_entropy_plus_zero_terms,
+        "[loss.mean.c1] a counted loss is never -0 ([loss.token.c1]: log(s) - a with log(s) >= +0 and a <= 0; "
+        "an exact zero is +0, a subnormal difference flushes to +0, and a = -0 only when another element "
+        "holds the maximum, so s >= 2), hence every partial sum after the first counted term is not -0 and "
+        "adding +0 changes nothing; before it, -0 + +0 = +0 and +0 + loss = -0 + loss"),
+})
+
+
+# ---- the bf16 twin of every reading ([bf16.ops.c1]: the binary32 op between the conversions) --------
+
+def bf16_twin(op, fn):
+    """``fn`` (a kernel of the binary32 ``op``) as the bf16 op: h inputs
+    widened ([bf16.load.c1]), h outputs rounded once ([bf16.round.c1])."""
+    from refreplay.ops import bf16
+
+    kin, kout = bf16.PROFILE[op]
+    return lambda *xs: bf16.call(fn, kin, kout, *xs)
+
+
+def _raw_add(a, b):
+    """bf16 add keeping NaN payloads: widened without canonicalising, added
+    by NumPy, the upper half of a NaN's bits kept."""
+    with np.errstate(all="ignore"):
+        r = np.add(h_load(a, canon=False), h_load(b, canon=False))
+    return h_round(finish(r, canon=False), nan=None)
+
+
+# the readings of [num.load.c1] are done by the twin's own widening, so their twin reads bf16 loading wrong
+BF16_LOAD_TWINS = {
+    "add, no input zeroing": P(k_bf16_add, zero=False),
+    "add, NaN payload kept": _raw_add,
+    "embedding raw copy": lambda wte, tokens: np.asarray(wte, np.uint16)[tokens],
+}
+
+
+def bf16_twins():
+    """name -> (bf16 op, kernel) for every binary32 reading whose op is in the profile."""
+    from refreplay.ops import bf16
+
+    out = {}
+    for name, (op, fn, *_) in MUTANTS.items():
+        if op in bf16.PROFILE:
+            out[name] = (f"bf16_{op}", BF16_LOAD_TWINS.get(name) or bf16_twin(op, fn))
+    return out

@@ -252,7 +252,7 @@ def o_embedding_backward(dout, tokens, V, reverse=False, absent=F32(0.0)):
     ids that never occur are +0 (``absent`` -0 is the wrong reading)."""
     d = widen(dout)
     tk = np.asarray(tokens).reshape(-1)
-    d = d.reshape(tk.size, -1)
+    d = d.reshape(tk.size, np.shape(dout)[-1])  # C = 0 too (reshape(0, -1) cannot infer)
     nv = int(np.asarray(V).reshape(-1)[0])
     out = np.full((nv, d.shape[1]), F32(-0.0))
     for i in (range(tk.size - 1, -1, -1) if reverse else range(tk.size)):

@@ -12,7 +12,7 @@ import zlib
 
 import numpy as np
 
-from . import builders, fp
+from . import builders, edges, fp
 from .cases import FAMILIES, Case, as_outputs, load_inputs
 from .registry import OPS
 
@@ -30,7 +30,7 @@ def build_op(name: str) -> list[Case]:
     cases: list[Case] = []
     counters: dict[str, int] = {}
     distinguished: set[str] = set()
-    for family, inputs, note in op.build(op, rng):
+    for family, inputs, note in op.build(op, rng) + edges.extra(op, SEED):  # edges: issue 31's own stream
         if family not in FAMILIES:
             raise builders.ProbeError(f"{name}: unknown family {family}")
         raw = [np.ascontiguousarray(inputs[n]) for n in op.inputs]
