@@ -59,3 +59,77 @@ def test_nan_payloads_alone_get_only_the_nan_finding():
     report = rc.check(kernel, ops=["layernorm_backward"])
     msgs = _messages(report, "layernorm_backward")
     assert len(msgs) == 1 and msgs[0].startswith("non-canonical NaN"), msgs
+
+
+def _canonical(*outs):
+    outs = tuple(np.where(np.isnan(o), fp.f32(fp.CANONICAL_NAN), o).astype(F32) for o in outs)
+    return outs if len(outs) > 1 else outs[0]
+
+
+def _recip(v):
+    with np.errstate(all="ignore"):
+        return fp.flush(np.divide(F32(1), np.asarray(v, F32), dtype=F32))
+
+
+def _sqrt(v):
+    with np.errstate(all="ignore"):
+        return fp.flush(np.sqrt(np.asarray(v, F32)))
+
+
+def _load(x):
+    x = np.asarray(x, F32)
+    return np.where(np.isnan(x), fp.f32(fp.CANONICAL_NAN), np.where(fp.is_subnormal(x), x * F32(0), x)).astype(F32)
+
+
+def layernorm_plus_zero(x, w, b):
+    """[norm.layer.fwd.c1] step by step, written out here (sequential sums,
+    recip(C), recip(sqrt(var + eps))), but both sums start from +0."""
+    x, w, b = _load(x), _load(w), _load(b)
+    N, C = x.shape
+    inv = _recip(F32(C))
+    s = np.zeros(N, F32)
+    for c in range(C):
+        s = fp.add(s, x[:, c])
+    mean = fp.mul(s, inv)
+    q = np.zeros(N, F32)
+    for c in range(C):
+        d = fp.add(x[:, c], -mean)
+        q = fp.add(q, fp.mul(d, d))
+    rstd = _recip(_sqrt(fp.add(fp.mul(q, inv), fp.f32(0x3727C5AC))))
+    norm = fp.mul(fp.add(x, -mean[:, None]), rstd[:, None])
+    return _canonical(fp.add(fp.mul(norm, w), b), mean, rstd)
+
+
+def test_a_layernorm_sum_started_from_plus_zero_is_named():
+    """Not "sums NumPy pairwise" (which also starts from +0 on short rows):
+    the passing random rows rule the pairwise sum out."""
+    report = rc.check(lambda op, *xs: layernorm_plus_zero(*xs), ops=["layernorm_forward"])
+    assert report.ops["layernorm_forward"]["fail"] > 0
+    msgs = _messages(report, "layernorm_forward")
+    assert len(msgs) == 1, msgs
+    assert msgs[0].startswith("reproduced exactly by the spec's algorithm with sums started from +0 (not -0) ("), msgs
+    assert "NumPy" not in msgs[0]
+
+
+def test_a_variant_that_explains_some_elements_is_partial_with_counts():
+    """linear_forward contracting the multiply-add in odd output columns and
+    summing the even ones in reverse: no variant reproduces both, so the
+    closest is reported as partial, with counts, never as the cause."""
+    from refreplay.conformance import variants as V
+
+    by_name = {d.name: d for d in V.DEVIATIONS}
+
+    def kernel(op, x, W, b):
+        inputs = load_inputs([np.ascontiguousarray(v) for v in (x, W, b)])
+        (fma,), (rev,) = (V.evaluate(op, inputs, (by_name[n],)) for n in ("fused multiply-add", "sums reversed"))
+        odd = np.arange(fma.shape[-1]) % 2 == 1
+        return np.where(odd, fma, rev).astype(F32)
+
+    report = rc.check(kernel, ops=["linear_forward"])
+    msgs = _messages(report, "linear_forward")
+    assert report.ops["linear_forward"]["fail"] > 0
+    assert not any(m.startswith("reproduced exactly") for m in msgs), msgs
+    part = [m for m in msgs if m.startswith("partial: closest variant ") and " explains " in m]
+    assert part, msgs
+    explained, of = (int(w) for w in part[0].split(" explains ")[1].split(" differing")[0].split(" of "))
+    assert 0 < explained < of, part[0]

@@ -373,7 +373,9 @@ def _tf32_finding(op, fam):
                    ["num.format.c1"] + [c for c in op.clauses if c.startswith("mm.")])
 
 
-VARIANT_CASES = 3  # failing cases re-evaluated per op, smallest first
+VARIANT_CASES = 3  # failing cases re-evaluated per op under every variant, smallest first
+VERIFY_CASES = 8   # failing cases a matching variant must reproduce before it is named the cause
+PASSING_CASES = 3  # passing cases it must reproduce too (the kernel gives the spec's bits there)
 
 
 def _stored(r, n):
@@ -391,9 +393,16 @@ def _as_f32(r, n):
     return widen(_stored(r, n)) if f"out/{n}" in r.case.bf16 else _stored(r, n)
 
 
+def _loaded(rs):
+    return [(load_inputs(list(r.case.inputs.values())), [_as_f32(r, n) for n in r.case.outputs]) for r in rs]
+
+
 def _variant_finding(op, results):
     """[conf.diagnosis.r1] Which variant of the op's algorithm reproduces the
-    kernel (``variants.explain``) on its smallest failing cases."""
+    kernel (``variants.explain``) on its smallest failing cases.  A variant
+    is named the cause only when it reproduces every differing element of
+    every failing case re-evaluated and the passing cases too; otherwise it
+    is called partial, with how many of the differing elements it explains."""
     if op.name not in variants.MODELS:
         return None
     # sweep cases are long rows: re-evaluating every variant on them would take minutes
@@ -404,29 +413,49 @@ def _variant_finding(op, results):
         return None
     # random cases first: they hold the op's arithmetic at ordinary values, where the variants differ;
     # the edge and empty cases are small but hold specials on which many variants agree
-    bad.sort(key=lambda r: (r.case.family != "random", sum(x.size for x in r.case.inputs.values())))
-    cases = [(load_inputs(list(r.case.inputs.values())), [_as_f32(r, n) for n in r.case.outputs])
-             for r in bad[:VARIANT_CASES]]
+    bad.sort(key=lambda r: (r.case.family != "random", _size(r)))
+    cases = _loaded(bad[:VARIANT_CASES])
     ex = variants.explain(op.name, cases)
     if ex.spec_differ == 0:  # the spec's arithmetic reproduces them: NaN payloads only, found elsewhere
         return None
     on = f"on the {ex.cases} smallest failing case{'s' if ex.cases > 1 else ''}"
-    if ex.matches:
-        names = [variants.name(v) for v in ex.matches]
+    checked = _loaded(bad[VARIANT_CASES:VERIFY_CASES])
+    good = sorted([r for r in results if r.status in ("pass", "xpass") and r.case.family != "sweep" and r.actual],
+                  key=_size)
+    passing = _loaded(good[:PASSING_CASES])
+    full = [v for v in ex.matches if variants.tally(op.name, checked, v).exact]
+    # a variant that breaks a case the kernel passes is not the kernel (a +0 start and NumPy's
+    # pairwise sum agree on short rows of -0; only the longer passing rows tell them apart)
+    agree = [v for v in full if variants.tally(op.name, passing, v).exact]
+    full = agree or full
+    if checked and full:
+        on += f"; every differing element of all {len(bad[:VERIFY_CASES])} failing cases re-evaluated"
+    if full:
+        names = [variants.name(v) for v in full]
         what = names[0] if len(names) == 1 else "any of: " + "; ".join(names[:4]) + (
             f"; and {len(names) - 4} more" if len(names) > 4 else "")
         msg = f"reproduced exactly by the spec's algorithm with {what} ({on})"
-        devs = [d for v in ex.matches[:4] for d in v]
-    elif ex.closest:
-        ulp = "a NaN" if ex.max_ulp >= 1 << 32 else f"{ex.max_ulp} ulp"
-        msg = (f"no single deviation or pair reproduces it; closest variant: {variants.name(ex.closest)} "
-               f"({ex.differ} of {ex.total} elements still differ, max {ulp}; the spec's algorithm: "
-               f"{ex.spec_differ}) ({on})")
-        devs = list(ex.closest)
+        devs = [d for v in full[:4] for d in v]
     else:
-        msg = (f"no single deviation or pair of the spec's algorithm comes closer to it than the spec's own "
-               f"({ex.spec_differ} of {ex.total} elements differ) ({on})")
-        devs = []
+        rs = cases + checked
+        scored = [(variants.tally(op.name, rs, v), v) for v in ex.matches or ([ex.closest] if ex.closest else [])]
+        t, best = max(scored, key=lambda tv: (tv[0].explained - tv[0].differ, tv[0].explained),
+                      default=(None, None))
+        n_cases = len(rs)
+        if best is not None and t.explained > 0:
+            ulp = "a NaN" if t.max_ulp >= 1 << 32 else f"{t.max_ulp} ulp"
+            still = t.spec_differ - t.explained
+            broken = t.differ - still  # elements where the kernel has the spec's bits and the variant has not
+            msg = (f"partial: closest variant {variants.name(best)} explains {t.explained} of {t.spec_differ} "
+                   f"differing elements" + (f" ({still} still differ)" if still else "")
+                   + (f", but changes {broken} elements where the kernel has the spec's bits" if broken else "")
+                   + f" (max {ulp} under it); no single deviation or pair reproduces them all "
+                   f"(on the {n_cases} smallest failing case{'s' if n_cases > 1 else ''})")
+            devs = list(best)
+        else:
+            msg = (f"no single deviation or pair of the spec's algorithm comes closer to it than the spec's own "
+                   f"({ex.spec_differ} of {ex.total} elements differ) ({on})")
+            devs = []
     clauses = list(dict.fromkeys(list(op.clauses) + [c for d in devs for c in d.clauses]))
     return Finding(op.name, msg, clauses)
 
