@@ -133,3 +133,65 @@ def test_a_variant_that_explains_some_elements_is_partial_with_counts():
     assert part, msgs
     explained, of = (int(w) for w in part[0].split(" explains ")[1].split(" differing")[0].split(" of "))
     assert 0 < explained < of, part[0]
+
+
+def _c_libm(name):
+    """The C library's binary32 function, called element by element (what a C kernel gets)."""
+    import ctypes
+    import ctypes.util
+
+    lib = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
+    fn = getattr(lib, name)
+    fn.restype, fn.argtypes = ctypes.c_float, [ctypes.c_float]
+    return lambda x: fp.flush(np.array([fn(float(v)) for v in np.ravel(x)], F32).reshape(np.shape(x)))
+
+
+GK, GS = fp.f32(0x3D372713), fp.f32(0x3F4C422A)  # 0.044715, sqrt(2/pi) as [act.gelu.fwd.c1]
+
+
+def gelu_with_libm_tanhf(x):
+    """0.5*x*(1 + tanhf(S*(x + K*x*x*x))) as a C training loop writes it, with the C library's tanhf."""
+    x = _load(x)
+    u = fp.mul(GS, fp.add(x, fp.mul(fp.mul(fp.mul(GK, x), x), x)))
+    return _canonical(fp.mul(fp.mul(F32(0.5), x), fp.add(F32(1), _c_libm("tanhf")(u))))
+
+
+def test_a_libm_tanhf_is_named():
+    pytest.importorskip("ctypes.util")
+    report = rc.check(lambda op, x: gelu_with_libm_tanhf(x), ops=["gelu_forward"])
+    assert report.ops["gelu_forward"]["fail"] > 0
+    msgs = _messages(report, "gelu_forward")
+    assert len(msgs) == 1 and msgs[0].startswith(
+        "reproduced exactly by the spec's algorithm with libm tanhf (the C library's tanh) ("), msgs
+
+
+def cross_entropy_minus_log_p(logits, targets):
+    """The spec's row maximum, exp, sequential sum and log ([num.exp.c1],
+    [num.log.c1]), but the loss as -log(e[y] / s)."""
+    from refreplay.numerics import elementwise as E
+
+    x = _load(logits)
+    N, V = x.shape
+    m = np.max(x, axis=1) if V else np.zeros(N, F32)
+    e = E.exp(np.ascontiguousarray(fp.add(x, -m[:, None]), F32))
+    s = np.full(N, F32(-0.0))
+    for v in range(V):
+        s = fp.add(s, e[:, v])
+    y = np.where(targets < 0, 0, targets)
+    with np.errstate(all="ignore"):
+        p = fp.flush(np.divide(e[np.arange(N), y], s, dtype=F32))
+    losses = np.where(targets < 0, F32(0), -E.log(np.ascontiguousarray(p))).astype(F32)
+    total = F32(-0.0)
+    for v in losses[targets >= 0]:
+        total = fp.add(total, v)
+    count = int((targets >= 0).sum())
+    mean = fp.mul(total, _recip(F32(count))) if count else F32(0)
+    return _canonical(losses, np.array([mean], F32).reshape(1))
+
+
+def test_a_loss_as_minus_log_probability_is_not_called_a_vendor_exp():
+    report = rc.check(lambda op, *xs: cross_entropy_minus_log_p(*xs), ops=["cross_entropy_forward"])
+    assert report.ops["cross_entropy_forward"]["fail"] > 0
+    msgs = _messages(report, "cross_entropy_forward")
+    assert len(msgs) == 1 and "loss as -log(e/s)" in msgs[0] and "exp" not in msgs[0].split(" (")[0], msgs
+    assert msgs[0].startswith("reproduced exactly"), msgs

@@ -30,6 +30,10 @@ VACUOUS = {("linear_forward", "sums started from +0 (not -0)")}
 # sum is sequential from +0: a +0 start and NumPy's sum give the same bits on every one.
 AMBIGUOUS = {("cross_entropy_forward", "correctly rounded exp"),
              ("attention_forward", "sums started from +0 (not -0)")}
+# glibc's expf and logf are correctly rounded on all but a few inputs (55 and 289 of 100,000
+# in [-10, 10]), none in the committed cases: where an op uses them, the diagnosis names both
+CORRECTLY_ROUNDED_LIBM = {"correctly rounded exp", "libm expf (the C library's exp)", "correctly rounded log",
+                          "libm logf (the C library's log)"}
 # the binary32 ops; their bf16 twins (the same models between conversions) are
 # checked in test_bf16_conformance.py: rounding to bf16 may hide a deviation
 MODELS32 = [op for op in V.MODELS if not op.startswith("bf16_")]
@@ -90,7 +94,10 @@ def test_pair_only_deviations_matter_in_their_pairs(cases):
 def test_a_kernel_that_is_one_variant_is_diagnosed_as_it(cases, op, dev):
     found = [f.message for f in diagnose(op, _as_kernel(op, cases, (dev,)))]
     assert len(found) == 1, found
-    if (op, dev.name) in AMBIGUOUS:
+    if dev.name in CORRECTLY_ROUNDED_LIBM and not found[0].startswith("reproduced exactly by the spec's algorithm "
+                                                                      "with any of: "):
+        assert found[0].startswith(f"reproduced exactly by the spec's algorithm with {dev.name} ("), found[0]
+    elif (op, dev.name) in AMBIGUOUS or dev.name in CORRECTLY_ROUNDED_LIBM:
         assert found[0].startswith("reproduced exactly by the spec's algorithm with any of: ")
         assert dev.name in found[0]
     else:
@@ -111,6 +118,10 @@ def test_a_kernel_that_is_a_pair_of_variants_is_diagnosed_as_it(cases, op, a, b)
     by_name = {d.name: d for d in V.DEVIATIONS}
     found = [f.message for f in diagnose(op, _as_kernel(op, cases, (by_name[a], by_name[b])))]
     assert len(found) == 1, found
+    if a in CORRECTLY_ROUNDED_LIBM or b in CORRECTLY_ROUNDED_LIBM:
+        assert found[0].startswith("reproduced exactly by the spec's algorithm with any of: ") and \
+            (f"{a} + {b}" in found[0] or f"{b} + {a}" in found[0]), found
+        return
     assert found[0].startswith((f"reproduced exactly by the spec's algorithm with {a} + {b} "
                                 f"(on the 3 smallest failing cases",
                                 f"reproduced exactly by the spec's algorithm with {b} + {a} "

@@ -12,10 +12,17 @@ and, if none reproduces the kernel, every pair, and names the variants that
 reproduce its outputs bit for bit, or else the one that comes closest.
 
 Nothing here is on the normative path: the vendor functions (np.exp, ...)
-are the deviations being tested.
+are the deviations being tested.  So are the C library's expf, logf, tanhf
+and coshf (called through ctypes, what a C kernel linked against libm gets)
+and the correctly rounded functions (float64 ``np``/``math`` functions
+rounded once to binary32): models of what a kernel does, never of what the
+spec says.
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import itertools
 from dataclasses import dataclass, replace
 from typing import Callable
@@ -111,6 +118,50 @@ def rounded_tanh(x):
     return _f64_once(np.tanh, x)
 
 
+@functools.lru_cache(maxsize=None)
+def _libm(name):
+    """The C library's binary32 function ``name`` (float f(float)), or None
+    where no libm can be loaded."""
+    try:
+        lib = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
+        fn = getattr(lib, name)
+    except (OSError, AttributeError):
+        return None
+    fn.restype, fn.argtypes = ctypes.c_float, [ctypes.c_float]
+    return np.frompyfunc(lambda v: fn(float(v)), 1, 1)
+
+
+def _libm_call(name, x):
+    x = np.asarray(x, F32)
+    with np.errstate(all="ignore"):
+        return fp.flush(np.asarray(_libm(name)(x.ravel()), dtype=np.float64).astype(F32).reshape(x.shape))
+
+
+def libm_exp(x):
+    """The C library's expf (glibc's on Linux) instead of the algorithm of [num.exp.c1]."""
+    return _libm_call("expf", x)
+
+
+def libm_log(x):
+    """The C library's logf instead of the algorithm of [num.log.c1]."""
+    return _libm_call("logf", x)
+
+
+def libm_tanh(x):
+    """The C library's tanhf instead of the algorithm of [num.tanh.c1]."""
+    return _libm_call("tanhf", x)
+
+
+def libm_cosh(x):
+    """The C library's coshf (the spec has no cosh: [act.gelu.bwd.c1] forms 1 - tanh^2)."""
+    return _libm_call("coshf", x)
+
+
+def rounded_cosh(x):
+    """cosh in float64 rounded to binary32."""
+    return _f64_once(np.cosh, x)
+
+
 def vendor_sigmoid(x):
     """1 / (1 + np.exp(-x)) in float32 instead of [num.sigmoid.c1]'s two-branch algorithm."""
     return div(ONE, add(ONE, vendor_exp(np.negative(np.asarray(x, F32)))))
@@ -183,15 +234,22 @@ def log_of_softmax(x, m, s, p):
     return p.log(p.normalize(p.exp(sub(x, m[..., None])), s))
 
 
-def log_s_minus_shifted(lsm, x_y, m, l):
-    """[loss.token.c1] loss = log(s) - (x[y] - m) (the spec; lsm unused)."""
-    return sub(l, sub(x_y, m))
+def log_s_minus_shifted(lsm, x_y, m, s, e_y, p):
+    """[loss.token.c1] loss = log(s) - (x[y] - m) (the spec; lsm, e_y unused)."""
+    return sub(p.log(s), sub(x_y, m))
 
 
-def negated_log_softmax(lsm, x_y, m, l):
+def negated_log_softmax(lsm, x_y, m, s, e_y, p):
     """loss = -(log-softmax at y), where [loss.token.c1] has log(s) - (x[y] - m):
     an exact zero comes out -0 instead of +0."""
     return np.negative(lsm)
+
+
+def minus_log_probability(lsm, x_y, m, s, e_y, p):
+    """loss = -log(e[y] / s), the log of the softmax probability (a division,
+    as a C training loop writes it), where [loss.token.c1] has
+    log(s) - (x[y] - m): another formula, not another exp."""
+    return np.negative(p.log(div(e_y, s)))
 
 
 # ---- the start of a sum ---------------------------------------------------------------
@@ -286,6 +344,25 @@ def k3_as_product():
     return mul(F32(3.0), GELU_K)
 
 
+def sech2_from_tanh(u, th, p):
+    """[act.gelu.bwd.c1] sech^2 = 1 - th*th (the spec)."""
+    return madd(p, np.negative(th), th, ONE)
+
+
+def sech2_by_libm_cosh(u, th, p):
+    """sech^2 = 1 / (coshf(u) * coshf(u)) with the C library's coshf, where
+    [act.gelu.bwd.c1] forms 1 - tanh(u)^2."""
+    c = libm_cosh(u)
+    return div(ONE, mul(c, c))
+
+
+def sech2_by_rounded_cosh(u, th, p):
+    """sech^2 = 1 / (cosh(u) * cosh(u)), cosh correctly rounded, where
+    [act.gelu.bwd.c1] forms 1 - tanh(u)^2."""
+    c = rounded_cosh(u)
+    return div(ONE, mul(c, c))
+
+
 def silu_by_sigmoid(x, p):
     """[act.silu.fwd.c1] x * sigmoid(x) (the spec)."""
     return mul(x, p.sigmoid(x))
@@ -367,6 +444,7 @@ class Parts:
     rms_scale: Callable = rms_then_weight
     gelu_cube: Callable = cube_left_to_right
     gelu_k3: Callable = k3_constant
+    sech2: Callable = sech2_from_tanh
     silu: Callable = silu_by_sigmoid
     grad_local: Callable = grad_times_local
     att_scores: Callable = scale_after_dot
@@ -426,12 +504,12 @@ def log_softmax_forward(x, p):
 
 def cross_entropy_forward(logits, targets, p):
     """[loss.token.c1] [loss.mean.c1] (losses, mean)."""
-    m, _, s = _exp_rows(logits, p)
+    m, e, s = _exp_rows(logits, p)
     n = np.arange(logits.shape[0])
     y = np.where(targets < 0, 0, targets)
     x_y = logits[n, y]
     lsm = p.log_softmax(logits, m, s, p)[n, y]
-    losses = np.where(targets < 0, F32(0), p.token_loss(lsm, x_y, m, p.log(s))).astype(F32)
+    losses = np.where(targets < 0, F32(0), p.token_loss(lsm, x_y, m, s, e[n, y], p)).astype(F32)
     counted = losses[targets >= 0]
     mean = p.mean(_rows(p, counted[None, :])[0], counted.size) if counted.size else F32(0)
     return losses, np.array([mean], F32).reshape(1)
@@ -460,9 +538,13 @@ def rmsnorm_forward(x, w, p):
     return p.rms_scale(x, rrms, w), rrms
 
 
-def _gelu_th(x, p):
+def _gelu_u(x, p):
     a, b = p.gelu_cube(x)
-    return p.tanh(mul(GELU_S, madd(p, a, b, x)))
+    return mul(GELU_S, madd(p, a, b, x))
+
+
+def _gelu_th(x, p):
+    return p.tanh(_gelu_u(x, p))
 
 
 def gelu_forward(x, p):
@@ -472,8 +554,9 @@ def gelu_forward(x, p):
 
 def gelu_backward(dout, x, p):
     """[act.gelu.bwd.c1] dout * gelu'(x)."""
-    th = _gelu_th(x, p)
-    sech2 = madd(p, np.negative(th), th, ONE)
+    u = _gelu_u(x, p)
+    th = p.tanh(u)
+    sech2 = p.sech2(u, th, p)
     dinner = mul(GELU_S, madd(p, mul(p.gelu_k3(), x), x, ONE))
     local = madd(p, mul(mul(HALF, x), sech2), dinner, mul(HALF, add(ONE, th)))
     return mul(dout, local)
@@ -550,7 +633,7 @@ MODELS = {
                                                    "ln_affine")),
     "rmsnorm_forward": Model(rmsnorm_forward, ("order", "fma", "mean", "rsqrt", "rms_scale")),
     "gelu_forward": Model(gelu_forward, ("tanh", "fma", "gelu_cube")),
-    "gelu_backward": Model(gelu_backward, ("tanh", "fma", "gelu_cube", "gelu_k3")),
+    "gelu_backward": Model(gelu_backward, ("tanh", "fma", "gelu_cube", "gelu_k3", "sech2")),
     "silu_forward": Model(silu_forward, ("sigmoid", "silu"), pair_only=("exp",)),
     "silu_backward": Model(silu_backward, ("sigmoid", "fma", "grad_local")),
     "swiglu_forward": Model(swiglu_forward, ("sigmoid", "silu"), pair_only=("exp",)),
@@ -618,6 +701,9 @@ def _deviations() -> list[Deviation]:
            _fn("log-softmax as x - (m + log s)", "log_softmax", minus_logsumexp, "softmax.log.c1"),
            _fn("log-softmax as log(softmax)", "log_softmax", log_of_softmax, "softmax.log.c1"),
            _fn("loss as the negated log-softmax", "token_loss", negated_log_softmax, "loss.token.c1"),
+           _fn("loss as -log(e/s) (the log of the probability)", "token_loss", minus_log_probability,
+               "loss.token.c1", "num.recip.c1"),
+           _fn("sech² as 1/cosh² (correctly rounded cosh)", "sech2", sech2_by_rounded_cosh, "act.gelu.bwd.c1"),
            _fn("variance as E[x²] - E[x]²", "moments", one_pass_moments, "norm.layer.fwd.c1"),
            _fn("Welford mean and variance", "moments", welford_moments, "norm.layer.fwd.c1", "norm.meanop.c1"),
            _fn("affine folded into x*scale + shift", "ln_affine", folded_scale_shift, "norm.layer.fwd.c1"),
@@ -630,6 +716,11 @@ def _deviations() -> list[Deviation]:
            _fn("scores divided by sqrt(HS)", "att_scores", divide_by_sqrt_hs, "attn.scores.c1", "num.recip.c1"),
            _fn("bias as the sum's first term", "bias", bias_as_first_term, "mm.bias.c1"),
            _fn("sums started from +0 (not -0)", "start", plus_zero_start, "red.sum.c1", "red.start.r1")]
+    if _libm("expf") is not None:  # the C library's functions, where one can be loaded
+        out += [_fn("libm expf (the C library's exp)", "exp", libm_exp, "num.exp.c1"),
+                _fn("libm logf (the C library's log)", "log", libm_log, "num.log.c1"),
+                _fn("libm tanhf (the C library's tanh)", "tanh", libm_tanh, "num.tanh.c1"),
+                _fn("sech² as 1/coshf² (the C library's coshf)", "sech2", sech2_by_libm_cosh, "act.gelu.bwd.c1")]
     by_name = {o.name: o for o in orders.candidates(False)}
     out += [_fn(f"sums {'in ' if n[0].isdigit() else ''}{n}", "order", by_name[n], "red.sum.c1")
             for n in ORDER_NAMES]
