@@ -195,3 +195,51 @@ def test_a_loss_as_minus_log_probability_is_not_called_a_vendor_exp():
     msgs = _messages(report, "cross_entropy_forward")
     assert len(msgs) == 1 and "loss as -log(e/s)" in msgs[0] and "exp" not in msgs[0].split(" (")[0], msgs
     assert msgs[0].startswith("reproduced exactly"), msgs
+
+
+def test_an_exp_that_gives_zero_below_minus_87_is_located():
+    def kernel(x):
+        (y,) = _reference("exp", x)
+        return np.where(_load(x) < F32(-87), F32(0), y).astype(F32)
+
+    report = rc.check(lambda op, x: kernel(x), ops=["exp"])
+    msgs = _messages(report, "exp")
+    assert report.ops["exp"]["fail"] > 0 and len(msgs) == 1, msgs
+    assert "the differences lie only where x < -87 (" in msgs[0] and "none elsewhere" in msgs[0], msgs
+
+
+def test_a_gelu_wrong_for_large_inputs_is_located():
+    """GELU in float64 where |x| > 5: for x > 5 it rounds to the spec's bits,
+    for x < -5 it does not, and the finding says exactly that."""
+    def kernel(x):
+        (y,) = _reference("gelu_forward", x)
+        x = _load(x)
+        with np.errstate(all="ignore"):
+            w = x.astype(np.float64)
+            z = fp.flush((0.5 * w * (1 + np.tanh(0.7978845608028654 * (w + 0.044715 * w ** 3)))).astype(F32))
+        return _canonical(np.where(np.abs(x) > F32(5), z, y).astype(F32))
+
+    report = rc.check(lambda op, x: kernel(x), ops=["gelu_forward"])
+    msgs = _messages(report, "gelu_forward")
+    assert report.ops["gelu_forward"]["fail"] > 0 and len(msgs) == 1, msgs
+    assert "the differences lie only where x < -5 (" in msgs[0], msgs
+    assert not msgs[0].startswith("reproduced exactly"), msgs
+
+
+def test_differences_in_the_later_rows_are_located():
+    """rmsnorm_backward one ulp off in rows 4 and above only (a kernel that
+    switches path after a row block)."""
+    def kernel(dout, x, w, rrms):
+        dx, dw = _reference("rmsnorm_backward", dout, x, w, rrms)
+        later = (np.arange(dx.shape[0])[:, None] >= 4) & np.isfinite(dx) & (dx != 0)
+        return np.where(later, (fp.bits(dx).astype(np.int64) + 1).astype(np.uint32).view(F32), dx), dw
+
+    report = rc.check(lambda op, *xs: kernel(*xs), ops=["rmsnorm_backward"])
+    msgs = _messages(report, "rmsnorm_backward")
+    assert len(msgs) == 1 and "the differences lie only in rows 4 and above" in msgs[0], msgs
+
+
+def test_differences_everywhere_are_not_located():
+    report = rc.check(lambda op, *xs: _x86_nan_and_one_ulp(_reference(op, *xs)), ops=["rmsnorm_backward"])
+    msgs = _messages(report, "rmsnorm_backward")
+    assert msgs and not any("the differences lie" in m for m in msgs), msgs

@@ -286,11 +286,11 @@ def _diagnose(op_name: str, results) -> list[Finding]:
     if f:
         out.append(f)
     if not out and failing:
-        out.append(_unexplained_finding(op, [r for f in sorted(failing) for r in fam[f][0]], failing))
+        out.append(_unexplained_finding(op, [r for f in sorted(failing) for r in fam[f][0]], failing, results))
     return out
 
 
-def _unexplained_finding(op, bad, failing):
+def _unexplained_finding(op, bad, failing, results=()):
     """What can still be said when no probe isolates a failure and the op has
     no variant model: a sign of zero alone (a sum started from +0), special
     inputs under every difference, or how far the binary32 outputs are off
@@ -326,8 +326,8 @@ def _unexplained_finding(op, bad, failing):
     if special:
         return Finding(op.name, f"differs only where the input {special}; {counted}", list(op.clauses))
     if nan_vs_number:
-        return Finding(op.name, f"gives a NaN where the spec has a number, or the reverse; {counted}",
-                       list(op.clauses))
+        return Finding(op.name, _located(f"gives a NaN where the spec has a number, or the reverse; {counted}", op,
+                                         results), list(op.clauses))
     med, worst = (int(np.median(d)), int(d.max())) if d.size else (0, 0)
     if med <= 16:
         near_zero = ", where cancellation leaves a result near zero" if worst > 1 << 10 else ""
@@ -335,7 +335,7 @@ def _unexplained_finding(op, bad, failing):
                 f"fused operations or vendor functions give differences of this size")
     else:
         size = f"differs by a median of {med} ulp (max {worst}): more than rounding, another formula"
-    return Finding(op.name, f"{size}; {counted}", list(op.clauses))
+    return Finding(op.name, _located(f"{size}; {counted}", op, results), list(op.clauses))
 
 
 def _size(r):
@@ -452,12 +452,111 @@ def _variant_finding(op, results):
                    + f" (max {ulp} under it); no single deviation or pair reproduces them all "
                    f"(on the {n_cases} smallest failing case{'s' if n_cases > 1 else ''})")
             devs = list(best)
+            msg = _located(msg, op, results)
         else:
             msg = (f"no single deviation or pair of the spec's algorithm comes closer to it than the spec's own "
                    f"({ex.spec_differ} of {ex.total} elements differ) ({on})")
             devs = []
+            msg = _located(msg, op, results)
     clauses = list(dict.fromkeys(list(op.clauses) + [c for d in devs for c in d.clauses]))
     return Finding(op.name, msg, clauses)
+
+
+def _nice_between(lo, hi) -> str:
+    """The shortest decimal v with lo < v <= hi (lo < hi, finite), as text."""
+    for digits in range(0, 10):
+        for v in (np.ceil(lo * 10 ** digits) / 10 ** digits, np.floor(hi * 10 ** digits) / 10 ** digits):
+            if lo < v <= hi:
+                return np.format_float_positional(np.float64(v), trim="-")
+    return np.format_float_positional(np.float32(hi), trim="-")
+
+
+def _range_location(xs, differ) -> tuple[float, str] | None:
+    """(coverage, 'x > 5') for the one-sided range of x or |x| that holds
+    every differing element and the fewest elements in all; None when the
+    differences do not cluster (the range holds more than half the elements)."""
+    best = None
+    for label, v in (("x", xs), ("|x|", np.abs(xs))):
+        d = v[differ]
+        for side in (">", "<"):
+            edge = d.min() if side == ">" else d.max()
+            inside = v >= edge if side == ">" else v <= edge
+            beyond = v[~inside & ~differ]
+            if not beyond.size:
+                continue
+            near = beyond.max() if side == ">" else beyond.min()
+            t = _nice_between(near, edge) if side == ">" else "-" + _nice_between(-near, -edge)
+            t = t.replace("--", "")
+            cov = float(inside.mean())
+            if best is None or cov < best[0]:
+                best = (cov, f"{label} {side} {t}", int(differ.sum()), int(inside.sum()))
+    if best is None or best[0] > 0.5:
+        return None
+    cov, where, nd, ni = best
+    return cov, f"{where} ({nd} of the {ni} elements there differ, none elsewhere)"
+
+
+def _where(op, results) -> str:
+    """Where the differing elements lie, when they cluster: an input range
+    of an element-wise op ('only where |x| > 5'), or the rows or trailing
+    columns of the outputs ('only in rows 512 and above'); '' otherwise.
+    Every case that ran counts (the passing ones agree everywhere); the
+    sweep cases' long rows are left out, as in the variant search."""
+    bad = [r for r in results if r.actual and r.status in ("pass", "fail", "xfail", "xpass")
+           and r.case.family != "sweep"]
+    found = []
+    names = None
+    for r in bad:  # the float32 inputs of the outputs' shape, in every case
+        ns = {n for n, x in r.case.inputs.items() if x.dtype == np.float32 and
+              all(x.shape == e.shape for e in r.case.outputs.values() if e.dtype == np.float32)}
+        names = ns if names is None else names & ns
+    for name in sorted(names or ()):
+        xs, ds = [], []
+        for r in bad:
+            for n, e in r.case.outputs.items():
+                a = np.asarray(r.actual.get(n, np.zeros(0)))
+                if e.dtype != np.float32 or a.shape != e.shape or a.dtype != e.dtype:
+                    return ""
+                with np.errstate(invalid="ignore"):  # a signalling NaN input widens quietly
+                    xs.append(r.case.inputs[name].astype(np.float64).ravel())
+                ds.append(~((fp.bits(e.ravel()) == fp.bits(a.ravel())) | (np.isnan(e.ravel()) & np.isnan(a.ravel()))))
+        x, d = np.concatenate(xs), np.concatenate(ds)
+        if d.any() and np.isfinite(x[d]).all():
+            loc = _range_location(x[np.isfinite(x)], d[np.isfinite(x)])
+            if loc:
+                found.append((loc[0], f"only where {loc[1].replace('x', name, 1)}"))
+    if found:
+        return min(found)[1]
+    shapes, rows, cols = [], [], []
+    for r in bad:
+        for n, e in r.case.outputs.items():
+            a = np.asarray(r.actual.get(n, np.zeros(0)))
+            if e.dtype != np.float32 or a.shape != e.shape or e.ndim < 2 or e.size == 0:
+                continue
+            e2, a2 = e.reshape(-1, e.shape[-1]), a.reshape(-1, e.shape[-1])
+            diff = (fp.bits(e2) != fp.bits(a2)) & ~(np.isnan(e2) & np.isnan(a2))
+            rr, cc = np.nonzero(diff)
+            rows += rr.tolist()
+            cols += (e2.shape[1] - 1 - cc).tolist()
+            shapes.append(e2.shape)
+    if not rows:
+        return ""
+    # a region counts when, were the differences spread evenly, at least 8 would fall outside it
+    density = len(rows) / sum(h * w for h, w in shapes)
+    r0, k = min(rows), max(cols) + 1
+    if r0 > 0 and density * sum(min(r0, h) * w for h, w in shapes) >= 8:
+        return f"only in rows {r0} and above (rows from 0; up to {max(h for h, _ in shapes)} in a case)"
+    if density * sum(max(0, w - k) * h for h, w in shapes) >= 8:
+        return f"only in the last {k} column{'s' if k > 1 else ''} of each row (a tail)"
+    return ""
+
+
+def _located(msg, op, results) -> str:
+    try:
+        where = _where(op, results)
+    except Exception:  # noqa: BLE001  a fault in a diagnostic aid never hides the finding
+        where = ""
+    return f"{msg}; the differences lie {where}" if where else msg
 
 
 def _special_inputs_at_differences(op, bad) -> str:
