@@ -166,7 +166,9 @@ def _flush_mode_findings(op_name, fam, failing) -> list[Finding]:
     if after and not before:
         how = ("flushes the way x86 FTZ (MXCSR.FTZ) does: tininess judged on the product rounded to 24 bits "
                "with an unbounded exponent, so products FLT_MIN (1 - d), 2^-25 < d <= 2^-24, that IEEE "
-               "rounds up to FLT_MIN come out 0; the spec flushes the IEEE (gradual-underflow) result"
+               "rounds up to FLT_MIN come out 0 (0xAB123191 x 0x14E0241F: IEEE and the spec give 0x80800000, "
+               "x86 FTZ 0x80000000); the spec flushes the IEEE (gradual-underflow) result, so x86 FTZ is not "
+               "the spec's flush"
                if _outputs_where(fam, "ftz_after_rounding", zero) else
                "products just below FLT_MIN do not round to FLT_MIN")
         out.append(Finding(op_name, f"{how} — {_count(fam, 'ftz_after_rounding')}", ["num.flush.c1"]))
