@@ -243,3 +243,23 @@ def test_differences_everywhere_are_not_located():
     report = rc.check(lambda op, *xs: _x86_nan_and_one_ulp(_reference(op, *xs)), ops=["rmsnorm_backward"])
     msgs = _messages(report, "rmsnorm_backward")
     assert msgs and not any("the differences lie" in m for m in msgs), msgs
+
+
+def test_an_order_that_fits_only_some_probes_is_partial():
+    """A row sum that is reversed for odd lengths and pairwise for even ones:
+    no candidate order reproduces every failing order probe, and the finding
+    says how many the closest one reproduces instead of naming it."""
+    from refreplay.conformance import orders
+
+    by = {o.name: o for o in orders.candidates(False)}
+
+    def row_sum(X):
+        X = _load(X)
+        if X.shape[1] < 2:
+            return by["sequential k increasing from -0"](X) if X.shape[1] else np.zeros(X.shape[0], F32)
+        return by["reversed" if X.shape[1] % 2 else "pairwise tree (recursive halves)"](X)
+
+    report = rc.check(lambda op, X: _canonical(row_sum(X)), ops=["sum"])
+    msgs = [m for m in _messages(report, "sum") if m.startswith("sums in a different order")]
+    assert len(msgs) == 1 and "partial: the closest candidate, " in msgs[0], _messages(report, "sum")
+    assert "output matches" not in msgs[0]

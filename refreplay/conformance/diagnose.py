@@ -116,18 +116,29 @@ def matching_orders(op, r) -> list[str]:
     return [c.name for c in orders.candidates(b is not None) if _same(c(a, b), actual)]
 
 
+ORDER_CASES = 16  # failing order probes a candidate order must reproduce
+
+
 def _order_finding(op, fam):
     bad, good = fam.get("order", ([], []))
     if not bad:
         return None
     clause = [c for c in op.clauses if c.startswith(("mm.", "red."))]
-    common = None
-    for r in [x for x in bad if x.status != "error"][:4]:
-        m = set(matching_orders(op, r))
-        common = m if common is None else common & m
-    names = [c.name for c in orders.candidates(op.terms is not None) if common and c.name in common]
+    ran = [x for x in bad if x.status != "error"][:ORDER_CASES]
+    matched = [set(matching_orders(op, r)) for r in ran]
+    common = set.intersection(*matched) if matched else set()
+    cands = orders.candidates(op.terms is not None)
+    names = [c.name for c in cands if c.name in common]
+    # a candidate is named the order only if it reproduces every failing probe re-evaluated
+    hits = {c.name: sum(c.name in m for m in matched) for c in cands}
+    part = max(hits, key=hits.get, default=None)
     if names:
         what = "output matches " + "; ".join(names)
+        if len(ran) < len(bad):
+            what += f" (on all {len(ran)} failing order probes re-evaluated)"
+    elif part and hits[part]:
+        what = (f"partial: the closest candidate, {part}, reproduces {hits[part]} of the {len(ran)} failing order "
+                f"probes re-evaluated; no candidate reproduces them all")
     else:
         what = ("matches none of the candidate orders (reversed, pairwise, blocked/split-k, "
                 "strided lanes, NumPy pairwise)")
