@@ -263,3 +263,18 @@ def test_an_order_that_fits_only_some_probes_is_partial():
     msgs = [m for m in _messages(report, "sum") if m.startswith("sums in a different order")]
     assert len(msgs) == 1 and "partial: the closest candidate, " in msgs[0], _messages(report, "sum")
     assert "output matches" not in msgs[0]
+
+
+def test_a_plus_zero_start_beside_another_difference_is_still_said():
+    """embedding_backward whose -0 sums come out +0 and whose other results
+    are one ulp off: the size of the differences and the +0 start, both."""
+    def kernel(dout, tokens, V):
+        (d,) = _reference("embedding_backward", dout, tokens, V)
+        b = fp.bits(d).astype(np.int64)
+        moved = np.where(np.isfinite(d) & (d != 0), b + 1, b).astype(np.uint32).view(F32)
+        return np.where(fp.bits(d) == np.uint32(0x80000000), F32(0), moved).astype(F32)
+
+    report = rc.check(lambda op, *xs: kernel(*xs), ops=["embedding_backward"])
+    msgs = _messages(report, "embedding_backward")
+    assert len(msgs) == 1 and msgs[0].startswith("differs by a median of 1 ulp"), msgs
+    assert "are the spec's -0 come out +0 (a sum started from +0" in msgs[0], msgs

@@ -318,6 +318,11 @@ def _unexplained_finding(op, bad, failing, results=()):
             return Finding(op.name, f"only the sign of zero differs; {where}", list(op.clauses))
         return Finding(op.name, f"the spec's -0 comes out +0 (a sum started from +0 instead of -0 does this); "
                                 f"{where}", list(dict.fromkeys(list(op.clauses) + ["red.sum.c1"])))
+    # a +0 start beside another difference: the -0s that come out +0 are counted and said
+    plus = _outputs_where({"x": (bad, [])}, "x", lambda e, a: (fp.bits(e) == np.uint32(0x80000000))
+                          & (fp.bits(a) == np.uint32(0)))
+    also = (f"; besides, {plus} of the differing elements are the spec's -0 come out +0 (a sum started from +0 "
+            f"instead of -0 does this)" if plus else "")
     # ordinary values first: edge cases hold specials and extremes whose ulp distances say little
     measured = [r for r in bad if r.case.family == "random"] or bad
     dists, total, nan_vs_number = [], 0, 0
@@ -348,7 +353,8 @@ def _unexplained_finding(op, bad, failing, results=()):
                 f"fused operations or vendor functions give differences of this size")
     else:
         size = f"differs by a median of {med} ulp (max {worst}): more than rounding, another formula"
-    return Finding(op.name, _located(f"{size}; {counted}", op, results), list(op.clauses))
+    clauses = list(op.clauses) + (["red.sum.c1"] if plus and "red.sum.c1" not in op.clauses else [])
+    return Finding(op.name, _located(f"{size}; {counted}", op, results) + also, clauses)
 
 
 def _size(r):
