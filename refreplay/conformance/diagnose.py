@@ -318,11 +318,7 @@ def _unexplained_finding(op, bad, failing, results=()):
             return Finding(op.name, f"only the sign of zero differs; {where}", list(op.clauses))
         return Finding(op.name, f"the spec's -0 comes out +0 (a sum started from +0 instead of -0 does this); "
                                 f"{where}", list(dict.fromkeys(list(op.clauses) + ["red.sum.c1"])))
-    # a +0 start beside another difference: the -0s that come out +0 are counted and said
-    plus = _outputs_where({"x": (bad, [])}, "x", lambda e, a: (fp.bits(e) == np.uint32(0x80000000))
-                          & (fp.bits(a) == np.uint32(0)))
-    also = (f"; besides, {plus} of the differing elements are the spec's -0 come out +0 (a sum started from +0 "
-            f"instead of -0 does this)" if plus else "")
+    plus, also = _plus_zero_note(bad)
     # ordinary values first: edge cases hold specials and extremes whose ulp distances say little
     measured = [r for r in bad if r.case.family == "random"] or bad
     dists, total, nan_vs_number = [], 0, 0
@@ -440,7 +436,7 @@ def _variant_finding(op, results):
     on = f"on the {ex.cases} smallest failing case{'s' if ex.cases > 1 else ''}"
     checked = _loaded(bad[VARIANT_CASES:VERIFY_CASES])
     good = sorted([r for r in results if r.status in ("pass", "xpass") and r.case.family != "sweep" and r.actual],
-                  key=_size)
+                  key=lambda r: (r.case.family != "random", _size(r)))  # random rows are the long ones
     passing = _loaded(good[:PASSING_CASES])
     full = [v for v in ex.matches if variants.tally(op.name, checked, v).exact]
     # a variant that breaks a case the kernel passes is not the kernel (a +0 start and NumPy's
@@ -461,6 +457,7 @@ def _variant_finding(op, results):
         t, best = max(scored, key=lambda tv: (tv[0].explained - tv[0].differ, tv[0].explained),
                       default=(None, None))
         n_cases = len(rs)
+        size = _ulp_summary(op.name, rs) + _plus_zero_note(bad[:VERIFY_CASES])[1]
         if best is not None and t.explained > 0:
             ulp = "a NaN" if t.max_ulp >= 1 << 32 else f"{t.max_ulp} ulp"
             still = t.spec_differ - t.explained
@@ -469,12 +466,12 @@ def _variant_finding(op, results):
                    f"differing elements" + (f" ({still} still differ)" if still else "")
                    + (f", but changes {broken} elements where the kernel has the spec's bits" if broken else "")
                    + f" (max {ulp} under it); no single deviation or pair reproduces them all "
-                   f"(on the {n_cases} smallest failing case{'s' if n_cases > 1 else ''})")
+                   f"(on the {n_cases} smallest failing case{'s' if n_cases > 1 else ''}){size}")
             devs = list(best)
             msg = _located(msg, op, results)
         else:
             msg = (f"no single deviation or pair of the spec's algorithm comes closer to it than the spec's own "
-                   f"({ex.spec_differ} of {ex.total} elements differ) ({on})")
+                   f"({ex.spec_differ} of {ex.total} elements differ) ({on}){size}")
             devs = []
             msg = _located(msg, op, results)
     clauses = list(dict.fromkeys(list(op.clauses) + [c for d in devs for c in d.clauses]))
@@ -576,6 +573,31 @@ def _located(msg, op, results) -> str:
     except Exception:  # noqa: BLE001  a fault in a diagnostic aid never hides the finding
         where = ""
     return f"{msg}; the differences lie {where}" if where else msg
+
+
+def _plus_zero_note(bad) -> tuple[int, str]:
+    """A +0 start beside another difference: the spec's -0s that come out +0,
+    counted, and the sentence that says so ('' if none)."""
+    plus = _outputs_where({"x": (bad, [])}, "x", lambda e, a: (fp.bits(e) == np.uint32(0x80000000))
+                          & (fp.bits(a) == np.uint32(0)))
+    return plus, (f"; besides, {plus} of the differing elements are the spec's -0 come out +0 (a sum started "
+                  f"from +0 instead of -0 does this)" if plus else "")
+
+
+def _ulp_summary(op_name, cases) -> str:
+    """'; the spec's algorithm differs from the kernel by a median of 1 ulp
+    (max 3)' over the differing ordinary elements of ``cases``."""
+    ds = []
+    for inputs, actual in cases:
+        for e, a in zip(variants.evaluate(op_name, inputs), actual):
+            e, a = np.asarray(e, np.float32).ravel(), np.asarray(a, np.float32).ravel()
+            if e.shape == a.shape:
+                d = fp.ulp_distance(e, a)
+                ds.append(d[(d > 0) & np.isfinite(e) & np.isfinite(a)])
+    d = np.concatenate(ds) if ds else np.zeros(0, np.int64)
+    if not d.size:
+        return ""
+    return f"; where both are finite the kernel is off by a median of {int(np.median(d))} ulp (max {int(d.max())})"
 
 
 def _special_inputs_at_differences(op, bad) -> str:

@@ -613,6 +613,30 @@ def linear_forward(x, W, b, p):
     return p.bias(x, W, b, p)
 
 
+def linear_backward(dy, x, W, p):
+    """[linear.bwd.c1] dx = dy·W (o increasing), dW = dyᵀ·x and db = the
+    column sums of dy (n increasing), every sum from -0."""
+    N, OC = dy.shape
+    C = x.shape[1]
+    dx = dot(p, np.repeat(dy, C, 0), np.tile(np.ascontiguousarray(W.T), (N, 1))).reshape(N, C)
+    dyt = np.ascontiguousarray(dy.T)
+    dW = dot(p, np.repeat(dyt, C, 0), np.tile(np.ascontiguousarray(x.T), (OC, 1))).reshape(OC, C)
+    return dx, dW, _rows(p, dyt)
+
+
+def embedding_backward(dout, tokens, V, p):
+    """[emb.bwd.c1] dwte[v] = the sum of dout at the positions of id v in
+    increasing flat index; an id that never occurs gets +0."""
+    C = dout.shape[-1]
+    t = np.asarray(tokens).reshape(-1)
+    d = dout.reshape(t.size, C)
+    out = np.zeros((int(np.asarray(V).reshape(-1)[0]), C), F32)
+    for v in (np.unique(t) if C else ()):
+        idx = np.flatnonzero(t == v)
+        out[v] = _rows(p, np.ascontiguousarray(d[idx].T))
+    return out
+
+
 @dataclass(frozen=True)
 class Model:
     fn: Callable
@@ -640,6 +664,8 @@ MODELS = {
     "swiglu_backward": Model(swiglu_backward, ("sigmoid", "fma", "silu", "grad_local"), pair_only=("exp",)),
     "attention_forward": Model(attention_forward, _SOFTMAX + ("start", "fma", "att_scores")),
     "linear_forward": Model(linear_forward, ("order", "start", "fma", "bias")),
+    "linear_backward": Model(linear_backward, ("order", "start", "fma")),
+    "embedding_backward": Model(embedding_backward, ("order", "start")),
 }
 
 
