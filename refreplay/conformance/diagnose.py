@@ -231,8 +231,10 @@ def diagnose(op_name: str, results) -> list[Finding]:
     rest = [f for f in _diagnose(op_name, aside) if not f.message.startswith("the kernel failed to run")]
     errors = [f for f in out if f.message.startswith("the kernel failed to run")]
     bf16 = [f for f in out if f.message.startswith("non-canonical bf16 NaN")]
-    return errors + nan + bf16 + [Finding(f.op, NAN_ASIDE + f.message, f.clauses) for f in rest
-                                  if not f.message.startswith("non-canonical bf16 NaN")]
+    # a finding the first pass made too stands as it is; one the NaNs hid says how it was found
+    first = {f.message for f in out}
+    return errors + nan + bf16 + [f if f.message in first else Finding(f.op, NAN_ASIDE + f.message, f.clauses)
+                                  for f in rest if not f.message.startswith("non-canonical bf16 NaN")]
 
 
 def _diagnose(op_name: str, results) -> list[Finding]:
