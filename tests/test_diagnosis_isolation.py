@@ -133,6 +133,7 @@ def test_x86_ftz_and_arm_fz_are_told_apart():
     assert len(found) == 1 and "ARM's FZ" in found[0] and "x86" not in found[0]
     _, found = findings("ftz_after_rounding", "matmul")
     assert len(found) == 1 and "x86 FTZ" in found[0] and "ARM" not in found[0]
+    assert "IEEE and the spec give 0x80800000, x86 FTZ 0x80000000" in found[0] and "not the spec's flush" in found[0]
 
 
 def test_the_two_windows_separate_the_measured_products():

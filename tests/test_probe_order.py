@@ -94,3 +94,35 @@ def test_a_closed_pipe_ends_quietly():
     assert proc.stdout.startswith("kernel numpy, op sum, N = 20") and proc.stdout.count("\n") == 1
     assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr
     assert "status 141" in proc.stderr or "status 0" in proc.stderr  # 141: stopped by the closed pipe
+
+
+def _jax_like():
+    """The spec's order up to 16 terms, 16 strided lanes + butterfly above
+    (JAX's CPU sum as measured in issue 31)."""
+    from refreplay.conformance import orders
+
+    seq, lanes = (next(o for o in orders.candidates(False) if o.name == n)
+                  for n in ("sequential k increasing from -0", "16 strided lanes + butterfly (SIMD/warp)"))
+    return kernels.Table("jax_like", {"sum": lambda X: (seq if X.shape[1] <= 16 else lanes)(X)})
+
+
+def test_each_length_reports_its_own_tree(monkeypatch, capsys):
+    """--n 16,64: the spec's order at 16 and 16 strided lanes at 64, each named."""
+    monkeypatch.setattr(kernels, "resolve", lambda name, _r=kernels.resolve: _jax_like() if name == "jax_like"
+                        else _r(name))
+    assert cli.main(["probe-order", "jax_like", "--op", "sum", "--n", "16,64"]) == 1
+    out = capsys.readouterr().out
+    assert "N = 16: sequential k increasing (the spec's order)" in out
+    assert "N = 64: 16 strided lanes + butterfly (SIMD/warp)" in out
+    assert "the kernel's tree changes with N" in out and "DIFFERS from the spec's at N = 64" in out
+
+
+def test_several_lengths_of_the_reference_agree(capsys):
+    assert cli.main(["probe-order", "reference", "--op", "sum", "--n", "5,9"]) == 0
+    out = capsys.readouterr().out
+    assert "at every N probed (5, 9)" in out and "changes with N" not in out
+
+
+@pytest.mark.parametrize("n", ["16,0", "16,x", ","])
+def test_a_bad_length_in_a_list_is_bad_usage(n):
+    assert cli.main(["probe-order", "reference", "--op", "sum", "--n", n]) == 2

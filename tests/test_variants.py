@@ -19,11 +19,25 @@ from refreplay.conformance.runner import Result
 # the op, so no kernel can be diagnosed as them from these vectors.  (The
 # loss's correctly rounded or vendor exp and log, and its mean by division,
 # were here until the edge cases of chapter 14 pinned them.)
-VACUOUS = set()
+# A sum of linear_forward is -0 only where x*W are all -0 products and b is -0
+# (x all -0, W > 0, b = -0): no committed case has that row yet, so its +0 start
+# changes no bit (issue 31: a vector for it is another helper's).
+# embedding_backward's non-sweep cases have no id at more than 16 positions: blocks of 16
+# are its sequential order there, and 8 and 16 lanes give the same bits (a vector gap).
+VACUOUS = {("linear_forward", "sums started from +0 (not -0)"),
+           ("embedding_backward", "sums blocked/split-k, blocks of 16")}
 # The loss's correctly rounded exp changes one loss of one edge case, where
 # NumPy's float32 exp gives the same bits: the diagnosis names both.  (The
 # norms' division by C, ambiguous before the edge cases of chapter 11, is not.)
-AMBIGUOUS = {("cross_entropy_forward", "correctly rounded exp")}
+# (A +0 start and NumPy's pairwise sum, which starts from +0 below 8 terms, agree on the short
+# failing rows; the longer passing random rows tell them apart, so neither is here.)
+AMBIGUOUS = {("cross_entropy_forward", "correctly rounded exp"),
+             ("embedding_backward", "sums in 8 strided lanes + butterfly (SIMD/warp)"),
+             ("embedding_backward", "sums in 16 strided lanes + butterfly (SIMD/warp)")}
+# glibc's expf and logf are correctly rounded on all but a few inputs (55 and 289 of 100,000
+# in [-10, 10]), none in the committed cases: where an op uses them, the diagnosis names both
+CORRECTLY_ROUNDED_LIBM = {"correctly rounded exp", "libm expf (the C library's exp)", "correctly rounded log",
+                          "libm logf (the C library's log)"}
 # the binary32 ops; their bf16 twins (the same models between conversions) are
 # checked in test_bf16_conformance.py: rounding to bf16 may hide a deviation
 MODELS32 = [op for op in V.MODELS if not op.startswith("bf16_")]
@@ -84,7 +98,10 @@ def test_pair_only_deviations_matter_in_their_pairs(cases):
 def test_a_kernel_that_is_one_variant_is_diagnosed_as_it(cases, op, dev):
     found = [f.message for f in diagnose(op, _as_kernel(op, cases, (dev,)))]
     assert len(found) == 1, found
-    if (op, dev.name) in AMBIGUOUS:
+    if dev.name in CORRECTLY_ROUNDED_LIBM and not found[0].startswith("reproduced exactly by the spec's algorithm "
+                                                                      "with any of: "):
+        assert found[0].startswith(f"reproduced exactly by the spec's algorithm with {dev.name} ("), found[0]
+    elif (op, dev.name) in AMBIGUOUS or dev.name in CORRECTLY_ROUNDED_LIBM:
         assert found[0].startswith("reproduced exactly by the spec's algorithm with any of: ")
         assert dev.name in found[0]
     else:
@@ -104,9 +121,15 @@ PAIRS = [("log_softmax_forward", "correctly rounded log", "sums in 16 strided la
 def test_a_kernel_that_is_a_pair_of_variants_is_diagnosed_as_it(cases, op, a, b):
     by_name = {d.name: d for d in V.DEVIATIONS}
     found = [f.message for f in diagnose(op, _as_kernel(op, cases, (by_name[a], by_name[b])))]
-    assert found == [f"reproduced exactly by the spec's algorithm with {a} + {b} "
-                     f"(on the 3 smallest failing cases)"] or \
-        found == [f"reproduced exactly by the spec's algorithm with {b} + {a} (on the 3 smallest failing cases)"]
+    assert len(found) == 1, found
+    if a in CORRECTLY_ROUNDED_LIBM or b in CORRECTLY_ROUNDED_LIBM:
+        assert found[0].startswith("reproduced exactly by the spec's algorithm with any of: ") and \
+            (f"{a} + {b}" in found[0] or f"{b} + {a}" in found[0]), found
+        return
+    assert found[0].startswith((f"reproduced exactly by the spec's algorithm with {a} + {b} "
+                                f"(on the 3 smallest failing cases",
+                                f"reproduced exactly by the spec's algorithm with {b} + {a} "
+                                f"(on the 3 smallest failing cases")), found
 
 
 def test_the_reference_is_never_a_variant(cases):
@@ -119,7 +142,7 @@ def test_the_reference_is_never_a_variant(cases):
 
 def test_a_near_miss_is_called_closest_never_a_match(cases):
     """A kernel that is a variant plus one more change no variant models is
-    reported as the closest variant with the count of elements still differing."""
+    reported as a partial explanation with the count of differing elements it explains."""
     op = "softmax_forward"
     by_name = {d.name: d for d in V.DEVIATIONS}
     results = _as_kernel(op, cases, (by_name["vendor exp (np.exp)"],))
@@ -129,7 +152,8 @@ def test_a_near_miss_is_called_closest_never_a_match(cases):
             y.ravel()[-1] = np.nextafter(y.ravel()[-1], np.float32(1))
             r.actual["y"] = y
     found = [f.text() for f in diagnose(op, results)]
-    assert len(found) == 1 and "closest variant: vendor exp (np.exp) (3 of " in found[0], found
+    assert len(found) == 1 and "partial: closest variant vendor exp (np.exp) explains " in found[0], found
+    assert "no single deviation or pair reproduces them all" in found[0]
     assert "reproduced exactly" not in found[0] and "[num.exp.c1]" in found[0]
 
 
@@ -147,8 +171,8 @@ def test_a_deviant_python_kernel_is_named_through_the_runner(tmp_path, monkeypat
     rc = cli.main(["conform", "variant_kernels:softmax_exp_divide", "--op", "softmax_forward", "--json", str(out)])
     d = [x["message"] for x in json.loads(out.read_text())["diagnosis"]]
     assert rc == 1
-    assert d == ["reproduced exactly by the spec's algorithm with vendor exp (np.exp) + division by the row sum "
-                 "(on the 3 smallest failing cases)"]
+    assert len(d) == 1 and d[0].startswith("reproduced exactly by the spec's algorithm with vendor exp (np.exp) + "
+                                           "division by the row sum (on the 3 smallest failing cases"), d
 
 
 def test_torch_ops_get_a_variant_finding(tmp_path):
@@ -162,7 +186,8 @@ def test_torch_ops_get_a_variant_finding(tmp_path):
     assert rc == 1
     for op in ops:
         if rep["ops"][op]["fail"]:
-            msgs = [x["message"] for x in rep["diagnosis"] if x["op"] == op]
-            assert any(m.startswith(("reproduced exactly", "no single deviation or pair reproduces it; closest "))
+            msgs = [x["message"].removeprefix("with NaN payloads set aside: ") for x in rep["diagnosis"]
+                    if x["op"] == op]
+            assert any(m.startswith(("reproduced exactly", "partial: closest variant "))
                        for m in msgs), (op, msgs)
             assert not any("every diagnostic probe passes" in m for m in msgs), (op, msgs)

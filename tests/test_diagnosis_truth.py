@@ -1,0 +1,280 @@
+"""Diagnoses that stay true on real kernels (issue 31, [conf.diagnosis.r1]).
+Each kernel below deviates from the reference in known ways, and the
+findings must name exactly those: a NaN payload beside a 1-ulp difference
+names both; a sum started from +0 is named as such; a variant that explains
+only part of the differences is called partial, with counts; a libm tanhf
+and a loss computed as -log(e/s) are named; differences that cluster in an
+input range are located."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import refreplay.conformance as rc
+from refreplay.conformance import fp
+from refreplay.conformance.cases import load_inputs
+from refreplay.conformance.registry import OPS
+
+F32 = np.float32
+
+
+def _reference(op, *inputs):
+    out = OPS[op].reference(*load_inputs([np.ascontiguousarray(x) for x in inputs]))
+    return out if isinstance(out, tuple) else (out,)
+
+
+def _messages(report, op):
+    return [d["message"] for d in report.diagnosis if d["op"] == op]
+
+
+def _x86_nan_and_one_ulp(outs):
+    """Every NaN as x86's default NaN 0xFFC00000 and every finite nonzero
+    value with an odd last bit moved one ulp away from zero."""
+    moved = []
+    for o in outs:
+        b = fp.bits(o).astype(np.int64)
+        bump = np.isfinite(o) & (o != 0) & (b % 2 == 1) & (np.abs(o) < F32(1e30))
+        b = np.where(bump, b + 1, b)
+        b = np.where(np.isnan(o), 0xFFC00000, b)
+        moved.append(b.astype(np.uint32).view(F32))
+    return tuple(moved) if len(moved) > 1 else moved[0]
+
+
+@pytest.mark.parametrize("op", ["adamw_update", "layernorm_backward", "linear_backward"])
+def test_a_nan_payload_does_not_hide_a_one_ulp_difference(op):
+    report = rc.check(lambda name, *xs: _x86_nan_and_one_ulp(_reference(name, *xs)), ops=[op])
+    msgs = _messages(report, op)
+    assert any(m.startswith("non-canonical NaN (0xFFC00000") for m in msgs), msgs
+    rest = [m for m in msgs if m.startswith("with NaN payloads set aside: ")]
+    assert rest and any("median of 1 ulp" in m for m in rest), msgs
+
+
+def test_nan_payloads_alone_get_only_the_nan_finding():
+    """The same kernel without the 1-ulp move: nothing remains to report."""
+    def kernel(name, *xs):
+        outs = _reference(name, *xs)
+        outs = tuple(np.where(np.isnan(o), fp.f32(0xFFC00000), o).astype(F32) for o in outs)
+        return outs if len(outs) > 1 else outs[0]
+
+    report = rc.check(kernel, ops=["layernorm_backward"])
+    msgs = _messages(report, "layernorm_backward")
+    assert len(msgs) == 1 and msgs[0].startswith("non-canonical NaN"), msgs
+
+
+def _canonical(*outs):
+    outs = tuple(np.where(np.isnan(o), fp.f32(fp.CANONICAL_NAN), o).astype(F32) for o in outs)
+    return outs if len(outs) > 1 else outs[0]
+
+
+def _recip(v):
+    with np.errstate(all="ignore"):
+        return fp.flush(np.divide(F32(1), np.asarray(v, F32), dtype=F32))
+
+
+def _sqrt(v):
+    with np.errstate(all="ignore"):
+        return fp.flush(np.sqrt(np.asarray(v, F32)))
+
+
+def _load(x):
+    x = np.asarray(x, F32)
+    return np.where(np.isnan(x), fp.f32(fp.CANONICAL_NAN), np.where(fp.is_subnormal(x), x * F32(0), x)).astype(F32)
+
+
+def layernorm_plus_zero(x, w, b):
+    """[norm.layer.fwd.c1] step by step, written out here (sequential sums,
+    recip(C), recip(sqrt(var + eps))), but both sums start from +0."""
+    x, w, b = _load(x), _load(w), _load(b)
+    N, C = x.shape
+    inv = _recip(F32(C))
+    s = np.zeros(N, F32)
+    for c in range(C):
+        s = fp.add(s, x[:, c])
+    mean = fp.mul(s, inv)
+    q = np.zeros(N, F32)
+    for c in range(C):
+        d = fp.add(x[:, c], -mean)
+        q = fp.add(q, fp.mul(d, d))
+    rstd = _recip(_sqrt(fp.add(fp.mul(q, inv), fp.f32(0x3727C5AC))))
+    norm = fp.mul(fp.add(x, -mean[:, None]), rstd[:, None])
+    return _canonical(fp.add(fp.mul(norm, w), b), mean, rstd)
+
+
+def test_a_layernorm_sum_started_from_plus_zero_is_named():
+    """Not "sums NumPy pairwise" (which also starts from +0 on short rows):
+    the passing random rows rule the pairwise sum out."""
+    report = rc.check(lambda op, *xs: layernorm_plus_zero(*xs), ops=["layernorm_forward"])
+    assert report.ops["layernorm_forward"]["fail"] > 0
+    msgs = _messages(report, "layernorm_forward")
+    assert len(msgs) == 1, msgs
+    assert msgs[0].startswith("reproduced exactly by the spec's algorithm with sums started from +0 (not -0) ("), msgs
+    assert "NumPy" not in msgs[0]
+
+
+def test_a_variant_that_explains_some_elements_is_partial_with_counts():
+    """linear_forward contracting the multiply-add in odd output columns and
+    summing the even ones in reverse: no variant reproduces both, so the
+    closest is reported as partial, with counts, never as the cause."""
+    from refreplay.conformance import variants as V
+
+    by_name = {d.name: d for d in V.DEVIATIONS}
+
+    def kernel(op, x, W, b):
+        inputs = load_inputs([np.ascontiguousarray(v) for v in (x, W, b)])
+        (fma,), (rev,) = (V.evaluate(op, inputs, (by_name[n],)) for n in ("fused multiply-add", "sums reversed"))
+        odd = np.arange(fma.shape[-1]) % 2 == 1
+        return np.where(odd, fma, rev).astype(F32)
+
+    report = rc.check(kernel, ops=["linear_forward"])
+    msgs = _messages(report, "linear_forward")
+    assert report.ops["linear_forward"]["fail"] > 0
+    assert not any(m.startswith("reproduced exactly") for m in msgs), msgs
+    part = [m for m in msgs if m.startswith("partial: closest variant ") and " explains " in m]
+    assert part, msgs
+    explained, of = (int(w) for w in part[0].split(" explains ")[1].split(" differing")[0].split(" of "))
+    assert 0 < explained < of, part[0]
+
+
+def _c_libm(name):
+    """The C library's binary32 function, called element by element (what a C kernel gets)."""
+    import ctypes
+    import ctypes.util
+
+    lib = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
+    fn = getattr(lib, name)
+    fn.restype, fn.argtypes = ctypes.c_float, [ctypes.c_float]
+    return lambda x: fp.flush(np.array([fn(float(v)) for v in np.ravel(x)], F32).reshape(np.shape(x)))
+
+
+GK, GS = fp.f32(0x3D372713), fp.f32(0x3F4C422A)  # 0.044715, sqrt(2/pi) as [act.gelu.fwd.c1]
+
+
+def gelu_with_libm_tanhf(x):
+    """0.5*x*(1 + tanhf(S*(x + K*x*x*x))) as a C training loop writes it, with the C library's tanhf."""
+    x = _load(x)
+    u = fp.mul(GS, fp.add(x, fp.mul(fp.mul(fp.mul(GK, x), x), x)))
+    return _canonical(fp.mul(fp.mul(F32(0.5), x), fp.add(F32(1), _c_libm("tanhf")(u))))
+
+
+def test_a_libm_tanhf_is_named():
+    pytest.importorskip("ctypes.util")
+    report = rc.check(lambda op, x: gelu_with_libm_tanhf(x), ops=["gelu_forward"])
+    assert report.ops["gelu_forward"]["fail"] > 0
+    msgs = _messages(report, "gelu_forward")
+    assert len(msgs) == 1 and msgs[0].startswith(
+        "reproduced exactly by the spec's algorithm with libm tanhf (the C library's tanh) ("), msgs
+
+
+def cross_entropy_minus_log_p(logits, targets):
+    """The spec's row maximum, exp, sequential sum and log ([num.exp.c1],
+    [num.log.c1]), but the loss as -log(e[y] / s)."""
+    from refreplay.numerics import elementwise as E
+
+    x = _load(logits)
+    N, V = x.shape
+    m = np.max(x, axis=1) if V else np.zeros(N, F32)
+    e = E.exp(np.ascontiguousarray(fp.add(x, -m[:, None]), F32))
+    s = np.full(N, F32(-0.0))
+    for v in range(V):
+        s = fp.add(s, e[:, v])
+    y = np.where(targets < 0, 0, targets)
+    with np.errstate(all="ignore"):
+        p = fp.flush(np.divide(e[np.arange(N), y], s, dtype=F32))
+    losses = np.where(targets < 0, F32(0), -E.log(np.ascontiguousarray(p))).astype(F32)
+    total = F32(-0.0)
+    for v in losses[targets >= 0]:
+        total = fp.add(total, v)
+    count = int((targets >= 0).sum())
+    mean = fp.mul(total, _recip(F32(count))) if count else F32(0)
+    return _canonical(losses, np.array([mean], F32).reshape(1))
+
+
+def test_a_loss_as_minus_log_probability_is_not_called_a_vendor_exp():
+    report = rc.check(lambda op, *xs: cross_entropy_minus_log_p(*xs), ops=["cross_entropy_forward"])
+    assert report.ops["cross_entropy_forward"]["fail"] > 0
+    msgs = _messages(report, "cross_entropy_forward")
+    assert len(msgs) == 1 and "loss as -log(e/s)" in msgs[0] and "exp" not in msgs[0].split(" (")[0], msgs
+    assert msgs[0].startswith("reproduced exactly"), msgs
+
+
+def test_an_exp_that_gives_zero_below_minus_87_is_located():
+    def kernel(x):
+        (y,) = _reference("exp", x)
+        return np.where(_load(x) < F32(-87), F32(0), y).astype(F32)
+
+    report = rc.check(lambda op, x: kernel(x), ops=["exp"])
+    msgs = _messages(report, "exp")
+    assert report.ops["exp"]["fail"] > 0 and len(msgs) == 1, msgs
+    assert "the differences lie only where x < -87 (" in msgs[0] and "none elsewhere" in msgs[0], msgs
+
+
+def test_a_gelu_wrong_for_large_inputs_is_located():
+    """GELU in float64 where |x| > 5: for x > 5 it rounds to the spec's bits,
+    for x < -5 it does not, and the finding says exactly that."""
+    def kernel(x):
+        (y,) = _reference("gelu_forward", x)
+        x = _load(x)
+        with np.errstate(all="ignore"):
+            w = x.astype(np.float64)
+            z = fp.flush((0.5 * w * (1 + np.tanh(0.7978845608028654 * (w + 0.044715 * w ** 3)))).astype(F32))
+        return _canonical(np.where(np.abs(x) > F32(5), z, y).astype(F32))
+
+    report = rc.check(lambda op, x: kernel(x), ops=["gelu_forward"])
+    msgs = _messages(report, "gelu_forward")
+    assert report.ops["gelu_forward"]["fail"] > 0 and len(msgs) == 1, msgs
+    assert "the differences lie only where x < -5 (" in msgs[0], msgs
+    assert not msgs[0].startswith("reproduced exactly"), msgs
+
+
+def test_differences_in_the_later_rows_are_located():
+    """rmsnorm_backward one ulp off in rows 4 and above only (a kernel that
+    switches path after a row block)."""
+    def kernel(dout, x, w, rrms):
+        dx, dw = _reference("rmsnorm_backward", dout, x, w, rrms)
+        later = (np.arange(dx.shape[0])[:, None] >= 4) & np.isfinite(dx) & (dx != 0)
+        return np.where(later, (fp.bits(dx).astype(np.int64) + 1).astype(np.uint32).view(F32), dx), dw
+
+    report = rc.check(lambda op, *xs: kernel(*xs), ops=["rmsnorm_backward"])
+    msgs = _messages(report, "rmsnorm_backward")
+    assert len(msgs) == 1 and "the differences lie only in rows 4 and above" in msgs[0], msgs
+
+
+def test_differences_everywhere_are_not_located():
+    report = rc.check(lambda op, *xs: _x86_nan_and_one_ulp(_reference(op, *xs)), ops=["rmsnorm_backward"])
+    msgs = _messages(report, "rmsnorm_backward")
+    assert msgs and not any("the differences lie" in m for m in msgs), msgs
+
+
+def test_an_order_that_fits_only_some_probes_is_partial():
+    """A row sum that is reversed for odd lengths and pairwise for even ones:
+    no candidate order reproduces every failing order probe, and the finding
+    says how many the closest one reproduces instead of naming it."""
+    from refreplay.conformance import orders
+
+    by = {o.name: o for o in orders.candidates(False)}
+
+    def row_sum(X):
+        X = _load(X)
+        if X.shape[1] < 2:
+            return by["sequential k increasing from -0"](X) if X.shape[1] else np.zeros(X.shape[0], F32)
+        return by["reversed" if X.shape[1] % 2 else "pairwise tree (recursive halves)"](X)
+
+    report = rc.check(lambda op, X: _canonical(row_sum(X)), ops=["sum"])
+    msgs = [m for m in _messages(report, "sum") if m.startswith("sums in a different order")]
+    assert len(msgs) == 1 and "partial: the closest candidate, " in msgs[0], _messages(report, "sum")
+    assert "output matches" not in msgs[0]
+
+
+def test_a_plus_zero_start_beside_another_difference_is_still_said():
+    """embedding_backward whose -0 sums come out +0 and whose other results
+    are one ulp off: the size of the differences and the +0 start, both."""
+    def kernel(dout, tokens, V):
+        (d,) = _reference("embedding_backward", dout, tokens, V)
+        b = fp.bits(d).astype(np.int64)
+        moved = np.where(np.isfinite(d) & (d != 0), b + 1, b).astype(np.uint32).view(F32)
+        return np.where(fp.bits(d) == np.uint32(0x80000000), F32(0), moved).astype(F32)
+
+    report = rc.check(lambda op, *xs: kernel(*xs), ops=["embedding_backward"])
+    msgs = _messages(report, "embedding_backward")
+    assert len(msgs) == 1 and "a median of 1 ulp" in msgs[0] and not msgs[0].startswith("reproduced"), msgs
+    assert "are the spec's -0 come out +0 (a sum started from +0" in msgs[0], msgs
