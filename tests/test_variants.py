@@ -19,13 +19,11 @@ from refreplay.conformance.runner import Result
 # the op, so no kernel can be diagnosed as them from these vectors.  (The
 # loss's correctly rounded or vendor exp and log, and its mean by division,
 # were here until the edge cases of chapter 14 pinned them.)
-# A sum of linear_forward is -0 only where x*W are all -0 products and b is -0
-# (x all -0, W > 0, b = -0): no committed case has that row yet, so its +0 start
-# changes no bit (issue 31: a vector for it is another helper's).
+# (A sum of linear_forward is -0 only where x*W are all -0 products and b is
+# -0: the [conf.edges.c1] row x all -0, W > 0, b = -0 makes its +0 start seen.)
 # embedding_backward's non-sweep cases have no id at more than 16 positions: blocks of 16
 # are its sequential order there, and 8 and 16 lanes give the same bits (a vector gap).
-VACUOUS = {("linear_forward", "sums started from +0 (not -0)"),
-           ("embedding_backward", "sums blocked/split-k, blocks of 16")}
+VACUOUS = {("embedding_backward", "sums blocked/split-k, blocks of 16")}
 # The loss's correctly rounded exp changes one loss of one edge case, where
 # NumPy's float32 exp gives the same bits: the diagnosis names both.  (The
 # norms' division by C, ambiguous before the edge cases of chapter 11, is not.)
