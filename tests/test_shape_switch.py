@@ -1,16 +1,23 @@
 """Shape-dependent algorithm switches are NOT CONFORMANT under a plain
-`refreplay conform KERNEL --op OP` ([conf.probes.c1] sweep, [conf.runner.c1]):
-a split-K matmul above K = 4096 and a two-block online softmax above
-V = 4096 pass every short case and fail the sweep cases, and the diagnosis
-says so."""
+`refreplay conform KERNEL --op OP` ([conf.probes.c1] sweep, [conf.domain.c1],
+[conf.runner.c1]): each kernel of ``shape_switch_kernels`` follows the spec up
+to a size and switches past it, on one axis each (split-K, an online softmax,
+a fast path for J and K multiples of 128, blocked norms, row halves, a
+pairwise token mean, reordered embedding backward, another AdamW formula above
+2^20 elements, a blocked softmax backward, bf16 accumulation above K = 8192).
+Each passes every case below its switch and fails a case just past it."""
 import json
+import re
 
+import pytest
+
+import shape_switch_kernels as SK
 from refreplay import cli
 
 
-def _conform(tmp_path, op):
+def _conform(tmp_path, op, kernel="shape_switch_kernels"):
     out = tmp_path / "report.json"
-    rc = cli.main(["conform", "shape_switch_kernels", "--op", op, "--json", str(out)])
+    rc = cli.main(["conform", kernel, "--op", op, "--json", str(out)])
     return rc, json.loads(out.read_text())
 
 
@@ -36,3 +43,45 @@ def test_online_softmax_is_not_conformant(tmp_path):
     assert rc == 1 and not rep["conformant"]
     assert _failing_families(rep) == {"sweep"}
     assert "changes algorithm with shape" in _diagnosis(rep, "softmax_forward")
+
+
+# op (or dispatcher), the op run, the letter that switches, how a case's size on it is read
+AXES = [
+    ("aligned_matmul", "matmul", None),
+    ("rmsnorm_forward", "rmsnorm_forward", "C"),
+    ("layernorm_backward", "layernorm_backward", "N"),
+    ("cross_entropy_forward", "cross_entropy_forward", "N"),
+    ("embedding_backward", "embedding_backward", "T"),
+    ("adamw_update", "adamw_update", "N"),
+    ("softmax_backward", "softmax_backward", "V"),
+    ("bf16_matmul_nt", "bf16_matmul_nt", "K"),
+]
+
+
+def _size(probes, letter):
+    m = re.search(rf"\b{letter}=(\d+)", probes)
+    return int(m.group(1)) if m else None
+
+
+@pytest.mark.parametrize("name,op,letter", AXES, ids=[a[0] for a in AXES])
+def test_switch_on_each_axis_is_not_conformant(tmp_path, name, op, letter):
+    """Every failing case lies past the switch, one lies just past it (the
+    axis sweep's +1 neighbour), and every case below the switch passes."""
+    kernel = "shape_switch_kernels:aligned_matmul" if name == "aligned_matmul" else "shape_switch_kernels"
+    rc, rep = _conform(tmp_path, op, kernel)
+    assert rc == 1 and not rep["conformant"] and rep["verdict"] == "NOT CONFORMANT"
+    assert _failing_families(rep) == {"sweep"}
+    failing = [c for c in rep["cases"] if c["status"] == "fail"]
+    from refreplay.conformance import store
+
+    notes = {c["id"]: c["probes"] for c in store.read_manifest()["cases"] if c["op"] == op}
+    if letter is None:  # the fast path: K and J multiples of 128, and nothing else
+        for c in failing:
+            m = re.search(r"aligned I,K,J = (\d+),(\d+),(\d+)", notes[c["id"]])
+            assert m and int(m.group(2)) % 128 == 0 and int(m.group(3)) % 128 == 0, notes[c["id"]]
+        assert any("aligned I,K,J = 1,128,128" in notes[c["id"]] for c in failing)
+        return
+    switch = SK.SWITCH[name]
+    sizes = [_size(notes[c["id"]], letter) for c in failing]
+    assert all(s is not None and s > switch for s in sizes), sizes
+    assert switch + 1 in sizes, sorted(sizes)

@@ -66,12 +66,14 @@ def run(args) -> int:
     return 0 if publish(args, manifest, results).conformant else 1
 
 
-def publish(args, manifest, results):
+def publish(args, manifest, results, not_run=()):
     """Print the report of ``results`` and write the --json/--junit files;
-    returns the summary (committed and live cases alike)."""
+    returns the summary (committed and live cases alike).  ``not_run``: live
+    shapes asked for and not run ([conf.domain.c2]: the verdict is then at best INCOMPLETE)."""
     from ..conformance import report
 
     summary = report.summarize(args.kernel, manifest, results)
+    summary.not_run = list(not_run)
     print(report.text(summary, args.verbose))
     if args.json:
         report.write_json(summary, args.json)

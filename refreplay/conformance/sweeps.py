@@ -16,6 +16,8 @@ output; inputs are redrawn until they do (``builders.separating``).
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from . import builders as Bld, values as V
@@ -80,7 +82,7 @@ def sum_cases(op, rng, lengths, shaped):
 # neighbours at -1 and +1, up to the sizes of the largest presets (gpt2-xl: C = 1,600, T = 1,024,
 # V = 50,304, F = 6,400) and beyond: reductions (K, V, C) to 65,537 where a case stays under
 # 1 MB, rows, tokens and other non-reduced axes to 4,097, element counts to 2^22 + 1.  Element
-# counts of 1,024 and more are stored tiled ([conf.vectors.c2]: a 1,031-element pattern repeated),
+# counts of 1,024 and more are stored tiled ([conf.vectors.c2]: a 251-element pattern repeated),
 # so the counts past 2^20 cost kilobytes.  The reason for the sizes: each is just past a switch a
 # kernel nobody here wrote was measured to make (issue 31: split-K, blocked norms above C = 8,192,
 # LayerNorm dw/db in two row halves above N = 512, a pairwise token mean above 1,024 tokens,
@@ -91,22 +93,24 @@ def around(*centres):
     return tuple(sorted({x for c in centres for x in (c - 1, c, c + 1)}))
 
 
-ROWS = around(8, 16, 64, 128, 512, 1024) + (4097,)  # rows, tokens, heads: parallel or summed
-RED = around(128, 1024, 8192) + (16384, 16385)      # reduction lengths on a thin shape
+ROWS = around(8, 16, 64, 128, 512, 1024) + (4097,)  # rows summed over: column sums, dw/db, tokens
+ROWS_PAR = (15, 16, 17, 127, 128, 129, 1025)        # rows computed apart (a kernel may still switch)
+RED = around(128, 1024, 8192)                       # reduction lengths on a thin shape
 COUNTS = around(8, 16, 64, 128) + (1024, 1025, 4096, 4097, 65537, 2 ** 20, 2 ** 20 + 1)
 BIG_COUNT = 2 ** 22 + 1       # ops also swept past 2^22 elements (tiled)
 BIG_COUNT_OPS = ("adamw_update", "add", "mul", "gelu_forward", "bf16_add", "bf16_encode")
-TILE_FROM = 4096              # element counts from here on are stored tiled
-TILE = 1031                   # the pattern length (a prime: no alignment repeats inside it)
-# (I, K, J) with K and J multiples of 128 (a fast path's condition) and beside them, and cubes of
+TILE_FROM = 1024              # element counts from here on are stored tiled
+TILE = 251                    # the pattern length (a prime: no alignment repeats inside it)
+# (I, K, J) with K and J multiples of 128 (a fast path's condition) and beside it, and cubes of
 # the alignments 8, 16, 64
-ALIGNED_MM = ((8, 8, 8), (16, 16, 16), (64, 64, 64), (1, 128, 128), (2, 256, 128), (1, 129, 128),
-              (1, 128, 129), (128, 128, 1))
+ALIGNED_MM = ((8, 8, 8), (16, 16, 16), (64, 64, 64), (1, 128, 128), (2, 256, 128), (1, 128, 127))
 
 
 def _mm_axes(op):
-    long = () if op == "matmul" else (65537,)  # matmul's own sweep has K = 65,536 and 65,537
-    return {"I": ROWS, "K": RED + long, "J": ROWS}, {"I": 1, "K": 3, "J": 1}
+    # matmul's own sweep has every K from 63 to 4097 and 8192 to 65,537; the others reach
+    # K = 4097 and 32,769 there
+    k = (8191, 8193) if op == "matmul" else RED
+    return {"I": ROWS_PAR, "K": k, "J": ROWS_PAR}, {"I": 1, "K": 3, "J": 1}
 
 
 def _axes(op):
@@ -118,27 +122,32 @@ def _axes(op):
     if base == "matmul_i8":
         return {"I": around(128), "J": around(128)}, {"I": 1, "K": 3, "J": 1}
     if base == "dot":
-        return {"K": around(8192) + (65537,)}, {"K": 3}
-    if base in ("sum", "max"):
-        return {"I": ROWS, "N": around(1024, 8192) + (65537,)}, {"I": 1, "N": 3}
+        return {"K": around(8192)}, {"K": 3}  # DOT_K reaches 65,536
+    if base in ("sum", "max"):  # SUM_N reaches 65,536 for sum; max has rows to 4,099 otherwise
+        return {"I": ROWS_PAR, "N": around(1024, 8192) + ((16385,) if base == "max" else ())}, {"I": 1, "N": 3}
     if base == "col_sum":
-        return {"N": RED + (65537,), "J": ROWS}, {"N": 3, "J": 1}
+        return {"N": RED, "J": ROWS_PAR}, {"N": 3, "J": 1}
     if base in ("linear_forward", "linear_backward"):
-        sizes = around(128, 1024) + (4097, 8193)
+        sizes = (128, 129, 1024, 1025, 4097)
         return {"N": sizes, "C": sizes, "OC": sizes}, {"N": 1, "C": 2, "OC": 1}
-    if base in ("layernorm_forward", "layernorm_backward", "rmsnorm_forward", "rmsnorm_backward"):
-        return {"N": ROWS, "C": (8193, 16385) if bf16 else (8191, 8193, 16384, 16385)}, {"N": 1, "C": 2}
-    if base in ("softmax_forward", "log_softmax_forward", "cross_entropy_forward", "cross_entropy_backward"):
-        return {"N": ROWS, "V": (8191, 8193, 16385) + (() if bf16 else (65537,))}, {"N": 1, "V": 2}
+    if base in ("layernorm_backward", "rmsnorm_backward"):  # dw (and db) sum the rows
+        return {"N": ROWS, "C": (8193,)}, {"N": 1, "C": 2}
+    if base in ("layernorm_forward", "rmsnorm_forward"):
+        return {"N": ROWS_PAR, "C": (8193,) if bf16 else (8193, 16385)}, {"N": 1, "C": 2}
+    if base in ("softmax_forward", "log_softmax_forward", "cross_entropy_backward"):
+        return {"N": ROWS_PAR, "V": (8191, 8193)}, {"N": 1, "V": 2}  # the sweep's own reach 65,536
+    if base == "cross_entropy_forward":  # the mean sums the tokens
+        return {"N": ROWS, "V": (8191, 8193)}, {"N": 1, "V": 2}
     if base in ("softmax_backward", "log_softmax_backward"):
-        return {"N": ROWS, "V": (1025, 8191, 8193, 16385) + (() if bf16 else (65536,))}, {"N": 1, "V": 2}
+        return {"N": ROWS_PAR, "V": (8191, 8193) + (() if bf16 else (16385,))}, {"N": 1, "V": 2}
     if base in ("attention_forward", "attention_backward"):
         return {"NH": (16, 17, 25), "HS": around(64, 128)}, {"B": 1, "NH": 1, "T": 3, "HS": 2}
     if base in ("rope_forward", "rope_backward"):
-        return {"T": around(1024) + (4097,), "HS": (62, 64, 66, 126, 128, 130)}, {"B": 1, "NH": 1, "T": 2, "HS": 2}
-    if base in ("embedding_forward", "embedding_backward"):
-        return ({"T": around(1024, 4096) + (8193,), "C": around(1024), "V": (4097, 50257)},
-                {"B": 1, "T": 2, "C": 2, "V": 3})
+        return {"T": (1023, 1024, 1025), "HS": (62, 64, 66, 126, 128, 130)}, {"B": 1, "NH": 1, "T": 2, "HS": 2}
+    if base == "embedding_forward":
+        return {"C": around(1024), "V": (50257,)}, {"B": 1, "T": 2, "C": 2, "V": 3}
+    if base == "embedding_backward":  # the tokens are summed
+        return {"T": around(1024, 4096) + (8193,), "V": (50257,)}, {"B": 1, "T": 2, "C": 2, "V": 3}
     from .live import LIVE
 
     lv = LIVE.get(op)
@@ -147,7 +156,7 @@ def _axes(op):
     return None
 
 
-REDUCED = {"K", "V", "C"}  # letters whose sizes are sum lengths in a summing op ([conf.probes.c1])
+THINNER = {("embedding_forward", "V"): {"C": 1}, ("embedding_backward", "V"): {"C": 1}}  # [V, C] tables
 
 
 def axis_cases(op, rng):
@@ -165,7 +174,7 @@ def axis_cases(op, rng):
     out = []
     for letter, values in sizes.items():
         for v in values:
-            dims = {**base, letter: v}
+            dims = {**base, **THINNER.get((op.name.removeprefix("bf16_"), letter), {}), letter: v}
             if lv.check is not None and lv.check(dims):
                 continue
             tiled = lv.letters == ("N",) and v >= TILE_FROM
@@ -205,3 +214,66 @@ def _summed(op, dims):
 
 def _fmt(dims):
     return ",".join(f"{x}={v}" for x, v in dims.items())
+
+
+# ---- the domain a verdict covers ([conf.domain.c1]) ------------------------------------------
+
+_TENSOR = re.compile(r"((?:\w+, )*\w+): \w+\[([^\]]*)\]")
+_LETTER = re.compile(r"[A-Za-z]\w*|\.\.\.")
+
+
+def tensor_letters(op) -> dict:
+    """("in" | "out", name) -> the shape letters of that tensor, from the op's signature (a bf16
+    op: its binary32 op's); a letter that is not a name (a literal size, HS/2) is None, and "..."
+    (any shape) counts as the one letter N: its element count."""
+    from .registry import OPS
+
+    sig = OPS[op].signature
+    m = re.search(r"shapes as (\w+)", sig)
+    if m and m.group(1) in OPS:
+        sig = OPS[m.group(1)].signature
+    head, _, tail = sig.partition("->")
+    out = {}
+    for kind, part in (("in", head), ("out", tail)):
+        for names, dims in _TENSOR.findall(part):
+            letters = [d.strip() if _LETTER.fullmatch(d.strip()) else None for d in dims.split(",")] if dims else []
+            for n in names.split(", "):
+                out.setdefault((kind, n), letters)
+    return out
+
+
+def domain(cases) -> dict:
+    """op -> {"cases": n, "axes": {letter: sorted sizes}, "max_elements": the most elements (inputs
+    and outputs) of one case}: the shapes at which these cases checked each op."""
+    out: dict = {}
+    letters_of: dict = {}
+    for c in cases:
+        d = out.setdefault(c.op, {"cases": 0, "axes": {}, "max_elements": 0})
+        d["cases"] += 1
+        if c.op not in letters_of:
+            try:
+                letters_of[c.op] = tensor_letters(c.op)
+            except KeyError:  # an op this version does not know: its cases still count
+                letters_of[c.op] = {}
+        tl = letters_of[c.op]
+        n = 0
+        for kind, ts in (("in", c.inputs), ("out", c.outputs)):
+            for name, a in ts.items():
+                n += a.size
+                letters = tl.get((kind, name))
+                if letters == ["..."]:
+                    d["axes"].setdefault("N", set()).add(int(a.size))
+                elif letters is not None and len(letters) == a.ndim:
+                    for x, v in zip(letters, a.shape):
+                        if x is not None:
+                            d["axes"].setdefault(x, set()).add(int(v))
+        d["max_elements"] = max(d["max_elements"], n)
+    for d in out.values():
+        d["axes"] = {x: sorted(v) for x, v in d["axes"].items()}
+    return out
+
+
+def domain_line(op, d) -> str:
+    axes = ", ".join(f"{x} {v[0]}..{v[-1]} ({len(v)} sizes)" if len(v) > 1 else f"{x} {v[0]}"
+                     for x, v in d["axes"].items())
+    return f"{op}: {axes or 'no shape letters'}; {d['cases']} cases, up to {d['max_elements']:,} elements a case"
