@@ -96,9 +96,11 @@ def around(*centres):
 ROWS = around(8, 16, 64, 128, 512, 1024) + (4097,)  # rows summed over: column sums, dw/db, tokens
 ROWS_PAR = (15, 16, 17, 127, 128, 129, 1025)        # rows computed apart (a kernel may still switch)
 RED = around(128, 1024, 8192)                       # reduction lengths on a thin shape
-COUNTS = around(8, 16, 64, 128) + (1024, 1025, 4096, 4097, 65537, 2 ** 20, 2 ** 20 + 1)
-BIG_COUNT = 2 ** 22 + 1       # ops also swept past 2^22 elements (tiled)
-BIG_COUNT_OPS = ("adamw_update", "add", "mul", "gelu_forward", "bf16_add", "bf16_encode")
+COUNTS = around(8, 16, 64, 128) + (1024, 1025, 4096, 4097, 65537)
+# past 2^20 and 2^22 elements (tiled, but whole once loaded: 2^22 + 1 elements are 16 MiB a tensor,
+# so only the optimizer, whose update is one tensor of a whole model, and the add of a residual)
+BIG_COUNTS = {"adamw_update": (2 ** 20, 2 ** 20 + 1, 2 ** 22 + 1), "add": (2 ** 20 + 1,), "mul": (2 ** 20 + 1,),
+              "bf16_add": (2 ** 20 + 1,)}
 TILE_FROM = 1024              # element counts from here on are stored tiled
 TILE = 251                    # the pattern length (a prime: no alignment repeats inside it)
 # (I, K, J) with K and J multiples of 128 (a fast path's condition) and beside it, and cubes of
@@ -152,7 +154,7 @@ def _axes(op):
 
     lv = LIVE.get(op)
     if lv is not None and lv.letters == ("N",):  # elementwise ops, the step size, AdamW
-        return {"N": COUNTS + ((BIG_COUNT,) if op in BIG_COUNT_OPS else ())}, {"N": 1}
+        return {"N": COUNTS + BIG_COUNTS.get(op, ())}, {"N": 1}
     return None
 
 
