@@ -225,7 +225,7 @@ def test_gpt2_preset_never_conformant_with_a_skipped_case(tmp_path):
     assert any("logits" in x and "V=50304" in x for x in rep["not_run"])
 
 
-@pytest.mark.parametrize("op", ["bf16_matmul_nt", "bf16_softmax_forward", "bf16_layernorm_forward"])
+@pytest.mark.parametrize("op", ["bf16_matmul_nt", "bf16_softmax_forward", "bf16_cross_entropy_forward"])
 def test_presets_cover_bf16_ops(tmp_path, op):
     """[conf.domain.c2] A preset gives a bf16 op the shapes of its binary32 op."""
     table = live.preset_shapes("gpt2-124m")

@@ -59,8 +59,12 @@ AXES = [
 
 
 def _size(probes, letter):
-    m = re.search(rf"\b{letter}=(\d+)", probes)
-    return int(m.group(1)) if m else None
+    """The size of ``letter`` in a case's note: "N=1,V=8193" or "N,V=1,50257"."""
+    for names, values in re.findall(r"\b([A-Z]+(?:,[A-Z]+)*) ?= ?(\d+(?:,\d+)*)", probes):
+        names, values = names.split(","), values.split(",")
+        if letter in names and len(names) == len(values):
+            return int(values[names.index(letter)])
+    return None
 
 
 @pytest.mark.parametrize("name,op,letter", AXES, ids=[a[0] for a in AXES])
