@@ -20,7 +20,9 @@ def add_arguments(p):
                       help="a live case of each --op at this shape, in the op's spec letters, e.g. "
                            "I=4,K=11008,J=4096 (repeatable)")
     live.add_argument("--shapes", metavar="PRESET",
-                      help="live cases at the linear/attention/softmax/norm shapes of a model preset")
+                      help="live cases at the linear/attention/softmax/norm shapes of a model preset (bf16 "
+                           "ops too); a shape above --max-elements is not run and the verdict is at best "
+                           "INCOMPLETE, exit 4")
     live.add_argument("--seed", type=int, default=0, help="seed of the live inputs (default 0)")
     live.add_argument("--save", metavar="DIR", help="also write the live cases as vectors that --vectors DIR replays")
     live.add_argument("--max-elements", type=int, metavar="E", default=None,

@@ -9,7 +9,14 @@ and their neighbours up to 65,537, sums up to N = 65,537, softmax, log-softmax
 and cross-entropy rows up to V = 65,537 (50,257 included), attention up to
 T = 1,024, norms up to C = 8,192 and the int8 matmul at its K bound.
 
-Every sweep case of an op that is a sum is checked at generation time
+The axis sweeps (``axis_cases``, [conf.domain.c1]) add, for every op with a
+live form, each shape letter at aligned sizes and their neighbours with the
+other letters thin: rows, tokens, heads and element counts as well as the
+reductions, so that a switch on any axis an implementation tiles meets a
+case just past it.
+
+Every sweep case of an op that is a sum whose sums have 64 terms or more is
+checked at generation time
 (``builders.check_sweep``): the same sums split into two halves (each summed
 in order, then added, the simplest split-K) give other bits on at least one
 output; inputs are redrawn until they do (``builders.separating``).
