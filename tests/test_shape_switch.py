@@ -86,6 +86,29 @@ def test_switch_on_each_axis_is_not_conformant(tmp_path, name, op, letter):
         assert any("aligned I,K,J = 1,128,128" in notes[c["id"]] for c in failing)
         return
     switch = SK.SWITCH[name]
+    assert switch + 1 in rep["domain"][op]["axes"][letter]  # the verdict states the size it covered
     sizes = [_size(notes[c["id"]], letter) for c in failing]
     assert all(s is not None and s > switch for s in sizes), sizes
     assert switch + 1 in sizes, sorted(sizes)
+
+
+def test_committed_domain_reaches_every_listed_switch():
+    """[conf.domain.c1] The committed vectors' domain holds a size just past
+    every switch of ``shape_switch_kernels`` and the production sizes, on
+    the axis the switch is on; every op with a live form has its axis sweep."""
+    from refreplay.conformance import live, store, sweeps
+
+    dom = sweeps.manifest_domain(store.read_manifest())
+    past = {("layernorm_backward", "N"): 513, ("cross_entropy_forward", "N"): 1025,
+            ("embedding_backward", "T"): 4097, ("adamw_update", "N"): 2 ** 20 + 1,
+            ("softmax_backward", "V"): 8193, ("bf16_matmul_nt", "K"): 8193, ("rmsnorm_forward", "C"): 8193,
+            ("bf16_layernorm_backward", "N"): 513, ("bf16_cross_entropy_forward", "N"): 1025,
+            ("col_sum", "N"): 8193, ("col_sum", "J"): 1025, ("matmul_tn", "K"): 8193}
+    for (op, letter), size in past.items():
+        assert size in dom[op]["axes"][letter], (op, letter)
+    assert max(dom["adamw_update"]["axes"]["N"]) > 2 ** 22
+    for op in live.LIVE:
+        spec = sweeps._axes(op)
+        assert spec is not None, op
+        for letter, sizes in spec[0].items():
+            assert set(sizes) <= set(dom[op]["axes"][letter]), (op, letter)
