@@ -223,7 +223,8 @@ def test_exec_output_of_the_wrong_width_fails_the_case(tmp_path):
     """))
     prog.chmod(0o755)
     report = rc.check(f"exec:{prog}", ops=["bf16_encode"])
-    assert not report.conformant and report.counts["error"] == 5
+    assert not report.conformant and report.counts["error"] == sum(c["op"] == "bf16_encode"
+                                                                   for c in store.read_manifest()["cases"])
     assert "bytes, expected" in report.cases[0]["message"]
 
 
