@@ -87,10 +87,14 @@ def sum_cases(op, rng, lengths, shaped):
 # letter thin (1 to 3), so a case costs about as many elements as the swept size.  Sizes are the
 # alignments an implementation may special-case (8, 16, 64, 128, powers of two) with their
 # neighbours at -1 and +1, up to the sizes of the largest presets (gpt2-xl: C = 1,600, T = 1,024,
-# V = 50,304, F = 6,400) and beyond: reductions (K, V, C) to 65,537 where a case stays under
-# 1 MB, rows, tokens and other non-reduced axes to 4,097, element counts to 2^22 + 1.  Element
-# counts of 1,024 and more are stored tiled ([conf.vectors.c2]: a 251-element pattern repeated),
-# so the counts past 2^20 cost kilobytes.  The reason for the sizes: each is just past a switch a
+# V = 50,304, F = 6,400) and beyond: reductions (K, V, C) around 128, 1,024 and 8,192 and to
+# 16,385 (the sweep cases above reach 65,537 on the same ops: repeating them would cost
+# megabytes), rows, tokens and other non-reduced axes to 4,097, element counts to 2^22 + 1.
+# Element counts of 1,024 and more are stored tiled ([conf.vectors.c2]: a 251-element pattern
+# repeated), so the counts past 2^20 cost kilobytes in the files (the loader makes them whole:
+# 2^22 + 1 only for AdamW).  Size: the vectors grew from 24.5 MB to 37.2 MB (cap 40 MB), most of
+# it the [V, C] and [K, J] tensors of the norms, softmaxes, matmuls and embeddings at 8,193 and
+# the manifest's entries for 2,170 cases.  The reason for the sizes: each is just past a switch a
 # kernel nobody here wrote was measured to make (issue 31: split-K, blocked norms above C = 8,192,
 # LayerNorm dw/db in two row halves above N = 512, a pairwise token mean above 1,024 tokens,
 # embedding backward reordered above 4,096 tokens, another AdamW formula above 2^20 elements,
