@@ -1,30 +1,63 @@
-"""Two kernels that follow the spec at short lengths and switch algorithm
-above a threshold, as production kernels do: a matmul that is the spec's
-sequential sum up to K = 4096 and splits K in two above (each half summed in
-order, then the halves added), and a softmax that switches to a two-block
-online (flash-style) form above V = 4096 (each block's maximum and sum, then
-s = s1 * exp(m1 - m) + s2 * exp(m2 - m)).  The spec's pieces come from the
-reference, so the switch is the only deviation.  Named after their ops, so
-``refreplay conform shape_switch_kernels --op matmul`` runs them
-([conf.runner.c1]); only the sweep cases reach the switch."""
+"""Kernels that follow the spec at small shapes and switch algorithm past a
+threshold, as production kernels do ([conf.domain.c1]: the axis sweeps must
+reach each switch).  The spec's pieces come from the reference, so the switch
+is the only deviation; each is named after its op, so
+``refreplay conform shape_switch_kernels --op OP`` runs it ([conf.runner.c1]);
+``aligned_matmul`` is a dispatcher (``shape_switch_kernels:aligned_matmul``)
+because ``matmul`` is taken.
+
+- matmul: split K in two above K = 4096 (each half summed in order, then added)
+- softmax_forward: a two-block online (flash-style) form above V = 4096
+- aligned_matmul: a fast path when J and K are multiples of 128 (K summed as
+  two halves, then added)
+- rmsnorm_forward: the sum of squares in two blocks above C = 8192
+- layernorm_backward: dw and db summed over two row halves above N = 512
+- cross_entropy_forward: the token mean as the sum of two halves above 1,024 tokens
+- embedding_backward: the tokens accumulated in two halves above 4,096 tokens
+- adamw_update: p - lr·update - lr·wd·p (two roundings) above 2^20 elements
+- softmax_backward: the sum of dy·y in two blocks above V = 8192
+- bf16_matmul_nt: partial sums rounded to bf16 between two K blocks above K = 8192
+"""
 import numpy as np
 
 from refreplay import linalg, numerics
-from refreplay.numerics import elementwise as E
-from refreplay.ops import softmax as S
+from refreplay.conformance.registry import OPS
+from refreplay.numerics import bf16 as B16, elementwise as E
+from refreplay.ops import loss, norms, optim, softmax as S
 
 THRESHOLD = 4096
+SWITCH = {"aligned_matmul": 128, "rmsnorm_forward": 8192, "layernorm_backward": 512,
+          "cross_entropy_forward": 1024, "embedding_backward": 4096, "adamw_update": 1 << 20,
+          "softmax_backward": 8192, "bf16_matmul_nt": 8192}
+
+
+def _c(x):
+    return np.ascontiguousarray(x)
+
+
+def _halves_matmul(A, B):
+    h = A.shape[1] // 2
+    return E.add(linalg.matmul(_c(A[:, :h]), _c(B[:h])), linalg.matmul(_c(A[:, h:]), _c(B[h:])))
 
 
 def matmul(A, B):
     A, B = numerics.load(A), numerics.load(B)
-    K = A.shape[1]
-    if K <= THRESHOLD:
+    if A.shape[1] <= THRESHOLD:
         return linalg.matmul(A, B)
-    h = K // 2
-    lo = linalg.matmul(np.ascontiguousarray(A[:, :h]), np.ascontiguousarray(B[:h]))
-    hi = linalg.matmul(np.ascontiguousarray(A[:, h:]), np.ascontiguousarray(B[h:]))
-    return E.add(lo, hi)
+    return _halves_matmul(A, B)
+
+
+def aligned_matmul(op, A, B):
+    """A dispatcher: matmul only; the fast path when J and K are multiples of 128."""
+    if op != "matmul":
+        from refreplay.conformance.kernels import Unsupported
+
+        raise Unsupported("aligned_matmul implements matmul only")
+    A, B = numerics.load(A), numerics.load(B)
+    K, J = B.shape
+    if K and K % 128 == 0 and J % 128 == 0:
+        return _halves_matmul(A, B)
+    return linalg.matmul(A, B)
 
 
 def softmax_forward(x):
@@ -32,12 +65,100 @@ def softmax_forward(x):
     if x.shape[1] <= THRESHOLD:
         return S.softmax_forward(x)
     h = x.shape[1] // 2
-    blocks = [np.ascontiguousarray(x[:, :h]), np.ascontiguousarray(x[:, h:])]
+    blocks = [_c(x[:, :h]), _c(x[:, h:])]
     maxima = [linalg.row_max(b) for b in blocks]
     m = E.fmax(*maxima)
     s = np.zeros(x.shape[0], np.float32)
     for b, mb in zip(blocks, maxima):
-        sb = linalg.row_sum(E.exp(E.sub(b, np.ascontiguousarray(np.broadcast_to(mb[:, None], b.shape)))))
+        sb = linalg.row_sum(E.exp(E.sub(b, _c(np.broadcast_to(mb[:, None], b.shape)))))
         s = E.add(s, E.mul(sb, E.exp(E.sub(mb, m))))
-    e = E.exp(E.sub(x, np.ascontiguousarray(np.broadcast_to(m[:, None], x.shape))))
-    return E.mul(e, np.ascontiguousarray(np.broadcast_to(E.recip(s)[:, None], x.shape)))
+    e = E.exp(E.sub(x, _c(np.broadcast_to(m[:, None], x.shape))))
+    return E.mul(e, _c(np.broadcast_to(E.recip(s)[:, None], x.shape)))
+
+
+def _rows(v, shape):
+    return _c(np.broadcast_to(v[:, None], shape))
+
+
+def rmsnorm_forward(x, w):
+    x, w = numerics.load(x), numerics.load(w)
+    N, C = x.shape
+    if C <= SWITCH["rmsnorm_forward"]:
+        return norms.rmsnorm_forward(x, w)
+    sq = E.mul(x, x)
+    h = C // 2
+    q = E.add(linalg.row_sum(_c(sq[:, :h])), linalg.row_sum(_c(sq[:, h:])))  # two blocks
+    ms = E.mul(q, np.full(N, E.recip(np.float32([C]))[0], np.float32))
+    rrms = E.recip(E.sqrt(E.add(ms, np.full(N, np.float32(1e-5), np.float32))))
+    out = E.mul(E.mul(x, _rows(rrms, x.shape)), _c(np.broadcast_to(w, x.shape)))
+    return out, rrms
+
+
+def layernorm_backward(dout, x, w, mean, rstd):
+    dout, x, w, mean, rstd = (numerics.load(a) for a in (dout, x, w, mean, rstd))
+    N = x.shape[0]
+    if N <= SWITCH["layernorm_backward"]:
+        return norms.layernorm_backward(dout, x, w, mean, rstd)
+    h = N // 2
+    lo = norms.layernorm_backward(_c(dout[:h]), _c(x[:h]), w, _c(mean[:h]), _c(rstd[:h]))
+    hi = norms.layernorm_backward(_c(dout[h:]), _c(x[h:]), w, _c(mean[h:]), _c(rstd[h:]))
+    return np.concatenate([lo[0], hi[0]]), E.add(lo[1], hi[1]), E.add(lo[2], hi[2])
+
+
+def cross_entropy_forward(logits, targets):
+    logits = numerics.load(logits)
+    losses, mean, count = loss.cross_entropy_forward(logits, targets)
+    N = losses.shape[0]
+    if N <= SWITCH["cross_entropy_forward"] or count == 0:
+        return losses, np.array([mean], np.float32)
+    kept = losses[targets != loss.IGNORE_INDEX]
+    h = N // 2
+    a, b = kept[:int((targets[:h] != loss.IGNORE_INDEX).sum())], kept[int((targets[:h] != loss.IGNORE_INDEX).sum()):]
+    halves = [linalg.row_sum(_c(t[None, :]))[0] if t.size else np.float32(-0.0) for t in (a, b)]
+    total = E.add(np.float32([halves[0]]), np.float32([halves[1]]))
+    return losses, E.mul(total, E.recip(np.float32([count])))
+
+
+def embedding_backward(dout, tokens, V):
+    dout = numerics.load(dout)
+    from refreplay.ops import embedding
+
+    B, T, C = dout.shape
+    if B * T <= SWITCH["embedding_backward"]:
+        return embedding.embedding_backward(dout, tokens, int(V[0]))
+    d, t = dout.reshape(1, B * T, C), tokens.reshape(1, B * T)
+    h = B * T // 2
+    lo = embedding.embedding_backward(_c(d[:, :h]), _c(t[:, :h]), int(V[0]))
+    hi = embedding.embedding_backward(_c(d[:, h:]), _c(t[:, h:]), int(V[0]))
+    return E.add(lo, hi)
+
+
+def adamw_update(p, g, m, v, step, lr):
+    p, g, m, v, lr = (numerics.load(a) for a in (p, g, m, v, lr))
+    if p.size <= SWITCH["adamw_update"]:
+        return optim.adamw_update(p, g, m, v, int(step[0]), lr[0])
+    p_nodecay, m2, v2 = optim.adamw_update(p, g, m, v, int(step[0]), lr[0], decay=False)  # p - lr*update
+    wd = optim.AdamW().weight_decay
+    decay = E.mul(np.full(p.shape, lr[0], np.float32), E.mul(np.full(p.shape, wd, np.float32), p))
+    return E.sub(p_nodecay, decay), m2, v2
+
+
+def softmax_backward(dy, y):
+    dy, y = numerics.load(dy), numerics.load(y)
+    V = y.shape[1]
+    if V <= SWITCH["softmax_backward"]:
+        return S.softmax_backward(dy, y)
+    t = E.mul(dy, y)
+    h = V // 2
+    d = E.add(linalg.row_sum(_c(t[:, :h])), linalg.row_sum(_c(t[:, h:])))
+    return E.mul(y, E.sub(dy, _rows(d, y.shape)))
+
+
+def bf16_matmul_nt(A, B):
+    ref = OPS["bf16_matmul_nt"].reference
+    K = A.shape[1]
+    if K <= SWITCH["bf16_matmul_nt"]:
+        return ref(A, B)
+    h = K // 2
+    parts = [B16.decode(B16.encode(ref(_c(A[:, s]), _c(B[:, s])))) for s in (slice(0, h), slice(h, K))]
+    return E.add(*parts)

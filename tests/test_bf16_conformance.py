@@ -123,7 +123,8 @@ def test_exec_program_reads_and_writes_bf16(tmp_path):
     """))
     prog.chmod(0o755)
     report = rc.check(f"exec:{prog}", ops=["bf16_decode", "bf16_encode"])
-    assert report.counts["pass"] == 5 and report.counts["skip"] == 5
+    n = {op: sum(c["op"] == op for c in store.read_manifest()["cases"]) for op in ("bf16_decode", "bf16_encode")}
+    assert report.counts["pass"] == n["bf16_decode"] and report.counts["skip"] == n["bf16_encode"]
 
 
 def test_live_and_fuzz_accept_bf16_ops():
@@ -222,7 +223,8 @@ def test_exec_output_of_the_wrong_width_fails_the_case(tmp_path):
     """))
     prog.chmod(0o755)
     report = rc.check(f"exec:{prog}", ops=["bf16_encode"])
-    assert not report.conformant and report.counts["error"] == 5
+    assert not report.conformant and report.counts["error"] == sum(c["op"] == "bf16_encode"
+                                                                   for c in store.read_manifest()["cases"])
     assert "bytes, expected" in report.cases[0]["message"]
 
 

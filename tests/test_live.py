@@ -192,3 +192,43 @@ def test_live_cases_catch_shape_dependent_switches(tmp_path):
     assert rc == 1
     # the preset's softmax shapes: attention rows (V = T = 32) pass, logits (V = 256) fail
     assert [c["status"] for c in rep["cases"]] == ["pass", "fail"]
+
+
+def test_a_shape_not_run_is_incomplete_never_conformant(tmp_path, capsys):
+    """[conf.domain.c2] A preset shape above the element bound is listed and
+    makes the verdict INCOMPLETE (exit 4) when every case that ran passed; a
+    failing case keeps NOT CONFORMANT (exit 1).  The small preset's softmax
+    shapes: attention rows N = 1,024, V = 128 (2^18 elements) and logits
+    N = 128, V = 256 (2^16)."""
+    args = ("--op", "softmax_forward", "--shapes", "small", "--max-elements", str(1 << 17))
+    rc, rep = _conform(tmp_path, "reference", *args)
+    out = capsys.readouterr().out
+    assert rc == 4 and not rep["conformant"] and rep["verdict"] == "INCOMPLETE"
+    assert len(rep["not_run"]) == 1 and "attention rows" in rep["not_run"][0]
+    assert "verdict: INCOMPLETE" in out and "Not run (1 shapes" in out and "CONFORMANT —" not in out
+    rc, rep = _conform(tmp_path, "fuzz_kernels:softmax_forward", *args)
+    assert rc == 1 and rep["verdict"] == "NOT CONFORMANT"
+    rc, rep = _conform(tmp_path, "reference", "--op", "softmax_forward", "--shapes", "small")
+    assert rc == 0 and rep["verdict"] == "CONFORMANT" and rep["not_run"] == []
+
+
+def test_gpt2_preset_never_conformant_with_a_skipped_case(tmp_path):
+    """[conf.domain.c2] `--shapes gpt2-124m` on a softmax backward blocked
+    above V = 8,192: its logits case (N = 1,024, V = 50,304: 3 x 51.5 M
+    elements) is above the default bound, the attention rows (V = 1,024)
+    pass; the verdict is INCOMPLETE, exit 4, never CONFORMANT."""
+    import shape_switch_kernels  # noqa: F401  (importable: tests/ is on the path)
+
+    rc, rep = _conform(tmp_path, "shape_switch_kernels", "--op", "softmax_backward", "--shapes", "gpt2-124m")
+    assert rc == 4 and rep["verdict"] == "INCOMPLETE" and not rep["conformant"]
+    assert [c["status"] for c in rep["cases"]] == ["pass"]
+    assert any("logits" in x and "V=50304" in x for x in rep["not_run"])
+
+
+@pytest.mark.parametrize("op", ["bf16_matmul_nt", "bf16_softmax_forward", "bf16_cross_entropy_forward"])
+def test_presets_cover_bf16_ops(tmp_path, op):
+    """[conf.domain.c2] A preset gives a bf16 op the shapes of its binary32 op."""
+    table = live.preset_shapes("gpt2-124m")
+    assert table[op] == table[op[5:]]
+    rc, rep = _conform(tmp_path, "reference", "--op", op, "--shapes", "tiny")
+    assert rc == 0 and rep["conformant"] and len(rep["cases"]) == len(live.preset_shapes("tiny")[op[5:]])

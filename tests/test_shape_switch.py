@@ -1,16 +1,23 @@
 """Shape-dependent algorithm switches are NOT CONFORMANT under a plain
-`refreplay conform KERNEL --op OP` ([conf.probes.c1] sweep, [conf.runner.c1]):
-a split-K matmul above K = 4096 and a two-block online softmax above
-V = 4096 pass every short case and fail the sweep cases, and the diagnosis
-says so."""
+`refreplay conform KERNEL --op OP` ([conf.probes.c1] sweep, [conf.domain.c1],
+[conf.runner.c1]): each kernel of ``shape_switch_kernels`` follows the spec up
+to a size and switches past it, on one axis each (split-K, an online softmax,
+a fast path for J and K multiples of 128, blocked norms, row halves, a
+pairwise token mean, reordered embedding backward, another AdamW formula above
+2^20 elements, a blocked softmax backward, bf16 accumulation above K = 8192).
+Each passes every case below its switch and fails a case just past it."""
 import json
+import re
 
+import pytest
+
+import shape_switch_kernels as SK
 from refreplay import cli
 
 
-def _conform(tmp_path, op):
+def _conform(tmp_path, op, kernel="shape_switch_kernels"):
     out = tmp_path / "report.json"
-    rc = cli.main(["conform", "shape_switch_kernels", "--op", op, "--json", str(out)])
+    rc = cli.main(["conform", kernel, "--op", op, "--json", str(out)])
     return rc, json.loads(out.read_text())
 
 
@@ -36,3 +43,72 @@ def test_online_softmax_is_not_conformant(tmp_path):
     assert rc == 1 and not rep["conformant"]
     assert _failing_families(rep) == {"sweep"}
     assert "changes algorithm with shape" in _diagnosis(rep, "softmax_forward")
+
+
+# op (or dispatcher), the op run, the letter that switches, how a case's size on it is read
+AXES = [
+    ("aligned_matmul", "matmul", None),
+    ("rmsnorm_forward", "rmsnorm_forward", "C"),
+    ("layernorm_backward", "layernorm_backward", "N"),
+    ("cross_entropy_forward", "cross_entropy_forward", "N"),
+    ("embedding_backward", "embedding_backward", "T"),
+    ("adamw_update", "adamw_update", "N"),
+    ("softmax_backward", "softmax_backward", "V"),
+    ("bf16_matmul_nt", "bf16_matmul_nt", "K"),
+]
+
+
+def _size(probes, letter):
+    """The size of ``letter`` in a case's note: "N=1,V=8193" or "N,V=1,50257"."""
+    for names, values in re.findall(r"\b([A-Z]+(?:,[A-Z]+)*) ?= ?(\d+(?:,\d+)*)", probes):
+        names, values = names.split(","), values.split(",")
+        if letter in names and len(names) == len(values):
+            return int(values[names.index(letter)])
+    return None
+
+
+@pytest.mark.parametrize("name,op,letter", AXES, ids=[a[0] for a in AXES])
+def test_switch_on_each_axis_is_not_conformant(tmp_path, name, op, letter):
+    """Every failing case lies past the switch, one lies just past it (the
+    axis sweep's +1 neighbour), and every case below the switch passes."""
+    kernel = "shape_switch_kernels:aligned_matmul" if name == "aligned_matmul" else "shape_switch_kernels"
+    rc, rep = _conform(tmp_path, op, kernel)
+    assert rc == 1 and not rep["conformant"] and rep["verdict"] == "NOT CONFORMANT"
+    assert _failing_families(rep) == {"sweep"}
+    failing = [c for c in rep["cases"] if c["status"] == "fail"]
+    from refreplay.conformance import store
+
+    notes = {c["id"]: c["probes"] for c in store.read_manifest()["cases"] if c["op"] == op}
+    if letter is None:  # the fast path: K and J multiples of 128, and nothing else
+        for c in failing:
+            m = re.search(r"aligned I,K,J = (\d+),(\d+),(\d+)", notes[c["id"]])
+            assert m and int(m.group(2)) % 128 == 0 and int(m.group(3)) % 128 == 0, notes[c["id"]]
+        assert any("aligned I,K,J = 1,128,128" in notes[c["id"]] for c in failing)
+        return
+    switch = SK.SWITCH[name]
+    assert switch + 1 in rep["domain"][op]["axes"][letter]  # the verdict states the size it covered
+    sizes = [_size(notes[c["id"]], letter) for c in failing]
+    assert all(s is not None and s > switch for s in sizes), sizes
+    assert switch + 1 in sizes, sorted(sizes)
+
+
+def test_committed_domain_reaches_every_listed_switch():
+    """[conf.domain.c1] The committed vectors' domain holds a size just past
+    every switch of ``shape_switch_kernels`` and the production sizes, on
+    the axis the switch is on; every op with a live form has its axis sweep."""
+    from refreplay.conformance import live, store, sweeps
+
+    dom = sweeps.manifest_domain(store.read_manifest())
+    past = {("layernorm_backward", "N"): 513, ("cross_entropy_forward", "N"): 1025,
+            ("embedding_backward", "T"): 4097, ("adamw_update", "N"): 2 ** 20 + 1,
+            ("softmax_backward", "V"): 8193, ("bf16_matmul_nt", "K"): 8193, ("rmsnorm_forward", "C"): 8193,
+            ("bf16_layernorm_backward", "N"): 513, ("bf16_cross_entropy_forward", "N"): 1025,
+            ("col_sum", "N"): 8193, ("col_sum", "J"): 1025, ("matmul_tn", "K"): 8193}
+    for (op, letter), size in past.items():
+        assert size in dom[op]["axes"][letter], (op, letter)
+    assert max(dom["adamw_update"]["axes"]["N"]) > 2 ** 22
+    for op in live.LIVE:
+        spec = sweeps._axes(op)
+        assert spec is not None, op
+        for letter, sizes in spec[0].items():
+            assert set(sizes) <= set(dom[op]["axes"][letter]), (op, letter)

@@ -12,7 +12,9 @@ from refreplay import cli, spec
 from refreplay.conformance import builders, fp, generate, orders, store, verify
 from refreplay.conformance.cases import FAMILIES
 
-MAX_BYTES = 25 * 1000 * 1000
+# 24.5 MB before the axis sweeps of [conf.domain.c1] (issue 31), 37.2 MB with them: the cap the
+# issue allows, with the reason in refreplay/conformance/sweeps.py
+MAX_BYTES = 40 * 1000 * 1000
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,9 @@ def add_arguments(p):
                       help="a live case of each --op at this shape, in the op's spec letters, e.g. "
                            "I=4,K=11008,J=4096 (repeatable)")
     live.add_argument("--shapes", metavar="PRESET",
-                      help="live cases at the linear/attention/softmax/norm shapes of a model preset")
+                      help="live cases at the linear/attention/softmax/norm shapes of a model preset (bf16 "
+                           "ops too); a shape above --max-elements is not run and the verdict is at best "
+                           "INCOMPLETE, exit 4")
     live.add_argument("--seed", type=int, default=0, help="seed of the live inputs (default 0)")
     live.add_argument("--save", metavar="DIR", help="also write the live cases as vectors that --vectors DIR replays")
     live.add_argument("--max-elements", type=int, metavar="E", default=None,
@@ -66,12 +68,14 @@ def run(args) -> int:
     return 0 if publish(args, manifest, results).conformant else 1
 
 
-def publish(args, manifest, results):
+def publish(args, manifest, results, not_run=()):
     """Print the report of ``results`` and write the --json/--junit files;
-    returns the summary (committed and live cases alike)."""
+    returns the summary (committed and live cases alike).  ``not_run``: live
+    shapes asked for and not run ([conf.domain.c2]: the verdict is then at best INCOMPLETE)."""
     from ..conformance import report
 
     summary = report.summarize(args.kernel, manifest, results)
+    summary.not_run = list(not_run)
     print(report.text(summary, args.verbose))
     if args.json:
         report.write_json(summary, args.json)

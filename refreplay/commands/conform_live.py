@@ -24,10 +24,13 @@ def check_seed(seed: int) -> int:
     return seed
 
 
-def _wanted(args, bound) -> list[tuple[str, dict, str]]:
+def _wanted(args, bound, not_run=None) -> list[tuple[str, dict, str]]:
+    """The live shapes to run; a preset's shapes above the bound are appended to ``not_run``
+    ([conf.domain.c2]: said in the report, and the verdict is INCOMPLETE, exit 4)."""
     from ..conformance import live
 
     out = []
+    not_run = [] if not_run is None else not_run
     if args.shape:
         if not args.op:
             raise InputError("--shape needs --op: shape letters are the op's (e.g. --op matmul --shape I=4,K=64,J=8)")
@@ -44,7 +47,9 @@ def _wanted(args, bound) -> list[tuple[str, dict, str]]:
                 try:
                     out.append((op, live.validate(op, dims, bound), f"{args.shapes} {label}"))
                 except InputError as exc:  # a shape of a large model above the bound: said, not hidden
-                    print(f"(skipped: {exc}; raise --max-elements to run it)")
+                    print(f"(not run: {exc}; raise --max-elements to run it)")
+                    not_run.append(f"{op} {args.shapes} {label} {live.format_dims(dims)}: above the bound of "
+                                   f"{bound:,} elements")
         if not out:
             raise InputError(f"every shape of preset {args.shapes} for {', '.join(ops)} is above the bound")
     return out
@@ -58,7 +63,8 @@ def run_live(args) -> int:
     if args.vectors:
         raise InputError("--vectors replays stored cases; --shape/--shapes build live ones: give one or the other")
     seed = check_seed(args.seed)
-    wanted = _wanted(args, max_elements(args.max_elements))
+    not_run: list[str] = []
+    wanted = _wanted(args, max_elements(args.max_elements), not_run)
     if args.save:
         live.check_save_target(args.save)
     xfail = runner.read_xfail(args.xfail) if args.xfail else []
@@ -71,8 +77,9 @@ def run_live(args) -> int:
         cases.append(case)
         results += runner.run(kernel, [case], xfail)
     manifest = {"spec_version": spec.version(), "generator_version": live.GENERATOR_VERSION}
-    summary = publish(args, manifest, results)
+    summary = publish(args, manifest, results, not_run)
     if args.save:
         live.save(cases, args.save, seed)
         print(f"saved {len(cases)} live cases to {args.save} (replay: refreplay conform KERNEL --vectors {args.save})")
-    return 0 if summary.conformant else 1
+    # [conf.domain.c2] never CONFORMANT with a shape not run: INCOMPLETE is exit 4, as for replay
+    return 0 if summary.conformant else 4 if summary.incomplete else 1

@@ -46,6 +46,17 @@ class Report:
         return self.summary.conformant
 
     @property
+    def verdict(self) -> str:
+        """"CONFORMANT", "INCOMPLETE" (a live shape not run, [conf.domain.c2]) or "NOT CONFORMANT"."""
+        return self.summary.verdict
+
+    @property
+    def domain(self) -> dict:
+        """[conf.domain.c1] Per op, the shape letters and sizes the verdict covers:
+        ``{"cases", "axes": {letter: [sizes]}, "max_elements"}``."""
+        return self.summary.domain()
+
+    @property
     def counts(self) -> dict[str, int]:
         """Cases per status: pass, fail, error, skip, xfail, xpass."""
         return self.summary.counts()

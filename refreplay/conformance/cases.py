@@ -70,6 +70,9 @@ class Case:
     outputs: dict[str, np.ndarray] = field(default_factory=dict)
     # tensors ("in/NAME", "out/NAME") that hold bf16 bit patterns as uint16 ([bf16.format.c1])
     bf16: frozenset[str] = frozenset()
+    # [conf.vectors.c2] tensors ("in/NAME", "out/NAME") stored as their first P elements, tiled to
+    # their shape: key -> P.  The arrays here are always whole; only the file holds the pattern.
+    tiles: dict[str, int] = field(default_factory=dict)
 
     def dtype(self, key: str) -> str:
         """The dtype name of tensor ``key`` ("in/NAME" or "out/NAME"): "bf16"

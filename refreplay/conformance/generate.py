@@ -12,7 +12,7 @@ import zlib
 
 import numpy as np
 
-from . import builders, edges, fp
+from . import builders, edges, fp, sweeps
 from .cases import FAMILIES, Case, as_outputs, load_inputs
 from .registry import OPS
 
@@ -30,18 +30,32 @@ def build_op(name: str) -> list[Case]:
     cases: list[Case] = []
     counters: dict[str, int] = {}
     distinguished: set[str] = set()
-    for family, inputs, note in op.build(op, rng) + edges.extra(op, SEED):  # edges: issue 31's own stream
+    # the axis sweeps ([conf.domain.c1]) draw from a stream of their own, after the op's own cases,
+    # so adding them (like edges' own stream, issue 31) left every earlier case's bits unchanged
+    axes = np.random.default_rng([SEED, zlib.crc32(name.encode()), 1])
+    own = op.build(op, rng) + edges.extra(op, SEED)
+    built = [(f, i, n, {}, True) for f, i, n in own] + sweeps.axis_cases(op, axes)
+    for family, inputs, note, tiles, separate in built:
         if family not in FAMILIES:
             raise builders.ProbeError(f"{name}: unknown family {family}")
         raw = [np.ascontiguousarray(inputs[n]) for n in op.inputs]
         outputs = as_outputs(op.reference(*load_inputs(raw)), op.outputs)
-        _check_probe(op, family, raw, outputs, distinguished)
+        _check_probe(op, family, raw, outputs, distinguished, separate)
         idx = counters.get(family, 0)
         counters[family] = idx + 1
         prop, extra = FAMILIES[family]
-        clauses = list(dict.fromkeys(op.clauses + extra))
+        axis = ("conf.domain.c1",) if note.startswith(("axis ", "aligned ")) else ()
+        clauses = list(dict.fromkeys(op.clauses + extra + axis + (("conf.vectors.c2",) if tiles else ())))
+        tiles = dict(tiles)
+        if tiles:  # [conf.vectors.c2] every tensor of the tiled length is stored tiled: outputs too
+            n = next(a.size for k, a in zip(op.inputs, raw) if f"in/{k}" in tiles)
+            tiles.update({f"out/{k}": sweeps.TILE for k, a in outputs.items() if a.size == n})
+            for k, a in outputs.items():
+                if f"out/{k}" in tiles and not (a.reshape(-1).view(np.uint8) == np.resize(
+                        a.reshape(-1)[:sweeps.TILE], n).view(np.uint8)).all():
+                    raise builders.ProbeError(f"{name}: output {k} of a tiled case is not tiled")
         cases.append(Case(f"{name}-{family}-{idx:02d}", name, family, f"{prop} ({note})", clauses,
-                          dict(zip(op.inputs, raw)), outputs, op.bf16))
+                          dict(zip(op.inputs, raw)), outputs, op.bf16, tiles))
     if counters.get("order") and op.terms is not None:
         missing = builders.MUST_DISTINGUISH - distinguished
         if missing:
@@ -49,7 +63,7 @@ def build_op(name: str) -> list[Case]:
     return cases
 
 
-def _check_probe(op, family, raw, outputs, distinguished):
+def _check_probe(op, family, raw, outputs, distinguished, separate=True):
     first = next(iter(outputs.values()))
     if family.startswith("bf16_"):
         from .bf16_ops import check_probe
@@ -72,7 +86,7 @@ def _check_probe(op, family, raw, outputs, distinguished):
     if op.terms is not None:
         terms = op.terms(*load_inputs(raw))
         builders.check_isolation(family, terms, first.ravel())
-        if family == "sweep":
+        if family == "sweep" and separate:
             builders.check_sweep(terms, first.ravel())
         if family == "order":
             distinguished |= builders.distinguished_orders(terms, first.ravel(), terms[1] is not None)

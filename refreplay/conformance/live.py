@@ -466,4 +466,10 @@ def preset_shapes(name: str) -> dict[str, list[tuple[str, dict]]]:
          *_UNARY), "MLP hidden", N=N * F)
     add(("add", "sub", "mul", "fmax", "fmin"), "residual", N=N * C)
     add(("quant_step_size", "fake_quantize", "fake_quantize_backward", "adamw_update"), "MLP weight", N=C * F)
+    from ..ops.bf16 import PROFILE
+
+    for op in PROFILE:  # [bf16.ops.c1] a bf16 op meets the shapes of its binary32 op
+        if op in out and f"bf16_{op}" in LIVE:
+            out[f"bf16_{op}"] = list(out[op])
+    add(("bf16_encode", "bf16_decode"), "residual", N=N * C)
     return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .diagnose import Finding, diagnose
 
@@ -17,6 +17,8 @@ class Summary:
     generator_version: str
     results: list
     findings: list[Finding]
+    # [conf.domain.c2] shapes a live run was asked for and did not run (above the element bound)
+    not_run: list[str] = field(default_factory=list)
 
     @property
     def ops(self) -> list[str]:
@@ -33,8 +35,26 @@ class Summary:
     def conformant(self) -> bool:
         """Every selected case ran and matched (or is an expected failure);
         at least one case ran."""
+        return self._clean() and not self.not_run
+
+    def _clean(self) -> bool:
         c = self.counts()
         return c["fail"] == 0 and c["error"] == 0 and c["skip"] == 0 and c["pass"] + c["xpass"] + c["xfail"] > 0
+
+    @property
+    def incomplete(self) -> bool:
+        """[conf.domain.c2] Every case that ran matched, but shapes asked for were not run."""
+        return self._clean() and bool(self.not_run)
+
+    @property
+    def verdict(self) -> str:
+        return "CONFORMANT" if self.conformant else "INCOMPLETE" if self.incomplete else "NOT CONFORMANT"
+
+    def domain(self) -> dict:
+        """[conf.domain.c1] Per op, the shape letters and sizes its cases covered."""
+        from .sweeps import domain
+
+        return domain([r.case for r in self.results])
 
 
 def summarize(kernel, manifest, results) -> Summary:
@@ -106,8 +126,18 @@ def text(s: Summary, verbose=False) -> str:
     if s.findings:
         out += ["", "Diagnosis:"] + [f"  {f.text()}" for f in s.findings]
     c = s.counts()
+    out += ["", "Domain (the shapes these cases covered; the verdict holds for them only, [conf.domain.c1]):"]
+    from .sweeps import domain_line
+
+    out += [f"  {domain_line(op, d)}" for op, d in s.domain().items()]
+    if s.not_run:
+        out += ["", f"Not run ({len(s.not_run)} shapes, so not covered by this verdict, [conf.domain.c2]):"]
+        out += [f"  {x}" for x in s.not_run]
     out.append("")
-    if s.conformant:
+    if s.incomplete:
+        out.append(f"verdict: INCOMPLETE — {c['pass']} cases match bit for bit, {len(s.not_run)} shapes asked for "
+                   f"were not run (exit 4)")
+    elif s.conformant:
         out.append(f"verdict: CONFORMANT — {c['pass']} cases match bit for bit"
                    + (f" ({c['xfail']} expected failures)" if c['xfail'] else ""))
     else:
@@ -119,7 +149,8 @@ def text(s: Summary, verbose=False) -> str:
 def to_json(s: Summary) -> dict:
     return {
         "kernel": s.kernel, "spec_version": s.spec_version, "generator_version": s.generator_version,
-        "conformant": s.conformant, "counts": s.counts(),
+        "conformant": s.conformant, "verdict": s.verdict, "not_run": list(s.not_run), "counts": s.counts(),
+        "domain": s.domain(),
         "ops": {op: s.counts(op) for op in s.ops},
         "diagnosis": [{"op": f.op, "message": f.message, "clauses": f.clauses} for f in s.findings],
         "cases": [{

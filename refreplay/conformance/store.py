@@ -32,6 +32,11 @@ MANIFEST = "manifest.json"
 FORMAT = "refreplay-vectors/1"
 FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\.safetensors")
 MAX_FILE = 1 << 30  # bytes of one vector file
+# [conf.vectors.c2] a tiled tensor holds at most 2^24 elements once tiled, and the tiled tensors of
+# one manifest at most 2^27 together (512 MiB of binary32): a manifest cannot make the loader
+# allocate more than the bound says, whatever its shapes claim.
+MAX_TILED = 1 << 24
+MAX_TILED_TOTAL = 1 << 27
 
 
 def sha256(data: bytes) -> str:
@@ -46,6 +51,27 @@ def _le(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<"))
 
 
+def stored(case: Case, key: str, a: np.ndarray) -> np.ndarray:
+    """[conf.vectors.c2] What the file holds for tensor ``key`` of ``case``: the
+    whole array, or for a tiled one its first P elements (flat, row-major),
+    after checking that tiling them gives the array back."""
+    p = case.tiles.get(key)
+    if p is None:
+        return a
+    flat = np.ascontiguousarray(a).reshape(-1)
+    if not 1 <= p <= flat.size <= MAX_TILED or not np.array_equal(untile(flat[:p], a.shape).view(np.uint8),
+                                                                  np.ascontiguousarray(a).view(np.uint8)):
+        raise ValueError(f"{case.id}: {key} is not its first {p} elements tiled to {list(a.shape)}")
+    return np.ascontiguousarray(flat[:p])
+
+
+def untile(pattern: np.ndarray, shape) -> np.ndarray:
+    """[conf.vectors.c2] The tensor of ``shape`` whose flat element i is pattern[i mod P]."""
+    n = int(np.prod(shape, dtype=np.int64))
+    reps = -(-n // pattern.size)
+    return np.ascontiguousarray(np.tile(pattern.reshape(-1), reps)[:n].reshape(shape))
+
+
 def encode_file(cases: list[Case]) -> bytes:
     """One op's cases as the bytes of a refreplay tensor file ([state.file.c1]:
     tensors in name order, compact sorted header, one metadata key)."""
@@ -55,16 +81,19 @@ def encode_file(cases: list[Case]) -> bytes:
     bf16 = frozenset(f"{c.id}/{k}" for c in cases for k in c.bf16)
     for c in cases:
         for n, a in c.inputs.items():
-            pairs += [f"{c.id}/in/{n}", _le(a)]
+            pairs += [f"{c.id}/in/{n}", _le(stored(c, f"in/{n}", a))]
         for n, a in c.outputs.items():
-            pairs += [f"{c.id}/out/{n}", _le(a)]
+            pairs += [f"{c.id}/out/{n}", _le(stored(c, f"out/{n}", a))]
     return bytes.fromhex(tensorio.file_bytes(FORMAT, *pairs, bf16=bf16))
 
 
 def _tensor_entry(case, kind, name, a, with_sha):
-    e = {"name": name, "dtype": case.dtype(f"{kind}/{name}"), "shape": list(a.shape)}
+    key = f"{kind}/{name}"
+    e = {"name": name, "dtype": case.dtype(key), "shape": list(a.shape)}
+    if key in case.tiles:
+        e["tile"] = case.tiles[key]
     if with_sha:
-        e["sha256"] = tensor_sha(a)
+        e["sha256"] = tensor_sha(stored(case, key, a))  # of the bytes the file holds
     return e
 
 
@@ -132,9 +161,10 @@ def _validate_manifest(m, path):
                 and 0 <= entry["bytes"] <= MAX_FILE):
             bad(f"files[{name!r}] must give its sha256 and a byte count up to {MAX_FILE}")
     ids = set()
+    tiled = [0]
     for i, c in enumerate(m["cases"]):
         try:
-            _check_case(c, m["files"], ids, bad)
+            _check_case(c, m["files"], ids, bad, tiled)
         except (KeyError, TypeError) as exc:
             bad(f"case {i} malformed: {exc!r}")
 
@@ -143,7 +173,24 @@ def _strs(x) -> bool:
     return isinstance(x, list) and all(isinstance(v, str) for v in x)
 
 
-def _check_case(c, files, ids, bad) -> None:
+def _check_tile(c, t, tiled, bad) -> None:
+    """[conf.vectors.c2] A tiled tensor's pattern length and tiled size are bounded before
+    anything is read or allocated."""
+    p = t["tile"]
+    n = 1
+    for d in t["shape"]:
+        n *= d
+        if n > MAX_TILED:
+            break
+    if not (isinstance(p, int) and not isinstance(p, bool) and 1 <= p <= n <= MAX_TILED):
+        bad(f"case {c['id']}: tensor {t['name']}: tile must be an integer in [1, elements of its shape] "
+            f"and the shape at most {MAX_TILED} elements")
+    tiled[0] += n
+    if tiled[0] > MAX_TILED_TOTAL:
+        bad(f"tiled tensors hold more than {MAX_TILED_TOTAL} elements in all")
+
+
+def _check_case(c, files, ids, bad, tiled=None) -> None:
     """Every field of one manifest case has its type ([conf.vectors.c1])."""
     if not (isinstance(c, dict) and all(isinstance(c[k], str) for k in ("id", "op", "file", "family", "probes"))
             and _strs(c["clauses"]) and isinstance(c["inputs"], list) and isinstance(c["outputs"], list)):
@@ -159,6 +206,8 @@ def _check_case(c, files, ids, bad) -> None:
                 and t["dtype"] in DTYPES and isinstance(t["shape"], list)
                 and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in t["shape"])):
             bad(f"case {c['id']}: every tensor needs a string name, a known dtype and a shape of sizes")
+        if "tile" in t:
+            _check_tile(c, t, [0] if tiled is None else tiled, bad)
     for t in c["outputs"]:
         if not (isinstance(t["sha256"], str) and len(t["sha256"]) == 64):
             bad(f"case {c['id']}: bad sha256 for output {t['name']}")
@@ -205,16 +254,19 @@ def load_cases(directory: Path = VECTOR_DIR, ops=None) -> tuple[dict, list[Case]
             a = tensors[key]
             # [bf16.format.c1] a BF16 tensor of the file is dtype bf16 in the manifest, and only it
             dt = BF16 if key in bf16 else dtype_name(a)
-            if dt != t["dtype"] or list(a.shape) != t["shape"]:
+            want = [t["tile"]] if "tile" in t else t["shape"]  # [conf.vectors.c2] the file holds the pattern
+            if dt != t["dtype"] or list(a.shape) != want:
                 raise InputError(f"{directory / c['file']}: {key} is {dt}{list(a.shape)}, "
-                                 f"the manifest says {t['dtype']}{t['shape']}")
+                                 f"the manifest says {t['dtype']}{want}")
             if kind == "out" and tensor_sha(a) != t["sha256"]:
                 raise InputError(f"{directory / c['file']}: {key} does not match its sha256 in the manifest")
-            return a
+            return untile(a, t["shape"]) if "tile" in t else a
 
         out.append(Case(c["id"], c["op"], c["family"], c["probes"], [lb.strip("[]") for lb in c["clauses"]],
                         {t["name"]: get("in", t) for t in c["inputs"]},
                         {t["name"]: get("out", t) for t in c["outputs"]},
                         frozenset(f"{kind}/{t['name']}" for kind, ts in (("in", c["inputs"]), ("out", c["outputs"]))
-                                  for t in ts if t["dtype"] == BF16)))
+                                  for t in ts if t["dtype"] == BF16),
+                        {f"{kind}/{t['name']}": t["tile"] for kind, ts in (("in", c["inputs"]), ("out", c["outputs"]))
+                         for t in ts if "tile" in t}))
     return m, out
