@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import doctor
+from .. import doctor, environ
 from .. import state as statehash
 from ..ops import optim
 from . import backend as backends
@@ -34,6 +34,19 @@ from .tokens import token_bytes
 
 LOSS = "loss"  # the leaf entry that carries a micro-batch's mean loss ([step.loss.c1])
 SCHEDULE = "cosine"  # [step.hparams.c1]
+
+
+def pace_threads() -> None:
+    """Set the calling thread's Numba thread count by the default policy
+    (``refreplay.environ.kernel_threads``: the cores other processes leave
+    free, or the user's fixed count), before each micro-batch and the
+    optimizer.  Speed only: bits never depend on the count."""
+    import numba
+
+    cap = numba.config.NUMBA_NUM_THREADS
+    n = environ.kernel_threads(cap, cap)
+    if n != numba.get_num_threads():
+        numba.set_num_threads(n)
 
 
 @dataclass
@@ -193,6 +206,7 @@ class Trainer:
         """[step.order.c1] One step n = st.step + 1; returns (state n, record n).
         ``st`` is not modified."""
         doctor.require_ieee()  # refuse to compute under FTZ/DAZ ([num.flush.c1])
+        pace_threads()
         n = st.step + 1
         cfg = self.cfg
         M, B = cfg.micro_batches, cfg.micro_batch_size
@@ -207,6 +221,7 @@ class Trainer:
         mem = self.memory
 
         def leaf(mb: int) -> dict:
+            pace_threads()
             x, y = inputs_targets(batch[mb * B:(mb + 1) * B])  # [data.batch.c1]
             res = self.model.loss_and_grads(params, x, y, budget.SpillingDict(mem) if mem.mapped else None)
             out = dict(res.grads)
@@ -217,6 +232,7 @@ class Trainer:
         folded = launcher.fold(leaf, M, self._merge)  # [fold.tree.c1] [fold.ranks.c1]
         mean = self._scale(folded, M)  # [fold.scale.c1]
         del folded
+        pace_threads()
         loss = np.float32(A.to_host(mean.pop(LOSS))[0])
         ops.optim.clip_grad_norm(mean, cfg.clip_norm)  # [optim.clip.c1]
         lr = ops.optim.lr_at(n, cfg.warmup_steps, cfg.schedule_steps, cfg.lr, cfg.min_lr, SCHEDULE)
