@@ -121,12 +121,12 @@ def affinity() -> list[int]:
         return list(range(os.cpu_count() or 1))
 
 
-def _cpu_ticks(cpus) -> int | None:
+def _cpu_ticks(cpus, path: str = "/proc/stat") -> int | None:
     """Busy clock ticks of ``cpus`` since boot (``/proc/stat``: user, nice,
     system, irq, softirq, steal), None where there is no /proc/stat."""
     want = {f"cpu{c}" for c in cpus}
     try:
-        with open("/proc/stat", "rb") as f:
+        with open(path, "rb") as f:
             text = f.read().decode("ascii", "replace")
     except OSError:
         return None
