@@ -78,6 +78,10 @@ def check(environ=None) -> None:
 # default policy.
 
 THREADS_ENV = "REFREPLAY_THREADS"
+# Below this many operand elements an op runs on one thread: waking a pool
+# costs some 10-50 us (measured), about the time of an elementwise pass over
+# 2^15 binary32 values on one core.
+SMALL_WORK = 1 << 15
 SAMPLE_S = 0.25  # a load sample is kept this long (seconds)
 TAKEN = 0.4  # a core counts as taken when other processes kept it busy this share of the sample
 

@@ -180,6 +180,8 @@ def test_the_trainer_paces_its_threads(monkeypatch):
         others(monkeypatch, 0.0)
         step.pace_threads()
         assert numba.get_num_threads() == 2
+        step.pace_threads(environ.SMALL_WORK - 1)  # a model whose ops are all small
+        assert numba.get_num_threads() == 1
         others(monkeypatch, 9.0)
         environ.set_threads(2)  # train --threads 2
         step.pace_threads()
@@ -246,6 +248,7 @@ from refreplay.training.data import Batching, Stream
 from refreplay.training.launch.inproc import InProcess
 from refreplay.training.presets import preset
 from refreplay.training.step import Trainer
+environ.SMALL_WORK = 1  # so that the tiny preset's steps run on the fixed count
 mc, tc = preset("tiny")
 rs = np.random.RandomState(0)
 samples = rs.randint(0, 256, size=(2 * tc.micro_batches * tc.micro_batch_size, mc.seq_len + 1))

@@ -61,10 +61,7 @@ class Unsupported(ValueError):
     will not compute it, and neither will PyTorch in its place."""
 
 
-# Below this many operand elements an op runs on one thread: a parallel
-# region costs some 10-50 us to wake the pool (measured), about the time
-# of an elementwise pass over 2^15 binary32 values on one core.
-SMALL_WORK = 1 << 15
+SMALL_WORK = environ.SMALL_WORK  # below this many operand elements an op runs on one thread
 
 
 def kernel_threads(elements: int) -> int:

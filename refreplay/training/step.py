@@ -36,15 +36,17 @@ LOSS = "loss"  # the leaf entry that carries a micro-batch's mean loss ([step.lo
 SCHEDULE = "cosine"  # [step.hparams.c1]
 
 
-def pace_threads() -> None:
+def pace_threads(work: int | None = None) -> None:
     """Set the calling thread's Numba thread count by the default policy
     (``refreplay.environ.kernel_threads``: the cores other processes leave
-    free, or the user's fixed count), before each micro-batch and the
-    optimizer.  Speed only: bits never depend on the count."""
+    free, or the user's fixed count; one thread when the step's largest
+    activation, ``work`` values, is below ``environ.SMALL_WORK``), before
+    each micro-batch and the optimizer.  Speed only: bits never depend on
+    the count."""
     import numba
 
     cap = numba.config.NUMBA_NUM_THREADS
-    n = environ.kernel_threads(cap, cap)
+    n = 1 if work is not None and work < environ.SMALL_WORK else environ.kernel_threads(cap, cap)
     if n != numba.get_num_threads():
         numba.set_num_threads(n)
 
@@ -206,9 +208,11 @@ class Trainer:
         """[step.order.c1] One step n = st.step + 1; returns (state n, record n).
         ``st`` is not modified."""
         doctor.require_ieee()  # refuse to compute under FTZ/DAZ ([num.flush.c1])
-        pace_threads()
         n = st.step + 1
         cfg = self.cfg
+        mc = self.model.cfg
+        work = cfg.micro_batch_size * mc.seq_len * max(mc.width, mc.mlp_hidden, mc.vocab)
+        pace_threads(work)
         M, B = cfg.micro_batches, cfg.micro_batch_size
         batch = self.stream.batch(n)  # [data.stream.c1]
         data_hash = hashlib.sha256(token_bytes(batch)).hexdigest()  # [data.hash.c1]
@@ -221,7 +225,7 @@ class Trainer:
         mem = self.memory
 
         def leaf(mb: int) -> dict:
-            pace_threads()
+            pace_threads(work)
             x, y = inputs_targets(batch[mb * B:(mb + 1) * B])  # [data.batch.c1]
             res = self.model.loss_and_grads(params, x, y, budget.SpillingDict(mem) if mem.mapped else None)
             out = dict(res.grads)
@@ -232,7 +236,7 @@ class Trainer:
         folded = launcher.fold(leaf, M, self._merge)  # [fold.tree.c1] [fold.ranks.c1]
         mean = self._scale(folded, M)  # [fold.scale.c1]
         del folded
-        pace_threads()
+        pace_threads(work)
         loss = np.float32(A.to_host(mean.pop(LOSS))[0])
         ops.optim.clip_grad_norm(mean, cfg.clip_norm)  # [optim.clip.c1]
         lr = ops.optim.lr_at(n, cfg.warmup_steps, cfg.schedule_steps, cfg.lr, cfg.min_lr, SCHEDULE)
