@@ -37,6 +37,7 @@ def others(monkeypatch, value: float, cpus=(0, 1)):
     """Pretend other processes keep ``value`` cores busy on CPUs ``cpus``."""
     monkeypatch.setattr(environ, "affinity", lambda: list(cpus))
     monkeypatch.setattr(environ, "_running_now", lambda: float(value))
+    monkeypatch.setattr(environ, "_cpu_ticks", lambda cpus: None)  # every sample asks _running_now
     monkeypatch.setattr(environ, "_LOAD", environ._Load())
 
 
@@ -296,8 +297,9 @@ def test_the_step_hash_sees_a_flipped_input_bit():
 def _layer(code_first: str) -> list:
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "NUMBA_THREADING_LAYER")}
     env["PYTHONPATH"] = REPO
-    code = code_first + ("; import refreplay, os, json, numba; print(json.dumps([os.environ.get("
-                         "'OMP_WAIT_POLICY'), numba.config.THREADING_LAYER]))")
+    code = code_first + ("; import refreplay, os, json, numba; from refreplay import _env; "
+                         "print(json.dumps([os.environ.get('OMP_WAIT_POLICY'), numba.config.THREADING_LAYER, "
+                         "_env._numba_omp_shared()]))")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -321,8 +323,8 @@ def test_numbas_own_runtime_is_found_in_its_pool():
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ELF and /proc/self/maps")
 def test_torch_first_keeps_the_sleeping_pool_when_numbas_runtime_is_its_own():
-    policy, layer = _layer("import torch")
-    if _env._numba_omp_shared():  # here torch shares Numba's runtime: the workqueue is right
+    policy, layer, shared = _layer("import torch")
+    if shared:  # here torch shares Numba's runtime: the workqueue is right
         assert layer == "workqueue"
     else:
         assert policy == "PASSIVE" and layer == "default"
@@ -333,5 +335,5 @@ def test_numbas_runtime_loaded_first_sends_numba_to_the_workqueue():
     names = _numba_omp_names()
     if not names:
         pytest.skip("this Numba has no OpenMP pool")
-    policy, layer = _layer(f"import ctypes; ctypes.CDLL({names[0]!r})")
-    assert policy == "PASSIVE" and layer == "workqueue"
+    policy, layer, shared = _layer(f"import ctypes; ctypes.CDLL({names[0]!r})")
+    assert shared and policy == "PASSIVE" and layer == "workqueue"

@@ -62,9 +62,9 @@ def test_a_spinning_pool_loaded_first_sends_numba_to_the_workqueue():
 
 def test_torch_first_keeps_numbas_own_sleeping_pool():
     """A PyTorch wheel brings a private libgomp: Numba's pool is another, loaded later, PASSIVE."""
-    from refreplay import _env
-
-    if _env._numba_omp_shared():
+    shared = _fresh("import torch, refreplay, json; from refreplay import _env; "
+                    "print(json.dumps(_env._numba_omp_shared()))")
+    if shared:
         pytest.skip("here torch and Numba share one OpenMP runtime")
     policy, layer = _fresh("import torch, refreplay; " + _REPORT)
     assert policy == "PASSIVE" and layer == "default"
@@ -79,7 +79,20 @@ def test_the_users_own_choice_is_kept(env):
         assert layer == "omp"
 
 
-def test_kernel_threads_follow_torch_and_small_ops_run_on_one(monkeypatch):
+@pytest.fixture
+def idle(monkeypatch):
+    """The policy's view of the load: nobody else busy on 64 CPUs, no fixed count."""
+    from refreplay import environ
+
+    monkeypatch.delenv(environ.THREADS_ENV, raising=False)
+    monkeypatch.setattr(environ, "_FIXED", None)
+    monkeypatch.setattr(environ, "affinity", lambda: list(range(64)))
+    monkeypatch.setattr(environ, "_running_now", lambda: 0.0)
+    monkeypatch.setattr(environ, "_cpu_ticks", lambda cpus: None)  # every sample asks _running_now
+    monkeypatch.setattr(environ, "_LOAD", environ._Load())
+
+
+def test_kernel_threads_follow_torch_and_small_ops_run_on_one(monkeypatch, idle):
     cap = numba.config.NUMBA_NUM_THREADS
     assert _bridge.kernel_threads(_bridge.SMALL_WORK - 1) == 1
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
@@ -90,7 +103,7 @@ def test_kernel_threads_follow_torch_and_small_ops_run_on_one(monkeypatch):
 
 @pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs 2 Numba threads")
 @pytest.mark.parametrize("n", [64, 1024])
-def test_an_op_runs_on_the_chosen_count_and_restores_the_callers(n, monkeypatch):
+def test_an_op_runs_on_the_chosen_count_and_restores_the_callers(n, monkeypatch, idle):
     seen = []
     real = activations.gelu_forward
 
