@@ -4,6 +4,7 @@ competing busy process.
 
     python benchmarks/bench_threads.py [--models small,nanogpt-small,trainer-tiny]
                                        [--rounds N] [--steps K] [--json PATH]
+    python benchmarks/bench_threads.py --models gpt2-124m --gpt2-layers 1
 
 Models: ``small`` (2 layers, width 64, T = 32, batch 4), ``nanogpt-small``
 (6 layers, width 384, 6 heads, T = 256, 8 sequences) and ``gpt2-124m``
@@ -25,13 +26,14 @@ process starts), ``import torch`` before refreplay as a user's script does:
   (OpenMP's spinning pool); ``layer L``: ``NUMBA_THREADING_LAYER=L``.
 
 All workers of a model start together, build the model and warm up
-(2 steps), then wait.  Each scenario runs ``--rounds`` rounds; in a round
+(2 steps; 1 for the bigger models), then wait.  Each scenario runs ``--rounds`` rounds; in a round
 every worker in turn (the order rotates) times ``--steps`` steps, so a
 change of the machine's load falls on every setting alike.  ``busy`` starts
 one spinning Python process (``while True: pass``, bounded by a timeout,
 killed at the end of the scenario).  The table gives each setting's median
 step time over all its timed steps, the load average beside it, and
-defaults / best explicit setting (goal: at most 1.10).
+defaults / best explicit setting (goal: at most 1.10), and the share of
+refreplay.torch operands (trainer: of steps) that ran on 1 or 2 threads.
 """
 from __future__ import annotations
 
@@ -94,11 +96,25 @@ def _model_step(model: str, torch_threads: int | None, gpt2_layers: int):
     idx = torch.randint(0, cfg.vocab, (B, cfg.block), generator=gen)
     y = torch.randint(0, cfg.vocab, (B, cfg.block), generator=gen)
 
+    from refreplay.torch import _bridge
+
+    real = _bridge.kernel_threads
+
+    def counted(elements):  # which counts the ops ran on, for the table
+        n = real(elements)
+        USED[n] = USED.get(n, 0) + 1
+        return n
+
+    _bridge.kernel_threads = counted
+
     def step():
         net.zero_grad(set_to_none=True)
         net(idx, y).backward()
 
     return step
+
+
+USED: dict = {}  # thread count -> operand count (refreplay.torch) or steps (trainer)
 
 
 def _trainer_step():
@@ -116,12 +132,20 @@ def _trainer_step():
     trainer = Trainer(mc, tc, stream, "00" * 32)
     s0 = trainer.initial_state()
     launcher = InProcess(1)
-    return lambda: trainer.step(s0, "00" * 32, launcher)
+
+    def step():
+        import numba
+
+        trainer.step(s0, "00" * 32, launcher)
+        n = numba.get_num_threads()
+        USED[n] = USED.get(n, 0) + 1
+
+    return step
 
 
-def worker(model: str, torch_threads: int | None, gpt2_layers: int) -> int:
+def worker(model: str, torch_threads: int | None, gpt2_layers: int, warmup: int) -> int:
     step = _trainer_step() if model == TRAINER else _model_step(model, torch_threads, gpt2_layers)
-    for _ in range(2):
+    for _ in range(warmup):
         step()
     import numba
 
@@ -129,12 +153,13 @@ def worker(model: str, torch_threads: int | None, gpt2_layers: int) -> int:
     for line in sys.stdin:
         k = json.loads(line)["steps"]
         times = []
+        USED.clear()
         for _ in range(k):
             t = time.perf_counter()
             step()
             times.append(time.perf_counter() - t)
         torch_n = sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None
-        print(json.dumps({"times": times, "torch_threads": torch_n,
+        print(json.dumps({"times": times, "torch_threads": torch_n, "used": USED,
                           "numba_layer": numba.threading_layer()}), flush=True)
     return 0
 
@@ -142,14 +167,14 @@ def worker(model: str, torch_threads: int | None, gpt2_layers: int) -> int:
 # --- the driver -------------------------------------------------------------
 
 class Worker:
-    def __init__(self, model, env_extra, torch_threads, gpt2_layers):
+    def __init__(self, model, env_extra, torch_threads, gpt2_layers, warmup):
         env = {k: v for k, v in os.environ.items()
                if k not in ("NUMBA_NUM_THREADS", "OMP_WAIT_POLICY", "OMP_NUM_THREADS", "REFREPLAY_THREADS",
                             "NUMBA_THREADING_LAYER")}
         env.update(env_extra)
         env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
         cmd = [sys.executable, __file__, "--worker", model, "--torch-threads", str(torch_threads or 0),
-               "--gpt2-layers", str(gpt2_layers)]
+               "--gpt2-layers", str(gpt2_layers), "--warmup", str(warmup)]
         self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
     def reply(self) -> dict:
@@ -181,7 +206,8 @@ def spinner(seconds: float) -> subprocess.Popen:
 
 def bench_model(model, args, extra) -> list[dict]:
     settings = settings_for(model, extra)
-    workers = {name: Worker(model, env, tt, args.gpt2_layers) for name, (env, tt) in settings.items()}
+    warmup = 2 if model in ("small", TRAINER) else 1
+    workers = {name: Worker(model, env, tt, args.gpt2_layers, warmup) for name, (env, tt) in settings.items()}
     rows = []
     try:
         for w in workers.values():
@@ -194,6 +220,7 @@ def bench_model(model, args, extra) -> list[dict]:
             times = {n: [] for n in names}
             loads = []
             info = {}
+            used = {n: {} for n in names}
             try:
                 for r in range(args.rounds):
                     order = names[r % len(names):] + names[:r % len(names)]
@@ -202,6 +229,8 @@ def bench_model(model, args, extra) -> list[dict]:
                         out = workers[n].steps(args.steps)
                         times[n] += out["times"]
                         info[n] = out
+                        for c, k in out["used"].items():
+                            used[n][c] = used[n].get(c, 0) + k
             finally:
                 if busy is not None:
                     busy.kill()
@@ -213,10 +242,13 @@ def bench_model(model, args, extra) -> list[dict]:
                 rows.append(dict(model=model, scenario=scenario, setting=n, median_ms=med[n],
                                  min_ms=min(times[n]) * 1e3, n=len(times[n]), best=best,
                                  ratio_to_best=med[n] / med[best], load_min=min(loads), load_max=max(loads),
-                                 torch_threads=info[n]["torch_threads"], numba_layer=info[n]["numba_layer"]))
+                                 torch_threads=info[n]["torch_threads"], numba_layer=info[n]["numba_layer"],
+                                 kernel_threads=used[n]))
+                share = {c: round(k / max(1, sum(used[n].values())), 2) for c, k in sorted(used[n].items())}
                 print(f"{model:14s} {scenario:4s} {n:18s} {med[n]:9.1f} ms (min {min(times[n]) * 1e3:8.1f}, "
                       f"n {len(times[n]):2d})  / best ({best}) {med[n] / med[best]:5.2f}  "
-                      f"load {min(loads):.1f}-{max(loads):.1f}  [{info[n]['numba_layer']}]", flush=True)
+                      f"load {min(loads):.1f}-{max(loads):.1f}  [{info[n]['numba_layer']}; threads {share}]",
+                      flush=True)
     finally:
         for w in workers.values():
             w.close()
@@ -233,30 +265,40 @@ def cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
+def per_model(text: str):
+    """"K" or "MODEL=K,..." as a function of the model (1 where unnamed)."""
+    if "=" not in text:
+        return lambda model: int(text)
+    table = {k.strip(): int(v) for k, v in (kv.split("=") for kv in text.split(","))}
+    return lambda model: table.get(model, 1)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="small,nanogpt-small,trainer-tiny",
                     help=f"comma-separated, from {', '.join([*MODELS, TRAINER])}")
-    ap.add_argument("--rounds", type=int, default=3, help="rounds per scenario")
-    ap.add_argument("--steps", default="small=5,nanogpt-small=1,gpt2-124m=1,trainer-tiny=3",
-                    help="timed steps per worker turn, MODEL=K,...")
+    ap.add_argument("--rounds", default="small=6,nanogpt-small=3,gpt2-124m=2,trainer-tiny=6",
+                    help="rounds per scenario: K, or MODEL=K,...")
+    ap.add_argument("--steps", default="small=3,nanogpt-small=1,gpt2-124m=1,trainer-tiny=3",
+                    help="timed steps per worker turn: K, or MODEL=K,...")
     ap.add_argument("--gpt2-layers", type=int, default=1, help="layers of the gpt2-124m shapes (of 12)")
     ap.add_argument("--settings", default="", help="extra settings, ';'-separated: spinning; layer omp; ...")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds the busy process lives at most")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--worker")
     ap.add_argument("--torch-threads", type=int, default=0)
+    ap.add_argument("--warmup", type=int, default=2)
     args = ap.parse_args()
     if args.worker:
-        return worker(args.worker, args.torch_threads or None, args.gpt2_layers)
-    steps = {k: int(v) for k, v in (kv.split("=") for kv in args.steps.split(","))}
+        return worker(args.worker, args.torch_threads or None, args.gpt2_layers, args.warmup)
+    steps, rounds = per_model(args.steps), per_model(args.rounds)
     extra = [s.strip() for s in args.settings.split(";") if s.strip()]
     cpu = f"{cpu_name()}, {len(os.sched_getaffinity(0))} cores"
     print(f"CPU: {cpu}; load average at start {os.getloadavg()}")
     rows = []
     t0 = time.monotonic()
     for model in args.models.split(","):
-        args.steps = steps.get(model, 1)
+        args.steps, args.rounds = steps(model), rounds(model)
         rows += bench_model(model, args, extra)
     print(f"total {time.monotonic() - t0:.0f} s; load average at end {os.getloadavg()}")
     if args.json:
