@@ -87,8 +87,10 @@ TAKEN = 0.4  # a core counts as taken when other processes kept it busy this sha
 
 
 def _threads_or_auto(name: str, value: str) -> None:
-    if value.strip().lower() != "auto":
-        _threads(name, value)
+    v = value.strip()
+    if v.lower() != "auto" and (not _DECIMAL.fullmatch(v) or not 1 <= int(v) <= MAX_THREADS):
+        raise InputError(f"environment variable {name}={value!r} must be auto or a whole number of threads "
+                         f"from 1 to {MAX_THREADS} (auto, or unset: the cores other processes leave free)")
 
 
 CHECKS[THREADS_ENV] = _threads_or_auto
@@ -112,7 +114,7 @@ def fixed_threads(environ=None) -> int | None:
         return _FIXED
     v = (os.environ if environ is None else environ).get(THREADS_ENV, "").strip()
     if v and v.lower() != "auto":
-        _threads(THREADS_ENV, v)
+        _threads_or_auto(THREADS_ENV, v)
         return int(v)
     return None
 
