@@ -159,7 +159,10 @@ def worker(model: str, torch_threads: int | None, gpt2_layers: int, warmup: int)
             step()
             times.append(time.perf_counter() - t)
         torch_n = sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None
+        from refreplay import environ
+
         print(json.dumps({"times": times, "torch_threads": torch_n, "used": USED,
+                          "others": environ._LOAD.others,  # the policy's last view of other processes' load
                           "numba_layer": numba.threading_layer()}), flush=True)
     return 0
 
@@ -221,6 +224,7 @@ def bench_model(model, args, extra) -> list[dict]:
             loads = []
             info = {}
             used = {n: {} for n in names}
+            seen = {n: [] for n in names}
             try:
                 for r in range(args.rounds):
                     order = names[r % len(names):] + names[:r % len(names)]
@@ -229,6 +233,7 @@ def bench_model(model, args, extra) -> list[dict]:
                         out = workers[n].steps(args.steps)
                         times[n] += out["times"]
                         info[n] = out
+                        seen[n].append(out["others"])
                         for c, k in out["used"].items():
                             used[n][c] = used[n].get(c, 0) + k
             finally:
@@ -243,7 +248,7 @@ def bench_model(model, args, extra) -> list[dict]:
                                  min_ms=min(times[n]) * 1e3, n=len(times[n]), best=best,
                                  ratio_to_best=med[n] / med[best], load_min=min(loads), load_max=max(loads),
                                  torch_threads=info[n]["torch_threads"], numba_layer=info[n]["numba_layer"],
-                                 kernel_threads=used[n]))
+                                 kernel_threads=used[n], others_seen=seen[n]))
                 share = {c: round(k / max(1, sum(used[n].values())), 2) for c, k in sorted(used[n].items())}
                 print(f"{model:14s} {scenario:4s} {n:18s} {med[n]:9.1f} ms (min {min(times[n]) * 1e3:8.1f}, "
                       f"n {len(times[n]):2d})  / best ({best}) {med[n] / med[best]:5.2f}  "
