@@ -84,6 +84,8 @@ THREADS_ENV = "REFREPLAY_THREADS"
 SMALL_WORK = 1 << 15
 SAMPLE_S = 0.25  # a load sample is kept this long (seconds)
 TAKEN = 0.4  # a core counts as taken when other processes kept it busy this share of the sample
+STALE_S = 1.0  # a window longer than this (no op ran for a while) is replaced by the running count now
+HOLD_S = 1.0  # a core counts as free only when it was free in every sample of the last HOLD_S
 
 
 def _threads_or_auto(name: str, value: str) -> None:
@@ -163,7 +165,9 @@ def _running_now() -> float:
 class _Load:
     """Cores' worth of other processes' work on this process's CPUs, sampled
     at most every ``SAMPLE_S``: (busy ticks of those CPUs - this process's
-    CPU time) / wall time since the previous sample.  ``free`` and ``env``
+    CPU time) / wall time since the previous sample (after a pause of more
+    than ``STALE_S``: the running count now).  The free cores follow the
+    largest value of the last ``HOLD_S``.  ``free`` and ``env``
     (the value of ``REFREPLAY_THREADS``) are kept with the sample, so that a
     kernel's call costs a clock read."""
 
@@ -173,6 +177,7 @@ class _Load:
         self.others = 0.0
         self.free = 1
         self.env = None
+        self.recent = []  # (monotonic, others) of the samples of the last HOLD_S
         self.hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
     def refresh(self) -> None:
@@ -180,14 +185,19 @@ class _Load:
         cpus = affinity()
         ticks = _cpu_ticks(cpus)
         own = time.process_time()
-        if ticks is None or self.at is None or self.at[3] != cpus:
-            self.others = _running_now()  # no /proc/stat, or no earlier sample of these CPUs
+        if ticks is None or self.at is None or self.at[3] != cpus or now - self.at[0] > STALE_S:
+            # no /proc/stat, no earlier sample of these CPUs, or one from before a pause
+            self.others = _running_now()
         else:
             wall = max(now - self.at[0], 1e-6)
             self.others = max(0.0, ((ticks - self.at[1]) / self.hz - (own - self.at[2])) / wall)
         self.at = (now, ticks, own, cpus)
         self.until = now + SAMPLE_S
-        self.free = max(1, len(cpus) - int(self.others + (1 - TAKEN)))
+        # fewer threads at once, more only after HOLD_S of free samples: a core
+        # wrongly taken costs at most its share, one wrongly used stalls the kernel
+        self.recent = [(t, v) for t, v in self.recent if now - t < HOLD_S] + [(now, self.others)]
+        peak = max(v for _, v in self.recent)
+        self.free = max(1, len(cpus) - int(peak + (1 - TAKEN)))
         self.env = fixed_threads() if _FIXED is None else None
 
     def current(self) -> "_Load":

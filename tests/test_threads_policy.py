@@ -110,6 +110,20 @@ def test_the_load_window_subtracts_this_process_and_counts_only_its_cpus(monkeyp
     load.refresh()
     assert load.others == pytest.approx(0.1) and load.free == 2
     assert load.until == clock["t"] + environ.SAMPLE_S
+    clock["t"] += 0.5
+    clock["cpu"] += 0.5
+    write(1300, 1300)  # others 1.0 for half a second: one core taken at once
+    load.refresh()
+    assert load.others == pytest.approx(1.0) and load.free == 1
+    clock["t"] += 0.5
+    clock["cpu"] += 0.5
+    write(1350, 1350)  # others 0 again, but within HOLD_S of the busy sample: still taken
+    load.refresh()
+    assert load.others == pytest.approx(0.0) and load.free == 1
+    clock["t"] += 5.0
+    write(1400, 1400)  # after a pause the window is stale: the running count now (0)
+    load.refresh()
+    assert load.others == 0.0 and load.free == 2
 
 
 def test_the_affinity_set_bounds_the_count(monkeypatch):
