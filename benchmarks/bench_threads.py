@@ -1,29 +1,46 @@
-"""Threads that never fight: a training step (forward + backward) of the
-nanoGPT-style model of examples/nanogpt_port through refreplay.torch, with
-all defaults and with every explicit thread setting, on the idle machine
-and beside one competing busy process.
+"""Threads that never fight: a training step with all thread defaults
+against the best explicit thread setting, on an idle machine and beside one
+competing busy process.
 
-    python benchmarks/bench_threads.py [--models small,nanogpt-small] [--repeats N] [--json PATH]
+    python benchmarks/bench_threads.py [--models small,nanogpt-small,trainer-tiny]
+                                       [--rounds N] [--steps K] [--json PATH]
+    python benchmarks/bench_threads.py --models gpt2-124m --gpt2-layers 1
 
-Every setting runs in a fresh worker process (thread counts and the OpenMP
-waiting policy are fixed when a process starts), the settings of one
-scenario one after the other; "busy" starts one ``while True: pass``
-process (bounded by a timeout, killed at the end of the scenario).  A
-worker does 2 warm-up steps and reports the median of ``--repeats``.  The
-table gives each setting's median and defaults / best.  Settings:
+Models: ``small`` (2 layers, width 64, T = 32, batch 4), ``nanogpt-small``
+(6 layers, width 384, 6 heads, T = 256, 8 sequences) and ``gpt2-124m``
+(width 768, 12 heads, T = 1024, vocabulary 50304, batch 1, but only
+``--gpt2-layers`` of its 12 layers, default 1: a whole step is too slow for
+this benchmark's budget), each a forward + backward of the nanoGPT-style
+model of examples/nanogpt_port through refreplay.torch; ``trainer-tiny``
+is the reference trainer's own ``Trainer.step`` (preset ``tiny``, no
+torch).
 
-* ``defaults``: nothing set, ``import torch`` before refreplay (the usual
-  order in a user's script);
-* ``defaults, refreplay first``: ``import refreplay.torch`` before torch;
-* ``numba N, torch M``: ``NUMBA_NUM_THREADS=N`` and ``torch.set_num_threads(M)``;
-* ``spinning (before)``: ``OMP_WAIT_POLICY=ACTIVE``, OpenMP's own default,
-  what every run got before refreplay chose the policy.
+Settings, each in its own worker process (thread counts are fixed when a
+process starts), ``import torch`` before refreplay as a user's script does:
+
+* ``defaults``: nothing set;
+* ``numba N, torch M``: ``NUMBA_NUM_THREADS=N``, ``REFREPLAY_THREADS=N``
+  (a fixed count: no load policy) and ``torch.set_num_threads(M)``, for
+  N, M in {1, 2} (the trainer: ``numba N`` only);
+* extra, with ``--settings``: ``spinning``: ``OMP_WAIT_POLICY=ACTIVE``
+  (OpenMP's spinning pool); ``layer L``: ``NUMBA_THREADING_LAYER=L``.
+
+All workers of a model start together, build the model and warm up
+(2 steps; 1 for the bigger models), then wait.  Each scenario runs ``--rounds`` rounds; in a round
+every worker in turn (the order rotates) times ``--steps`` steps, so a
+change of the machine's load falls on every setting alike.  ``busy`` starts
+one spinning Python process (``while True: pass``, bounded by a timeout,
+killed at the end of the scenario).  The table gives each setting's median
+step time over all its timed steps, the load average beside it, and
+defaults / best explicit setting (goal: at most 1.10), and the share of
+refreplay.torch operands (trainer: of steps) that ran on 1 or 2 threads.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -35,21 +52,34 @@ REPO = Path(__file__).resolve().parents[1]
 MODELS = {  # name: (Config kwargs, batch)
     "small": (dict(vocab=256, block=32, layers=2, heads=2, width=64), 4),
     "nanogpt-small": (dict(vocab=256, block=256, layers=6, heads=6, width=384), 8),
-    "gpt2-124m": (dict(vocab=50304, block=1024, layers=12, heads=12, width=768), 1),
+    "gpt2-124m": (dict(vocab=50304, block=1024, layers=1, heads=12, width=768), 1),
 }
-SETTINGS = {  # name: (environment, torch threads or None, import refreplay first)
-    "defaults": ({}, None, False),
-    "defaults, refreplay first": ({}, None, True),
-    "numba 1, torch 1": ({"NUMBA_NUM_THREADS": "1"}, 1, False),
-    "numba 2, torch 1": ({"NUMBA_NUM_THREADS": "2"}, 1, False),
-    "numba 1, torch 2": ({"NUMBA_NUM_THREADS": "1"}, 2, False),
-    "spinning (before)": ({"OMP_WAIT_POLICY": "ACTIVE"}, None, False),
-}
+TRAINER = "trainer-tiny"
+EXPLICIT = [(n, m) for n in (1, 2) for m in (1, 2)]
 
 
-def worker(model: str, torch_threads: int | None, refreplay_first: bool, repeats: int) -> dict:
-    if refreplay_first:
-        import refreplay.torch  # noqa: F401
+def settings_for(model: str, extra: list[str]) -> dict:
+    """{name: (environment, torch threads or None)}."""
+    out = {"defaults": ({}, None)}
+    if model == TRAINER:
+        out.update({f"numba {n}": ({"NUMBA_NUM_THREADS": str(n), "REFREPLAY_THREADS": str(n)}, None)
+                    for n in (1, 2)})
+    else:
+        out.update({f"numba {n}, torch {m}": ({"NUMBA_NUM_THREADS": str(n), "REFREPLAY_THREADS": str(n)}, m)
+                    for n, m in EXPLICIT})
+    for name in extra:
+        if name == "spinning":
+            out[name] = ({"OMP_WAIT_POLICY": "ACTIVE"}, None)
+        elif name.startswith("layer "):
+            out[name] = ({"NUMBA_THREADING_LAYER": name.split()[1]}, None)
+        else:
+            raise SystemExit(f"unknown extra setting {name!r}")
+    return out
+
+
+# --- the worker: one setting, steps on request ------------------------------
+
+def _model_step(model: str, torch_threads: int | None, gpt2_layers: int):
     import torch
 
     sys.path.insert(0, str(REPO / "examples" / "nanogpt_port"))
@@ -58,78 +88,227 @@ def worker(model: str, torch_threads: int | None, refreplay_first: bool, repeats
     if torch_threads:
         torch.set_num_threads(torch_threads)
     kw, B = MODELS[model]
+    if model == "gpt2-124m":
+        kw = dict(kw, layers=gpt2_layers)
     cfg = Config(**kw)
     net = build(cfg)
     gen = torch.Generator().manual_seed(1)
     idx = torch.randint(0, cfg.vocab, (B, cfg.block), generator=gen)
     y = torch.randint(0, cfg.vocab, (B, cfg.block), generator=gen)
-    times = []
-    for r in range(repeats + 2):
-        t = time.perf_counter()
+
+    from refreplay.torch import _bridge
+
+    real = _bridge.kernel_threads
+
+    def counted(elements):  # which counts the ops ran on, for the table
+        n = real(elements)
+        USED[n] = USED.get(n, 0) + 1
+        return n
+
+    _bridge.kernel_threads = counted
+
+    def step():
         net.zero_grad(set_to_none=True)
         net(idx, y).backward()
-        if r >= 2:
+
+    return step
+
+
+USED: dict = {}  # thread count -> operand count (refreplay.torch) or steps (trainer)
+
+
+def _trainer_step():
+    import numpy as np
+
+    from refreplay.training.data import Batching, Stream
+    from refreplay.training.launch.inproc import InProcess
+    from refreplay.training.presets import preset
+    from refreplay.training.step import Trainer
+
+    mc, tc = preset("tiny")
+    rs = np.random.RandomState(0)
+    samples = rs.randint(0, 256, size=(4 * tc.micro_batches * tc.micro_batch_size, mc.seq_len + 1))
+    stream = Stream(samples.astype(np.uint8), tc.seed, Batching(tc.micro_batches, tc.micro_batch_size))
+    trainer = Trainer(mc, tc, stream, "00" * 32)
+    s0 = trainer.initial_state()
+    launcher = InProcess(1)
+
+    def step():
+        import numba
+
+        trainer.step(s0, "00" * 32, launcher)
+        n = numba.get_num_threads()
+        USED[n] = USED.get(n, 0) + 1
+
+    return step
+
+
+def worker(model: str, torch_threads: int | None, gpt2_layers: int, warmup: int) -> int:
+    step = _trainer_step() if model == TRAINER else _model_step(model, torch_threads, gpt2_layers)
+    for _ in range(warmup):
+        step()
+    import numba
+
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        k = json.loads(line)["steps"]
+        times = []
+        USED.clear()
+        for _ in range(k):
+            t = time.perf_counter()
+            step()
             times.append(time.perf_counter() - t)
-    return {"median_ms": statistics.median(times) * 1e3, "min_ms": min(times) * 1e3,
-            "torch_threads": torch.get_num_threads()}
+        torch_n = sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None
+        from refreplay import environ
+
+        print(json.dumps({"times": times, "torch_threads": torch_n, "used": USED,
+                          "others": environ._LOAD.others,  # the policy's last view of other processes' load
+                          "numba_layer": numba.threading_layer()}), flush=True)
+    return 0
 
 
-def run_setting(model, name, repeats, timeout):
-    env_extra, tt, first = SETTINGS[name]
-    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_NUM_THREADS", "OMP_WAIT_POLICY",
-                                                           "OMP_NUM_THREADS")}
-    env.update(env_extra)
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    cmd = [sys.executable, __file__, "--worker", model, "--repeats", str(repeats),
-           "--torch-threads", str(tt or 0)] + (["--refreplay-first"] if first else [])
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    if out.returncode:
-        raise SystemExit(f"worker {name} failed: {out.stderr[-2000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+# --- the driver -------------------------------------------------------------
 
+class Worker:
+    def __init__(self, model, env_extra, torch_threads, gpt2_layers, warmup):
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("NUMBA_NUM_THREADS", "OMP_WAIT_POLICY", "OMP_NUM_THREADS", "REFREPLAY_THREADS",
+                            "NUMBA_THREADING_LAYER")}
+        env.update(env_extra)
+        env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+        cmd = [sys.executable, __file__, "--worker", model, "--torch-threads", str(torch_threads or 0),
+               "--gpt2-layers", str(gpt2_layers), "--warmup", str(warmup)]
+        self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--models", default="small,nanogpt-small")
-    ap.add_argument("--repeats", type=int, default=9)
-    ap.add_argument("--settings", default=";".join(SETTINGS), help="names separated by ;")
-    ap.add_argument("--timeout", type=float, default=900.0, help="seconds per worker")
-    ap.add_argument("--json", type=Path)
-    ap.add_argument("--worker")
-    ap.add_argument("--torch-threads", type=int, default=0)
-    ap.add_argument("--refreplay-first", action="store_true")
-    args = ap.parse_args()
-    if args.worker:
-        print(json.dumps(worker(args.worker, args.torch_threads or None, args.refreplay_first, args.repeats)))
-        return 0
-    settings = args.settings.split(";")
-    rows = []
-    print(f"CPU: AMD EPYC (Zen 5), {os.cpu_count()} cores; load at start {os.getloadavg()}")
-    for model in args.models.split(","):
-        for scenario in ("idle", "busy"):
-            busy = None
-            if scenario == "busy":
-                # bounded by its own clock too, should this script die before killing it
-                busy = subprocess.Popen([sys.executable, "-c", "import time\nt = time.monotonic() + "
-                                         f"{args.timeout * len(settings)}\nwhile time.monotonic() < t: pass"])
-                time.sleep(0.5)
+    def reply(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise SystemExit(f"a worker died (exit {self.proc.wait()}); see its stderr above")
+        return json.loads(line)
+
+    def steps(self, k: int) -> dict:
+        self.proc.stdin.write(json.dumps({"steps": k}) + "\n")
+        self.proc.stdin.flush()
+        return self.reply()
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
             try:
-                res = {name: run_setting(model, name, args.repeats, args.timeout) for name in settings}
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def spinner(seconds: float) -> subprocess.Popen:
+    """One busy process, bounded by its own clock should this script die first."""
+    return subprocess.Popen([sys.executable, "-c", f"import time\nt = time.monotonic() + {seconds}\n"
+                             "while time.monotonic() < t: pass"])
+
+
+def bench_model(model, args, extra) -> list[dict]:
+    settings = settings_for(model, extra)
+    warmup = 2 if model in ("small", TRAINER) else 1
+    workers = {name: Worker(model, env, tt, args.gpt2_layers, warmup) for name, (env, tt) in settings.items()}
+    rows = []
+    try:
+        for w in workers.values():
+            w.reply()  # ready
+        names = list(workers)
+        for scenario in ("idle", "busy"):
+            busy = spinner(args.timeout) if scenario == "busy" else None
+            if busy is not None:
+                time.sleep(1.0)
+            times = {n: [] for n in names}
+            loads = []
+            info = {}
+            used = {n: {} for n in names}
+            seen = {n: [] for n in names}
+            try:
+                for r in range(args.rounds):
+                    order = names[r % len(names):] + names[:r % len(names)]
+                    for n in order:
+                        loads.append(os.getloadavg()[0])
+                        out = workers[n].steps(args.steps)
+                        times[n] += out["times"]
+                        info[n] = out
+                        seen[n].append(out["others"])
+                        for c, k in out["used"].items():
+                            used[n][c] = used[n].get(c, 0) + k
             finally:
                 if busy is not None:
                     busy.kill()
                     busy.wait()
-            explicit = [n for n in res if n.startswith("numba")]
-            best = min(explicit, key=lambda n: res[n]["median_ms"]) if explicit else None
-            load = os.getloadavg()[0]
-            for name, r in res.items():
-                ratio = res[name]["median_ms"] / res[best]["median_ms"] if best else float("nan")
-                rows.append(dict(model=model, scenario=scenario, setting=name, load=load,
-                                 best=best, ratio_to_best=ratio, **r))
-                print(f"{model:14s} {scenario:4s} {name:26s} {r['median_ms']:9.1f} ms  "
-                      f"(min {r['min_ms']:8.1f})  / best explicit ({best}) {ratio:5.2f}   load {load:.1f}")
+            med = {n: statistics.median(times[n]) * 1e3 for n in names}
+            explicit = [n for n in names if n.startswith("numba")]
+            best = min(explicit, key=med.get)
+            for n in names:
+                rows.append(dict(model=model, scenario=scenario, setting=n, median_ms=med[n],
+                                 min_ms=min(times[n]) * 1e3, n=len(times[n]), best=best,
+                                 ratio_to_best=med[n] / med[best], load_min=min(loads), load_max=max(loads),
+                                 torch_threads=info[n]["torch_threads"], numba_layer=info[n]["numba_layer"],
+                                 kernel_threads=used[n], others_seen=seen[n]))
+                share = {c: round(k / max(1, sum(used[n].values())), 2) for c, k in sorted(used[n].items())}
+                print(f"{model:14s} {scenario:4s} {n:18s} {med[n]:9.1f} ms (min {min(times[n]) * 1e3:8.1f}, "
+                      f"n {len(times[n]):2d})  / best ({best}) {med[n] / med[best]:5.2f}  "
+                      f"load {min(loads):.1f}-{max(loads):.1f}  [{info[n]['numba_layer']}; threads {share}]",
+                      flush=True)
+    finally:
+        for w in workers.values():
+            w.close()
+    return rows
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def per_model(text: str):
+    """"K" or "MODEL=K,..." as a function of the model (1 where unnamed)."""
+    if "=" not in text:
+        return lambda model: int(text)
+    table = {k.strip(): int(v) for k, v in (kv.split("=") for kv in text.split(","))}
+    return lambda model: table.get(model, 1)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="small,nanogpt-small,trainer-tiny",
+                    help=f"comma-separated, from {', '.join([*MODELS, TRAINER])}")
+    ap.add_argument("--rounds", default="small=6,nanogpt-small=3,gpt2-124m=2,trainer-tiny=6",
+                    help="rounds per scenario: K, or MODEL=K,...")
+    ap.add_argument("--steps", default="small=3,nanogpt-small=1,gpt2-124m=1,trainer-tiny=3",
+                    help="timed steps per worker turn: K, or MODEL=K,...")
+    ap.add_argument("--gpt2-layers", type=int, default=1, help="layers of the gpt2-124m shapes (of 12)")
+    ap.add_argument("--settings", default="", help="extra settings, ';'-separated: spinning; layer omp; ...")
+    ap.add_argument("--timeout", type=float, default=900.0, help="seconds the busy process lives at most")
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--worker")
+    ap.add_argument("--torch-threads", type=int, default=0)
+    ap.add_argument("--warmup", type=int, default=2)
+    args = ap.parse_args()
+    if args.worker:
+        return worker(args.worker, args.torch_threads or None, args.gpt2_layers, args.warmup)
+    steps, rounds = per_model(args.steps), per_model(args.rounds)
+    extra = [s.strip() for s in args.settings.split(";") if s.strip()]
+    cpu = f"{cpu_name()}, {len(os.sched_getaffinity(0))} cores"
+    print(f"CPU: {cpu}; load average at start {os.getloadavg()}")
+    rows = []
+    t0 = time.monotonic()
+    for model in args.models.split(","):
+        args.steps, args.rounds = steps(model), rounds(model)
+        rows += bench_model(model, args, extra)
+    print(f"total {time.monotonic() - t0:.0f} s; load average at end {os.getloadavg()}")
     if args.json:
-        args.json.write_text(json.dumps({"cpu": "AMD EPYC (Zen 5), 2 cores", "rows": rows}, indent=1) + "\n")
+        args.json.write_text(json.dumps({"cpu": cpu, "gpt2_layers": args.gpt2_layers, "rows": rows},
+                                        indent=1) + "\n")
     return 0
 
 

@@ -21,11 +21,16 @@
   with one competing busy process, benchmarks/bench_threads.py).  So the
   process's policy is PASSIVE (workers sleep) unless the user set
   ``OMP_WAIT_POLICY`` themselves.  The runtime reads it once, when it is
-  loaded: when one was loaded before refreplay (``import torch`` first;
-  ``OMP_RUNTIME_PRELOADED``) with no policy set, its workers spin, and
-  Numba's kernels go to Numba's ``workqueue`` layer instead (its own
+  loaded.  A PyTorch wheel loads a private libgomp of its own, so with
+  ``import torch`` first Numba's pool still loads a runtime of its own
+  (the system's), which reads PASSIVE; only when the runtime Numba links
+  to was itself loaded before refreplay (``OMP_RUNTIME_PRELOADED`` and
+  ``_numba_omp_shared``) with no policy set do its workers spin, and
+  Numba's kernels then go to Numba's ``workqueue`` layer instead (its own
   threads, which sleep between kernels) unless the user chose a layer
-  (``NUMBA_THREADING_LAYER``).  Measured: the spinning pool made that
+  (``NUMBA_THREADING_LAYER``).  The workqueue hands even a one-thread
+  kernel to a worker thread: measured 170 us against 45 us for a small
+  op at load 7, so it is the fallback, not the default.  Measured: the spinning pool made that
   small step 0.3-1 s beside one busy process, the workqueue 39 ms, the
   passive pool 23 ms (load 6-8).  The workqueue layer takes one parallel
   kernel at a time: refreplay.torch serialises its ops across Python
@@ -163,11 +168,63 @@ def _omp_runtime_loaded() -> bool:
     return any(name in maps for name in ("libgomp", "libiomp", "libomp"))
 
 
+def _needed(path: Path) -> list[str]:
+    """The DT_NEEDED names of the ELF64 little-endian shared object ``path``
+    (its dynamic section and the string table it links to); [] if unreadable."""
+    import struct
+
+    try:
+        data = path.read_bytes()
+        if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+            return []
+        shoff, = struct.unpack_from("<Q", data, 0x28)
+        shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+        sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+        out = []
+        for sh in sections:
+            if sh[1] != 6:  # SHT_DYNAMIC
+                continue
+            stroff = sections[sh[6]][4]
+            for j in range(0, sh[5], 16):
+                tag, val = struct.unpack_from("<qQ", data, sh[4] + j)
+                if tag == 1:  # DT_NEEDED
+                    out.append(data[stroff + val:data.index(b"\0", stroff + val)].decode())
+        return out
+    except (OSError, struct.error, IndexError, ValueError, UnicodeDecodeError):
+        return []
+
+
+def _numba_omp_shared() -> bool:
+    """Whether the OpenMP runtime Numba's ``omp`` layer links to is one
+    already loaded (so its waiting policy is fixed), as opposed to a copy of
+    its own that will read ``OMP_WAIT_POLICY`` when it loads (a PyTorch wheel
+    loads a private libgomp; Numba's pool then loads the system's).  True
+    when it cannot tell."""
+    import ctypes
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("numba")
+        pools = sorted(Path(spec.origin).parent.joinpath("np", "ufunc").glob("omppool*"))
+    except (ImportError, AttributeError, TypeError, ValueError, OSError):
+        return True
+    names = [n for p in pools[:1] for n in _needed(p) if "omp" in n]
+    if not names:
+        return True
+    for name in names:
+        try:
+            ctypes.CDLL(name, mode=getattr(os, "RTLD_NOLOAD", 4) | getattr(os, "RTLD_LAZY", 1))
+            return True
+        except OSError:
+            continue
+    return False
+
+
 OMP_RUNTIME_PRELOADED = _omp_runtime_loaded()
 
 
 def configure() -> None:
-    if "OMP_WAIT_POLICY" not in os.environ and OMP_RUNTIME_PRELOADED:
+    if "OMP_WAIT_POLICY" not in os.environ and OMP_RUNTIME_PRELOADED and _numba_omp_shared():
         os.environ.setdefault("NUMBA_THREADING_LAYER", "workqueue")  # the loaded pool spins
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     os.environ["NUMBA_DISABLE_INTEL_SVML"] = "1"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 
 from .errors import InputError
 
@@ -60,3 +61,169 @@ def check(environ=None) -> None:
     for name, check_one in CHECKS.items():
         if name in env:
             check_one(name, env[name])
+
+
+# --- Thread counts: the default policy ------------------------------------
+#
+# Bits never depend on the thread count (every ``prange`` runs over
+# independent outputs, ``refreplay._jit``); speed does, and on a shared
+# machine it collapses when a parallel kernel asks for a core another process
+# holds: the kernel's slowest chunk then waits for the scheduler (measured on
+# 2 cores beside one busy process: a small GPT step 103 ms at 2 Numba threads
+# against 12 ms at 1).  So by default refreplay's kernels run on the cores
+# that are free: those of the process's affinity set that other processes
+# did not keep busy over the last sample, at least 1.  ``REFREPLAY_THREADS=N``
+# or ``set_threads(N)`` fixes the count instead (capped by the threads Numba
+# launched, ``NUMBA_NUM_THREADS``); ``auto`` or ``set_threads(None)`` is the
+# default policy.
+
+THREADS_ENV = "REFREPLAY_THREADS"
+# Below this many operand elements an op runs on one thread: waking a pool
+# costs some 10-50 us (measured), about the time of an elementwise pass over
+# 2^15 binary32 values on one core.
+SMALL_WORK = 1 << 15
+SAMPLE_S = 0.25  # a load sample is kept this long (seconds)
+TAKEN = 0.4  # a core counts as taken when other processes kept it busy this share of the sample
+STALE_S = 1.0  # a window longer than this (no op ran for a while) is replaced by the running count now
+HOLD_S = 1.0  # a core counts as free only when it was free in every sample of the last HOLD_S
+
+
+def _threads_or_auto(name: str, value: str) -> None:
+    v = value.strip()
+    if v.lower() != "auto" and (not _DECIMAL.fullmatch(v) or not 1 <= int(v) <= MAX_THREADS):
+        raise InputError(f"environment variable {name}={value!r} must be auto or a whole number of threads "
+                         f"from 1 to {MAX_THREADS} (auto, or unset: the cores other processes leave free)")
+
+
+CHECKS[THREADS_ENV] = _threads_or_auto
+
+_FIXED: int | None = None  # set_threads(); None: the environment variable, else the policy
+
+
+def set_threads(n: int | None) -> None:
+    """Fix refreplay's kernel thread count to ``n`` (``None``: back to
+    ``REFREPLAY_THREADS``, else the default policy).  Bits never depend on it."""
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_THREADS):
+        raise InputError(f"thread count must be a whole number from 1 to {MAX_THREADS}, got {n!r}")
+    global _FIXED
+    _FIXED = n
+
+
+def fixed_threads(environ=None) -> int | None:
+    """The count the user fixed (``set_threads``, else ``REFREPLAY_THREADS``),
+    or None when the default policy decides."""
+    if _FIXED is not None:
+        return _FIXED
+    v = (os.environ if environ is None else environ).get(THREADS_ENV, "").strip()
+    if v and v.lower() != "auto":
+        _threads_or_auto(THREADS_ENV, v)
+        return int(v)
+    return None
+
+
+def affinity() -> list[int]:
+    """The CPUs this process may run on (all of them where the OS cannot say)."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return list(range(os.cpu_count() or 1))
+
+
+def _cpu_ticks(cpus, path: str = "/proc/stat") -> int | None:
+    """Busy clock ticks of ``cpus`` since boot (``/proc/stat``: user, nice,
+    system, irq, softirq, steal), None where there is no /proc/stat."""
+    want = {f"cpu{c}" for c in cpus}
+    try:
+        with open(path, "rb") as f:
+            text = f.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    busy = 0
+    for line in text.splitlines():
+        parts = line.split()
+        if parts and parts[0] in want:
+            v = [int(x) for x in parts[1:9]] + [0] * 8
+            busy += v[0] + v[1] + v[2] + v[5] + v[6] + v[7]
+    return busy
+
+
+def _running_now() -> float:
+    """Other processes' runnable threads at this instant (``/proc/loadavg``'s
+    running count less the caller), else the 1-minute load less one: the first
+    estimate, before two samples of ``/proc/stat`` exist."""
+    try:
+        with open("/proc/loadavg") as f:
+            return max(0.0, float(f.read().split()[3].split("/")[0]) - 1)
+    except (OSError, IndexError, ValueError):
+        pass
+    try:
+        return max(0.0, os.getloadavg()[0] - 1)
+    except (AttributeError, OSError):
+        return 0.0
+
+
+class _Load:
+    """Cores' worth of other processes' work on this process's CPUs, sampled
+    at most every ``SAMPLE_S``: (busy ticks of those CPUs - this process's
+    CPU time) / wall time since the previous sample (after a pause of more
+    than ``STALE_S``: the running count now).  The free cores follow the
+    largest value of the last ``HOLD_S``.  ``free`` and ``env``
+    (the value of ``REFREPLAY_THREADS``) are kept with the sample, so that a
+    kernel's call costs a clock read."""
+
+    def __init__(self):
+        self.at = None  # (monotonic, busy ticks, process CPU seconds, cpus)
+        self.until = -1.0  # the sample is kept until this monotonic time
+        self.others = 0.0
+        self.free = 1
+        self.env = None
+        self.recent = []  # (monotonic, others) of the samples of the last HOLD_S
+        self.hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+    def refresh(self) -> None:
+        now = time.monotonic()
+        cpus = affinity()
+        ticks = _cpu_ticks(cpus)
+        own = time.process_time()
+        if ticks is None or self.at is None or self.at[3] != cpus or now - self.at[0] > STALE_S:
+            # no /proc/stat, no earlier sample of these CPUs, or one from before a pause
+            self.others = _running_now()
+        else:
+            wall = max(now - self.at[0], 1e-6)
+            self.others = max(0.0, ((ticks - self.at[1]) / self.hz - (own - self.at[2])) / wall)
+        self.at = (now, ticks, own, cpus)
+        self.until = now + SAMPLE_S
+        # fewer threads at once, more only after HOLD_S of free samples: a core
+        # wrongly taken costs at most its share, one wrongly used stalls the kernel
+        self.recent = [(t, v) for t, v in self.recent if now - t < HOLD_S] + [(now, self.others)]
+        peak = max(v for _, v in self.recent)
+        self.free = max(1, len(cpus) - int(peak + (1 - TAKEN)))
+        self.env = fixed_threads() if _FIXED is None else None
+
+    def current(self) -> "_Load":
+        if time.monotonic() >= self.until:
+            self.refresh()
+        return self
+
+
+_LOAD = _Load()
+
+
+def free_cores() -> int:
+    """Cores of the affinity set that other processes do not hold (at least
+    1): a core counts as held when they kept it busy ``TAKEN`` of the last
+    sample or more."""
+    return _LOAD.current().free
+
+
+def kernel_threads(wanted: int, cap: int) -> int:
+    """The thread count for refreplay's kernels: the user's fixed count
+    (``set_threads``, ``REFREPLAY_THREADS``) if any, else ``wanted`` (the
+    caller's own count: PyTorch's intra-op threads, Numba's) limited to the
+    free cores; never above ``cap`` (the threads Numba launched), never below 1."""
+    if _FIXED is not None:
+        n = _FIXED
+    else:
+        load = _LOAD.current()
+        n = load.env if load.env is not None else min(wanted, load.free)
+    return max(1, min(n, cap))

@@ -41,9 +41,33 @@ def test_refreplay_first_makes_the_openmp_pool_sleep_and_keeps_numbas_layer():
     assert policy == "PASSIVE" and layer == "default"
 
 
+def _numba_runtime_first() -> str:
+    """Code that loads the OpenMP runtime Numba's omp layer links to, so that
+    its waiting policy is fixed (spinning) before refreplay is imported."""
+    from pathlib import Path
+
+    from refreplay import _env
+
+    pools = sorted(Path(numba.__file__).parent.joinpath("np", "ufunc").glob("omppool*"))
+    names = [n for p in pools[:1] for n in _env._needed(p) if "omp" in n]
+    if not names:
+        pytest.skip("this Numba has no OpenMP pool")
+    return f"import ctypes; ctypes.CDLL({names[0]!r}); "
+
+
 def test_a_spinning_pool_loaded_first_sends_numba_to_the_workqueue():
-    policy, layer = _fresh("import torch, refreplay; " + _REPORT)
+    policy, layer = _fresh(_numba_runtime_first() + "import refreplay; " + _REPORT)
     assert layer == "workqueue"
+
+
+def test_torch_first_keeps_numbas_own_sleeping_pool():
+    """A PyTorch wheel brings a private libgomp: Numba's pool is another, loaded later, PASSIVE."""
+    shared = _fresh("import torch, refreplay, json; from refreplay import _env; "
+                    "print(json.dumps(_env._numba_omp_shared()))")
+    if shared:
+        pytest.skip("here torch and Numba share one OpenMP runtime")
+    policy, layer = _fresh("import torch, refreplay; " + _REPORT)
+    assert policy == "PASSIVE" and layer == "default"
 
 
 @pytest.mark.parametrize("env", [{"OMP_WAIT_POLICY": "ACTIVE"}, {"NUMBA_THREADING_LAYER": "omp"}])
@@ -55,7 +79,20 @@ def test_the_users_own_choice_is_kept(env):
         assert layer == "omp"
 
 
-def test_kernel_threads_follow_torch_and_small_ops_run_on_one(monkeypatch):
+@pytest.fixture
+def idle(monkeypatch):
+    """The policy's view of the load: nobody else busy on 64 CPUs, no fixed count."""
+    from refreplay import environ
+
+    monkeypatch.delenv(environ.THREADS_ENV, raising=False)
+    monkeypatch.setattr(environ, "_FIXED", None)
+    monkeypatch.setattr(environ, "affinity", lambda: list(range(64)))
+    monkeypatch.setattr(environ, "_running_now", lambda: 0.0)
+    monkeypatch.setattr(environ, "_cpu_ticks", lambda cpus: None)  # every sample asks _running_now
+    monkeypatch.setattr(environ, "_LOAD", environ._Load())
+
+
+def test_kernel_threads_follow_torch_and_small_ops_run_on_one(monkeypatch, idle):
     cap = numba.config.NUMBA_NUM_THREADS
     assert _bridge.kernel_threads(_bridge.SMALL_WORK - 1) == 1
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
@@ -66,7 +103,7 @@ def test_kernel_threads_follow_torch_and_small_ops_run_on_one(monkeypatch):
 
 @pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs 2 Numba threads")
 @pytest.mark.parametrize("n", [64, 1024])
-def test_an_op_runs_on_the_chosen_count_and_restores_the_callers(n, monkeypatch):
+def test_an_op_runs_on_the_chosen_count_and_restores_the_callers(n, monkeypatch, idle):
     seen = []
     real = activations.gelu_forward
 
@@ -87,8 +124,12 @@ def test_an_op_runs_on_the_chosen_count_and_restores_the_callers(n, monkeypatch)
     assert np.array_equal(y.numpy().view(np.uint32), real(x.numpy()).view(np.uint32))
 
 
-def test_ops_from_several_python_threads_take_turns_under_the_workqueue():
-    code = """
+@pytest.mark.parametrize("first", ["workqueue", "torch"])
+def test_ops_from_several_python_threads_give_the_same_bits(first):
+    """Under the workqueue (Numba's runtime loaded first) ops take turns; under
+    Numba's own OpenMP pool (torch first) they run side by side."""
+    pre = _numba_runtime_first() if first == "workqueue" else ""
+    code = pre + """
 import torch, refreplay, json, threading
 import refreplay.torch.functional as F
 x = torch.linspace(-3, 3, 512 * 512).reshape(512, 512)
@@ -99,4 +140,6 @@ ts = [threading.Thread(target=lambda: out.append(bool(torch.equal(F.gelu(x), ref
 import numba; print(json.dumps([numba.threading_layer(), out]))
 """
     layer, out = _fresh(code)
-    assert layer == "workqueue" and out == [True] * 4
+    assert out == [True] * 4
+    if first == "workqueue":
+        assert layer == "workqueue"

@@ -148,7 +148,10 @@ def run(args) -> int:
     if args.threads is not None:
         import numba
 
+        from .. import environ
+
         numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
+        environ.set_threads(args.threads)  # fixed: the trainer's load policy keeps it
     from ..training import data, launch
     from ..training.train import train
 
@@ -206,7 +209,10 @@ def _resume(args) -> int:
             raise InputError("--threads must be a positive integer")
         import numba
 
+        from .. import environ
+
         numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
+        environ.set_threads(args.threads)  # fixed: the trainer's load policy keeps it
     from ..training.backend import describe
     from ..training.train import open_for_resume
     from .replay import memory_for

@@ -18,13 +18,17 @@ touches both PyTorch and NumPy memory.
   non-canonical NaN) raises ``Unsupported``: the spec defines no result for
   it, so no PyTorch kernel computes one instead.
 
-Threads: each op's kernels run on ``kernel_threads`` Numba threads:
-PyTorch's intra-op count (``torch.get_num_threads()``, whatever the user
-set) capped by the threads Numba launched, and one thread for an op whose
-operands hold fewer than ``SMALL_WORK`` values, whose parallel launch
-would cost more than it saves.  Bits never depend on the count (every
-``prange`` runs over independent outputs, ``refreplay._jit``).  The
-waiting policy of the pool is ``refreplay._env``'s.
+Threads: each op's kernels run on ``kernel_threads`` Numba threads: one
+for an op whose operands hold fewer than ``SMALL_WORK`` values (its
+parallel launch would cost more than it saves), else PyTorch's intra-op
+count (``torch.get_num_threads()``, whatever the user set) limited to the
+cores other processes leave free and to the threads Numba launched
+(``refreplay.environ.kernel_threads``: the load is sampled from
+/proc/stat at most every 0.25 s); ``REFREPLAY_THREADS=N`` or
+``refreplay.environ.set_threads(N)`` fixes the count instead.  Bits never
+depend on the count (every ``prange`` runs over independent outputs,
+``refreplay._jit``).  The waiting policy of the pool is
+``refreplay._env``'s.
 """
 from __future__ import annotations
 
@@ -35,8 +39,9 @@ import numba
 import numpy as np
 import torch
 
-from ..training import backend as backends
+from .. import environ
 from ..errors import InputError
+from ..training import backend as backends
 from ..numerics.core import load as np_load
 
 COPIES = {"in": 0}  # inputs that had to be copied (non-contiguous, or on a GPU)
@@ -56,19 +61,18 @@ class Unsupported(ValueError):
     will not compute it, and neither will PyTorch in its place."""
 
 
-# Below this many operand elements an op runs on one thread: a parallel
-# region costs some 10-50 us to wake the pool (measured), about the time
-# of an elementwise pass over 2^15 binary32 values on one core.
-SMALL_WORK = 1 << 15
+SMALL_WORK = environ.SMALL_WORK  # below this many operand elements an op runs on one thread
 
 
 def kernel_threads(elements: int) -> int:
     """Numba threads for an op whose operands hold ``elements`` values: 1
-    below ``SMALL_WORK``, else PyTorch's intra-op thread count, capped by
-    the threads Numba launched (``NUMBA_NUM_THREADS``)."""
+    below ``SMALL_WORK``, else ``refreplay.environ.kernel_threads`` of
+    PyTorch's intra-op thread count (the user's fixed count, or PyTorch's
+    capped by the free cores), never more than Numba launched
+    (``NUMBA_NUM_THREADS``)."""
     if elements < SMALL_WORK:
         return 1
-    return max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
+    return environ.kernel_threads(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)
 
 
 @contextmanager

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import doctor
+from .. import doctor, environ
 from .. import state as statehash
 from ..ops import optim
 from . import backend as backends
@@ -34,6 +34,21 @@ from .tokens import token_bytes
 
 LOSS = "loss"  # the leaf entry that carries a micro-batch's mean loss ([step.loss.c1])
 SCHEDULE = "cosine"  # [step.hparams.c1]
+
+
+def pace_threads(work: int | None = None) -> None:
+    """Set the calling thread's Numba thread count by the default policy
+    (``refreplay.environ.kernel_threads``: the cores other processes leave
+    free, or the user's fixed count; one thread when the step's largest
+    activation, ``work`` values, is below ``environ.SMALL_WORK``), before
+    each micro-batch and the optimizer.  Speed only: bits never depend on
+    the count."""
+    import numba
+
+    cap = numba.config.NUMBA_NUM_THREADS
+    n = 1 if work is not None and work < environ.SMALL_WORK else environ.kernel_threads(cap, cap)
+    if n != numba.get_num_threads():
+        numba.set_num_threads(n)
 
 
 @dataclass
@@ -195,6 +210,9 @@ class Trainer:
         doctor.require_ieee()  # refuse to compute under FTZ/DAZ ([num.flush.c1])
         n = st.step + 1
         cfg = self.cfg
+        mc = self.model.cfg
+        work = cfg.micro_batch_size * mc.seq_len * max(mc.width, mc.mlp_hidden, mc.vocab)
+        pace_threads(work)
         M, B = cfg.micro_batches, cfg.micro_batch_size
         batch = self.stream.batch(n)  # [data.stream.c1]
         data_hash = hashlib.sha256(token_bytes(batch)).hexdigest()  # [data.hash.c1]
@@ -207,6 +225,7 @@ class Trainer:
         mem = self.memory
 
         def leaf(mb: int) -> dict:
+            pace_threads(work)
             x, y = inputs_targets(batch[mb * B:(mb + 1) * B])  # [data.batch.c1]
             res = self.model.loss_and_grads(params, x, y, budget.SpillingDict(mem) if mem.mapped else None)
             out = dict(res.grads)
@@ -217,6 +236,7 @@ class Trainer:
         folded = launcher.fold(leaf, M, self._merge)  # [fold.tree.c1] [fold.ranks.c1]
         mean = self._scale(folded, M)  # [fold.scale.c1]
         del folded
+        pace_threads(work)
         loss = np.float32(A.to_host(mean.pop(LOSS))[0])
         ops.optim.clip_grad_norm(mean, cfg.clip_norm)  # [optim.clip.c1]
         lr = ops.optim.lr_at(n, cfg.warmup_steps, cfg.schedule_steps, cfg.lr, cfg.min_lr, SCHEDULE)
