@@ -37,7 +37,7 @@ def pytest_pyfunc_call(pyfuncitem):
     import os
     import subprocess
     import sys
-    env = dict(os.environ, NUMBA_NUM_THREADS=str(SUBPROCESS_THREADS))
+    env = dict(os.environ, NUMBA_NUM_THREADS=str(SUBPROCESS_THREADS), REFREPLAY_THREADS=str(SUBPROCESS_THREADS))
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "threads",
            pyfuncitem.nodeid]
     try:
@@ -50,6 +50,23 @@ def pytest_pyfunc_call(pyfuncitem):
                     f"(subprocess, exit {r.returncode}):\n{r.stdout[-6000:]}\n{r.stderr[-2000:]}",
                     pytrace=False)
     return True
+
+
+@pytest.fixture(autouse=True)
+def _threads_tests_fix_the_count(request):
+    """Inside a ``threads`` test refreplay's default policy (which runs
+    kernels on the cores other processes leave free, environ.kernel_threads)
+    must not quietly cap the "many threads" side to one on a busy machine:
+    the count is fixed to the pool for the test's duration."""
+    if request.node.get_closest_marker("threads") is None:
+        yield
+        return
+    from refreplay import environ
+    environ.set_threads(many_threads())
+    try:
+        yield
+    finally:
+        environ.set_threads(None)
 
 
 def many_threads() -> int:
