@@ -8,10 +8,13 @@ a minimal case by hypothesis, which then becomes a live case like any other:
 reported with the runner's diagnosis and saved as replayable vectors.
 
 Deterministic for a given seed: hypothesis runs with that seed, no example
-database (nothing is written to the working directory) and no deadline.
+database (nothing is written to the working directory), no deadline and no
+"local constants" (``_no_local_constants``), whatever ran before in the
+process and whichever entry point called it.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -39,6 +42,39 @@ def hypothesis_or_exit():
 
 class _Failed(AssertionError):
     pass
+
+
+@contextlib.contextmanager
+def _no_local_constants():
+    """Hypothesis (6.131 and later) draws now and then from the literals of
+    the "local" modules (not stdlib, not site-packages, not tests) that are in
+    ``sys.modules`` when an example is drawn, refreplay's own included.  The
+    same seed then gives a different run depending on what was imported
+    before (``refreplay fuzz`` imports the save checks, a test session others)
+    and on the source of every such module.  For the duration of the run that
+    pool is empty, and the cache of the constants each draw may use is
+    emptied before and after, so that none drawn before leaks in and none of
+    ours leaks out.  Versions without the feature have neither name: nothing
+    to do."""
+    try:
+        from hypothesis.internal.conjecture import providers
+        from hypothesis.internal.constants_ast import Constants
+    except ImportError:
+        yield
+        return
+    get = getattr(providers, "_get_local_constants", None)
+    cache = getattr(providers, "CONSTANTS_CACHE", None)
+    if get is None or cache is None:
+        yield
+        return
+    empty = Constants()
+    providers._get_local_constants = lambda: empty
+    cache.cache.clear()
+    try:
+        yield
+    finally:
+        providers._get_local_constants = get
+        cache.cache.clear()
 
 
 def fuzz(kernel: Kernel, op: str, examples: int, seed: int, max_elements: int) -> Outcome:
@@ -83,7 +119,8 @@ def fuzz(kernel: Kernel, op: str, examples: int, seed: int, max_elements: int) -
     numba.set_num_threads(1)
     t0 = time.perf_counter()
     try:
-        check()
+        with _no_local_constants():
+            check()
     except _Failed:
         pass
     except InputError:
