@@ -86,6 +86,42 @@ def test_fuzz_cli_is_deterministic_diagnoses_and_saves_a_replayable_case(tmp_pat
     assert b'failures="0"' in (tmp_path / "p.xml").read_bytes()
 
 
+# The in-process call, once bare and once after importing what the CLI imports before running (the
+# save checks); each in a fresh interpreter, so that no earlier test can put the process in either state.
+_IN_PROCESS = """
+import sys
+if sys.argv[1] == "after-imports":
+    from refreplay.conformance import live, store  # noqa: F401
+    live.check_save_target(sys.argv[2])
+from refreplay.conformance import kernels
+from refreplay.testing import fuzz
+o = fuzz.fuzz(kernels.resolve("fuzz_kernels:matmul"), "matmul", 200, 0, %d)
+print(f"after {o.found_after} examples ({o.examples} examples in all")
+""" % MAX_ELEMENTS
+
+
+def test_fuzz_same_seed_same_run_from_every_entry_point(tmp_path):
+    import os
+    import re
+    import subprocess
+    from pathlib import Path
+
+    tests = Path(__file__).resolve().parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests.parent), str(tests)])}
+
+    def py(*argv):
+        p = subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env, cwd=tmp_path,
+                           timeout=600)
+        found = re.search(r"after \d+ examples.*?\(\d+ examples in all", p.stdout)
+        assert found, p.stdout + p.stderr
+        return found.group(0).replace(", shrunk to I=1,K=65,J=1 ", " ")
+
+    cli_run = py("-m", "refreplay", "fuzz", "fuzz_kernels:matmul", "--op", "matmul", "--examples", "200",
+                 "--max-elements", str(MAX_ELEMENTS), "--save", str(tmp_path / "saved"))
+    assert py("-c", _IN_PROCESS, "bare", str(tmp_path / "x")) == cli_run
+    assert py("-c", _IN_PROCESS, "after-imports", str(tmp_path / "x")) == cli_run
+
+
 @pytest.mark.parametrize("args,message", [
     (["--op", "matmul", "--examples", "0"], "--examples"),
     (["--op", "matmul", "--max-elements", "0"], "--max-elements"),
