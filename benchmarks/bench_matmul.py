@@ -38,12 +38,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from run_all import cpu_model  # one reading of /proc/cpuinfo for every benchmark
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_JSON = REPO / "benchmarks" / "results" / "matmul.json"
@@ -69,14 +70,6 @@ CASES = [
 ]
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def openblas_kernel() -> str:

@@ -40,12 +40,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from run_all import cpu_model as cpu_name  # one reading of /proc/cpuinfo for every benchmark
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -260,14 +261,6 @@ def bench_model(model, args, extra) -> list[dict]:
     return rows
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def per_model(text: str):
