@@ -29,28 +29,35 @@ sys.path.insert(0, str(HERE.parent))
 from run_all import alternate, load_line, machine, run_worker, table, write_json  # noqa: E402
 
 
-def _setup(threads: int):
+def reference_step(name: str):
+    """The reference trainer on preset ``name`` over random byte samples:
+    (model config, train config, stream, a function running step 1)."""
     import numpy as np
-    import torch
 
-    from refreplay.training.data import Batching, Stream, inputs_targets
+    from refreplay.training.data import Batching, Stream
     from refreplay.training.launch.inproc import InProcess
     from refreplay.training.presets import preset
     from refreplay.training.step import Trainer
-    from torch_gpt import TorchTrainer
 
-    torch.set_num_threads(threads)
-    mc, tc = preset("small")
+    mc, tc = preset(name)
     rs = np.random.RandomState(0)
     samples = rs.randint(0, 256, size=(4 * tc.micro_batches * tc.micro_batch_size, mc.seq_len + 1))
     stream = Stream(samples.astype(np.uint8), tc.seed, Batching(tc.micro_batches, tc.micro_batch_size))
     trainer = Trainer(mc, tc, stream, "00" * 32)
     s0 = trainer.initial_state()
     launcher = InProcess(1)
+    return mc, tc, stream, lambda: trainer.step(s0, "00" * 32, launcher)
 
-    def ref_step():
-        return trainer.step(s0, "00" * 32, launcher)
 
+def _setup(threads: int):
+    import numpy as np
+    import torch
+
+    from refreplay.training.data import inputs_targets
+    from torch_gpt import TorchTrainer
+
+    torch.set_num_threads(threads)
+    mc, tc, stream, ref_step = reference_step("small")
     batch = stream.batch(1)
     B = tc.micro_batch_size
     mbs = []

@@ -119,25 +119,14 @@ USED: dict = {}  # thread count -> operand count (refreplay.torch) or steps (tra
 
 
 def _trainer_step():
-    import numpy as np
+    from bench_step import reference_step
 
-    from refreplay.training.data import Batching, Stream
-    from refreplay.training.launch.inproc import InProcess
-    from refreplay.training.presets import preset
-    from refreplay.training.step import Trainer
-
-    mc, tc = preset("tiny")
-    rs = np.random.RandomState(0)
-    samples = rs.randint(0, 256, size=(4 * tc.micro_batches * tc.micro_batch_size, mc.seq_len + 1))
-    stream = Stream(samples.astype(np.uint8), tc.seed, Batching(tc.micro_batches, tc.micro_batch_size))
-    trainer = Trainer(mc, tc, stream, "00" * 32)
-    s0 = trainer.initial_state()
-    launcher = InProcess(1)
+    run_step = reference_step("tiny")[3]
 
     def step():
         import numba
 
-        trainer.step(s0, "00" * 32, launcher)
+        run_step()
         n = numba.get_num_threads()
         USED[n] = USED.get(n, 0) + 1
 
