@@ -11,7 +11,10 @@
   transitively.  Compiled code can only reach globals of modules in that
   closure, so any edit that could change machine code selects a fresh
   directory, while an edit to plumbing (commands, the conformance runner,
-  replay, audit) keeps the compiled kernels.
+  replay, audit) keeps the compiled kernels.  The key is taken over the
+  modules' syntax trees, so reformatting or a comment keeps it too; it is
+  remembered on disk under the hash of every source byte, so a process pays
+  the tree walk (about a second) once per source state, not at each start.
 * Numba's parallel kernels run on an OpenMP pool (its ``omp`` threading
   layer; with PyTorch loaded first it is PyTorch's own libgomp, one pool for
   both).  OpenMP's default waiting policy lets idle workers spin for
@@ -41,6 +44,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import os
+import sys
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -136,12 +140,21 @@ def kernel_closure() -> list[Path]:
 
 
 def kernel_hash() -> str:
-    """SHA-256 over the kernel closure's sources (paths and bytes, sorted)."""
+    """SHA-256 over the kernel closure's code (paths and syntax trees, sorted).
+
+    Each module enters as its syntax tree without positions, so what only
+    moves text -- a formatter's line breaks, quotes, trailing commas,
+    comments -- keeps the key (and the cross-architecture evidence recorded
+    for it, scripts/check-aarch64), while any change to what the code does
+    changes it.  The tree's text follows the Python version's ``ast``; a new
+    Python gives a new key, which only means recompiling and a full run.
+    """
     h = hashlib.sha256()
     for path in kernel_closure():
         rel = path.relative_to(PACKAGE_DIR).as_posix()
+        tree = ast.parse(path.read_bytes(), filename=str(path))
         h.update(rel.encode() + b"\0")
-        h.update(path.read_bytes() + b"\0")
+        h.update(ast.dump(tree, include_attributes=False).encode() + b"\0")
     return h.hexdigest()
 
 
@@ -153,8 +166,36 @@ def cache_root() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "refreplay"
 
 
+def _remembered_kernel_hash(sources: str) -> str:
+    """``kernel_hash()``, remembered on disk under the hash of every source byte.
+
+    Walking every module's syntax tree costs about a second, paid by each
+    process at import (each CLI call, each worker); the key it gives depends
+    only on the package's sources and the Python version, both in the file
+    name, so a remembered value is the value.  An unreadable or unwritable
+    cache only means computing it.
+    """
+    name = f"{sources}-py{sys.version_info[0]}.{sys.version_info[1]}"
+    path = cache_root() / "kernel-keys" / name
+    try:
+        text = path.read_text()
+        if len(text) == 64 and all(c in "0123456789abcdef" for c in text):
+            return text
+    except (OSError, UnicodeDecodeError):
+        pass
+    key = kernel_hash()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{name}.{os.getpid()}.tmp")
+        tmp.write_text(key)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    return key
+
+
 SOURCE_HASH = source_hash()
-KERNEL_HASH = kernel_hash()
+KERNEL_HASH = _remembered_kernel_hash(SOURCE_HASH)
 CACHE_DIR = cache_root() / f"numba-{KERNEL_HASH[:16]}"
 
 

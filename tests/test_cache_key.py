@@ -68,8 +68,55 @@ def test_kernel_edit_changes_the_key_plumbing_edit_does_not(tmp_path, monkeypatc
     assert _key_of(pkg, monkeypatch) == base
     # a constant in a module that kernels import (not itself a kernel file)
     core = pkg / "numerics" / "_bits.py"
-    core.write_text(core.read_text() + "\n# kernel-side edit\n")
+    core.write_text(core.read_text() + "\nEXTRA_CONSTANT = 1\n")
     assert _key_of(pkg, monkeypatch) != base
+
+
+def test_moving_text_keeps_the_key_changing_code_does_not(tmp_path, monkeypatch):
+    """Formatting and comments leave the syntax tree, hence the key, alone;
+    a changed literal, operator or name changes it."""
+    pkg = _copy_package(tmp_path)
+    base = _key_of(pkg, monkeypatch)
+    core = pkg / "numerics" / "core.py"
+    text = core.read_text()
+    assert "def " in text and "return " in text
+    reflowed = ("# a comment a formatter might move\n"
+                + text.replace("return ", "return  ", 1).replace("\n\n\n", "\n\n\n\n", 1))
+    core.write_text(reflowed)
+    assert _key_of(pkg, monkeypatch) == base
+    # the same call written with a trailing comma and other quotes
+    probe = pkg / "numerics" / "_bits.py"
+    probe.write_text(probe.read_text() + "\n_PROBE = dict(a='x', b=2)\n")
+    with_probe = _key_of(pkg, monkeypatch)
+    assert with_probe != base
+    probe.write_text(probe.read_text().replace("dict(a='x', b=2)", 'dict(\n    a="x",\n    b=2,\n)'))
+    assert _key_of(pkg, monkeypatch) == with_probe
+    probe.write_text(probe.read_text().replace("b=2", "b=3"))
+    assert _key_of(pkg, monkeypatch) != with_probe
+
+
+def test_the_remembered_key_is_the_computed_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("REFREPLAY_CACHE_ROOT", str(tmp_path))
+    sources = "0" * 64
+    first = _env._remembered_kernel_hash(sources)
+    assert first == _env.kernel_hash()
+    (stored,) = (tmp_path / "kernel-keys").iterdir()
+    assert stored.name.startswith(sources) and stored.read_text() == first
+    # a remembered value is used as it is (it is keyed by every source byte) ...
+    stored.write_text("f" * 64)
+    assert _env._remembered_kernel_hash(sources) == "f" * 64
+    # ... but garbage in the file is not a key, and other sources are another file
+    stored.write_text("not a key")
+    assert _env._remembered_kernel_hash(sources) == first
+    assert _env._remembered_kernel_hash("1" * 64) == first
+    assert len(list((tmp_path / "kernel-keys").iterdir())) == 2
+
+
+def test_an_unwritable_cache_still_gives_the_key(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("REFREPLAY_CACHE_ROOT", str(blocker))
+    assert _env._remembered_kernel_hash("2" * 64) == _env.kernel_hash()
 
 
 def test_a_new_kernel_in_a_plumbing_module_joins_the_key(tmp_path, monkeypatch):
