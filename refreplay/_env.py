@@ -139,12 +139,25 @@ def kernel_closure() -> list[Path]:
     return sorted(closure)
 
 
+def _without_docstrings(tree: ast.Module) -> ast.Module:
+    """``tree`` with the docstrings of its module, classes and functions removed.
+
+    Compiled code never reads a docstring, and formatters re-indent them."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if (body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                    and isinstance(body[0].value.value, str)):
+                node.body = body[1:] or [ast.Pass()]
+    return tree
+
+
 def kernel_hash() -> str:
     """SHA-256 over the kernel closure's code (paths and syntax trees, sorted).
 
-    Each module enters as its syntax tree without positions, so what only
-    moves text -- a formatter's line breaks, quotes, trailing commas,
-    comments -- keeps the key (and the cross-architecture evidence recorded
+    Each module enters as its syntax tree without positions or docstrings, so
+    what only moves text -- a formatter's line breaks, quotes, trailing
+    commas, re-indented docstrings, comments -- keeps the key (and the cross-architecture evidence recorded
     for it, scripts/check-aarch64), while any change to what the code does
     changes it.  The tree's text follows the Python version's ``ast``; a new
     Python gives a new key, which only means recompiling and a full run.
@@ -152,7 +165,7 @@ def kernel_hash() -> str:
     h = hashlib.sha256()
     for path in kernel_closure():
         rel = path.relative_to(PACKAGE_DIR).as_posix()
-        tree = ast.parse(path.read_bytes(), filename=str(path))
+        tree = _without_docstrings(ast.parse(path.read_bytes(), filename=str(path)))
         h.update(rel.encode() + b"\0")
         h.update(ast.dump(tree, include_attributes=False).encode() + b"\0")
     return h.hexdigest()

@@ -73,8 +73,8 @@ def test_kernel_edit_changes_the_key_plumbing_edit_does_not(tmp_path, monkeypatc
 
 
 def test_moving_text_keeps_the_key_changing_code_does_not(tmp_path, monkeypatch):
-    """Formatting and comments leave the syntax tree, hence the key, alone;
-    a changed literal, operator or name changes it."""
+    """Formatting, comments and docstrings leave the key alone; a changed
+    literal, operator or name changes it."""
     pkg = _copy_package(tmp_path)
     base = _key_of(pkg, monkeypatch)
     core = pkg / "numerics" / "core.py"
@@ -92,7 +92,16 @@ def test_moving_text_keeps_the_key_changing_code_does_not(tmp_path, monkeypatch)
     probe.write_text(probe.read_text().replace("dict(a='x', b=2)", 'dict(\n    a="x",\n    b=2,\n)'))
     assert _key_of(pkg, monkeypatch) == with_probe
     probe.write_text(probe.read_text().replace("b=2", "b=3"))
-    assert _key_of(pkg, monkeypatch) != with_probe
+    changed = _key_of(pkg, monkeypatch)
+    assert changed != with_probe
+    # a docstring re-indented (as a formatter does) or reworded: compiled
+    # code never reads it; a string that is not a docstring is code
+    probe.write_text(probe.read_text() + '\n\ndef _probe():\n    """One.\n        Two."""\n    return "s"\n')
+    with_def = _key_of(pkg, monkeypatch)
+    probe.write_text(probe.read_text().replace('"""One.\n        Two."""', '"""One.\n    Two, reworded."""'))
+    assert _key_of(pkg, monkeypatch) == with_def
+    probe.write_text(probe.read_text().replace('return "s"', 'return "t"'))
+    assert _key_of(pkg, monkeypatch) != with_def
 
 
 def test_the_remembered_key_is_the_computed_one(tmp_path, monkeypatch):
