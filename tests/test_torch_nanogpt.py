@@ -157,6 +157,14 @@ def test_model_config_refuses_what_chapter_20_cannot_express_naming_the_module()
         model_config(model, GPT.named_state(model))
 
 
+def test_model_config_refuses_a_norm_without_weight_naming_it():
+    """[norm.layer.noaffine.c1] runs through refreplay.torch, but chapter 20's model has norm weights."""
+    model = GPT.GPT(CFG["nobias"])
+    model.h["00"].ln1 = rt.nn.LayerNorm(TINY.width, elementwise_affine=False)
+    with pytest.raises(rt.Unsupported, match=r"'h\.00\.ln1'.*have none"):
+        model_config(model, GPT.named_state(model))
+
+
 def test_convert_swaps_a_torch_layernorm_without_bias():
     from torch import nn
 

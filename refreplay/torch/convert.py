@@ -3,7 +3,7 @@ spec-exact twins, in place, keeping the very same Parameter objects (so an
 optimizer built before still holds them).
 
     torch.nn.Linear            -> refreplay.torch.nn.Linear
-    torch.nn.LayerNorm         -> LayerNorm   (with weight, bias or not; eps a binary32)
+    torch.nn.LayerNorm         -> LayerNorm   (weight and bias, or not; eps a binary32)
     torch.nn.RMSNorm           -> RMSNorm     (with weight; eps likewise)
     torch.nn.Embedding         -> Embedding   (no padding_idx / max_norm / sparse)
     torch.nn.GELU('tanh')      -> GELU
@@ -228,10 +228,8 @@ def _replacement(mod, round_eps: bool):
         new.weight, new.bias = mod.weight, mod.bias
         return new
     if t is nn.LayerNorm:
-        if mod.weight is None:
-            raise Unsupported("LayerNorm without a weight (elementwise_affine=False) is not covered")
-        new = rnn.LayerNorm(mod.normalized_shape, eps=_eps(mod, round_eps), bias=mod.bias is not None,
-                            device="meta")
+        new = rnn.LayerNorm(mod.normalized_shape, eps=_eps(mod, round_eps), elementwise_affine=mod.weight is not None,
+                            bias=mod.bias is not None, device="meta")  # [norm.layer.noaffine.c1]
         new.weight, new.bias = mod.weight, mod.bias
         return new
     if hasattr(nn, "RMSNorm") and t is nn.RMSNorm:

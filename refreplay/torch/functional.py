@@ -151,16 +151,19 @@ def qlinear(input, weight, bias=None):
 
 class LayerNorm(torch.autograd.Function):
     """[norm.layer.fwd.c1] [norm.layer.bwd.c1] over the last axis of x [..., C];
-    bias None is the bias -0 of [norm.layer.nobias.c1] (and has no gradient)."""
+    bias None is the bias -0 of [norm.layer.nobias.c1] and weight None the
+    weight 1 of [norm.layer.noaffine.c1] (neither then has a gradient)."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, eps):
-        ops = backend_of(x, weight) if bias is None else backend_of(x, weight, bias)
+        ops = backend_of(x, weight, bias)
+        c = x.shape[-1]
         with inside_reference():
-            xn = to_numpy("input", x.reshape(-1, x.shape[-1]))
-            b = (np.full(x.shape[-1], -0.0, np.float32) if bias is None  # [norm.layer.nobias.c1]
+            xn = to_numpy("input", x.reshape(-1, c))
+            w = np.ones(c, np.float32) if weight is None else to_numpy("weight", weight)  # [norm.layer.noaffine.c1]
+            b = (np.full(c, -0.0, np.float32) if bias is None  # [norm.layer.nobias.c1]
                  else to_numpy("bias", bias))
-            out, mean, rstd = ops.norms.layernorm_forward(xn, to_numpy("weight", weight), b, eps)
+            out, mean, rstd = ops.norms.layernorm_forward(xn, w, b, eps)
         ctx.save_for_backward(x, weight)
         ctx.stats = (mean, rstd)
         ctx.has_bias = bias is not None
@@ -171,25 +174,25 @@ class LayerNorm(torch.autograd.Function):
     def backward(ctx, dout):
         x, weight = ctx.saved_tensors
         ops = backend_of(x, weight, dout)
+        c = x.shape[-1]
         with inside_reference():
+            w = np.ones(c, np.float32) if weight is None else to_numpy("weight", weight, False)
             dx, dw, db = ops.norms.layernorm_backward(
-                to_numpy("grad_output", dout.reshape(-1, x.shape[-1])),
-                to_numpy("input", x.reshape(-1, x.shape[-1]), False), to_numpy("weight", weight, False),
+                to_numpy("grad_output", dout.reshape(-1, c)), to_numpy("input", x.reshape(-1, c), False), w,
                 *ctx.stats)
-        db = from_numpy(db, weight) if ctx.has_bias else None
-        return from_numpy(dx, x).reshape(x.shape), from_numpy(dw, weight), db, None
+        dw = None if weight is None else from_numpy(dw, weight)
+        db = from_numpy(db, x) if ctx.has_bias else None
+        return from_numpy(dx, x).reshape(x.shape), dw, db, None
 
 
 @eager
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=EPS):
     """[norm.layer.fwd.c1] torch.nn.functional.layer_norm over the last axis;
-    weight is required (the spec's LayerNorm has a weight); bias=None is
-    LayerNorm without a bias, the bias -0 ([norm.layer.nobias.c1]: bitwise
-    the result of omitting the add)."""
+    bias=None is LayerNorm without a bias, the bias -0 ([norm.layer.nobias.c1]:
+    bitwise the result of omitting the add), and weight=None LayerNorm without
+    a weight, the weight 1 ([norm.layer.noaffine.c1]: bitwise the result of
+    omitting the multiply)."""
     _last_axis("layer_norm", input, normalized_shape)
-    if weight is None:
-        raise Unsupported("layer_norm: weight is required (the spec's LayerNorm has a weight; "
-                          "elementwise_affine=False is not covered)")
     return LayerNorm.apply(input, weight, bias, f32_scalar("eps", eps))
 
 

@@ -42,17 +42,15 @@ class Linear(nn.Linear):
 
 class LayerNorm(nn.LayerNorm):
     """[norm.layer.fwd.c1] over the last axis with a weight, and a bias
-    unless ``bias=False`` (then the bias -0, [norm.layer.nobias.c1]); eps
-    is a binary32 (default f32(0x3727C5AC)).  elementwise_affine=False is
-    refused."""
+    unless ``bias=False`` (then the bias -0, [norm.layer.nobias.c1]);
+    ``elementwise_affine=False`` has neither (the weight 1 and the bias -0,
+    [norm.layer.noaffine.c1]: the normalised rows themselves, bit for bit).
+    eps is a binary32 (default f32(0x3727C5AC))."""
 
     def __init__(self, normalized_shape, eps=F.EPS, elementwise_affine=True, bias=True, device=None,
                  dtype=None):
-        if not elementwise_affine:
-            raise Unsupported("LayerNorm: elementwise_affine=False is not covered (the spec's LayerNorm has "
-                              "a weight)")
         eps = f32_scalar("eps", eps)
-        super().__init__(normalized_shape, float(eps), True, bool(bias), device, dtype)
+        super().__init__(normalized_shape, float(eps), bool(elementwise_affine), bool(bias), device, dtype)
         if len(self.normalized_shape) != 1:
             raise Unsupported(f"LayerNorm: only the last axis is covered, got {self.normalized_shape}")
 

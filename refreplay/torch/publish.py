@@ -130,6 +130,11 @@ def model_config(model: nn.Module, named_parameters, *, init_std=F32(0.02), rope
     if len(norms) != 2 * len(attn) + 1 or len(kinds) != 1 or len(eps) != 1:
         raise Unsupported(f"model_config: the spec's model has 2 norms per layer and a final one, all of one "
                           f"kind and eps; found {[(w, type(n).__name__, n.eps) for w, n in norms]}")
+    unweighted = [w for w, n in norms if getattr(n, "weight", None) is None]
+    if unweighted:
+        raise Unsupported(f"model_config: the spec's model (spec/20-model.txt) has a weight in every norm; "
+                          f"{unweighted} have none (elementwise_affine=False runs through refreplay.torch "
+                          "([norm.layer.noaffine.c1]) but a run of the spec's model cannot record it)")
     norm_biased = {getattr(n, "bias", None) is not None for _, n in norms} if kinds == {rnn.LayerNorm} else {True}
     if len(norm_biased) != 1:
         raise Unsupported("model_config: the spec's LayerNorms all have a bias or none has "
