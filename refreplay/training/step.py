@@ -164,6 +164,8 @@ class Trainer:
         self.ops = backends.get(device)  # "cpu" (the reference, default) or "cuda": same bits
         self.memory = memory or budget.Memory()  # where large tensors live: never changes a bit
         self.model = Model(model_cfg, self.ops)
+        if self.memory.mapped:  # under a memory budget no buffer outlives its pass
+            self.model.workspace = None
         self.cfg = train_cfg.validate()
         self.stream = stream
         self.recipe_hash = recipe_hash
