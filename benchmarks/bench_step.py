@@ -11,8 +11,8 @@ with NUMBA_NUM_THREADS = OMP_NUM_THREADS = N and torch.set_num_threads(N);
 both steps are warmed up (JIT, allocator) and then timed alternately.  The
 table gives medians of wall time and of process CPU time and the ratio
 refreplay / PyTorch (target <= 2), and beside them the same refreplay step
-with its model's workspace off (``fresh``: every temporary of the backward
-a new array, as before issue #32's buffer reuse) and the reuse gain.  The worker also profiles one refreplay
+with its buffer reuse off (``fresh``: every temporary of the backward and
+every TreeFold node a new array, as before issue #32) and the reuse gain.  The worker also profiles one refreplay
 step with cProfile and prints where the time goes, per compiled kernel.
 """
 from __future__ import annotations
@@ -34,8 +34,8 @@ from run_all import alternate, load_line, machine, run_worker, table, write_json
 def reference_step(name: str, reuse: bool = True):
     """The reference trainer on preset ``name`` over random byte samples:
     (model config, train config, stream, a function running step 1).
-    ``reuse`` False: the model without its workspace, every temporary of the
-    backward a new array (as before issue #32's buffer reuse; same bits)."""
+    ``reuse`` False: ``Trainer.fresh_buffers()``, every temporary a new array
+    (as before issue #32's buffer reuse; same bits)."""
     import numpy as np
 
     from refreplay.training.data import Batching, Stream
@@ -49,7 +49,7 @@ def reference_step(name: str, reuse: bool = True):
     stream = Stream(samples.astype(np.uint8), tc.seed, Batching(tc.micro_batches, tc.micro_batch_size))
     trainer = Trainer(mc, tc, stream, "00" * 32)
     if not reuse:
-        trainer.model.workspace = None
+        trainer.fresh_buffers()
     s0 = trainer.initial_state()
     launcher = InProcess(1)
     return mc, tc, stream, lambda: trainer.step(s0, "00" * 32, launcher)
@@ -134,7 +134,7 @@ def main(argv=None) -> int:
                   f"{r['ratio_wall']:.2f}", f"{r['refreplay']['cpu']:.3f}", f"{r['torch']['cpu']:.3f}",
                   f"{r['ratio_cpu']:.2f}", "<= 2", f"{r['fresh']['wall']:.3f}", f"{r['reuse_gain']:.3f}",
                   f"{r['loadavg']:.1f}"] for r in rows]))
-    print("fresh buffers: the same step with the model's workspace off (every backward temporary new); "
+    print("fresh buffers: the same step with Trainer.fresh_buffers() (every temporary and node new); "
           "reuse gain = its wall time / refreplay's")
     for r in rows:
         print(f"\nwhere one refreplay step spends its time ({r['threads']} thread(s), cProfile self time)")

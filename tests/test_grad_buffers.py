@@ -276,8 +276,9 @@ def test_a_step_with_reused_buffers_has_the_same_state_root():
     roots = []
     for reuse in (False, True):
         tr = Trainer(mc, tc, stream, "00" * 32)
+        assert tr.reuse
         if not reuse:
-            tr.model.workspace = None
+            tr.fresh_buffers()
         st, link = tr.initial_state(), "00" * 32
         rec = []
         for _ in range(2):  # across steps too
@@ -299,4 +300,73 @@ def test_a_mapped_budget_turns_the_workspace_off():
     samples = np.zeros((tc.micro_batches * tc.micro_batch_size, mc.seq_len + 1), np.uint8)
     stream = Stream(samples, tc.seed, Batching(tc.micro_batches, tc.micro_batch_size))
     assert Trainer(mc, tc, stream, "00" * 32).model.workspace is not None
-    assert Trainer(mc, tc, stream, "00" * 32, memory=budget.Memory(True)).model.workspace is None
+    off = Trainer(mc, tc, stream, "00" * 32, memory=budget.Memory(True))
+    assert off.model.workspace is None and not off.reuse
+
+
+# ---- the TreeFold's nodes in place ([fold.tree.c1]) ---------
+
+
+def _leaves(seed, M=7):  # M >= 4
+    rs = np.random.RandomState(seed)
+    leaves = [{"a": rand(rs, 5, 3) * 10 ** rs.randint(-3, 4), "b": rand(rs, 70000)} for _ in range(M)]
+    leaves[1]["a"][0, 0] = np.float32(-0.0)
+    leaves[2]["a"][0, 0] = np.float32(-0.0)  # -0 + -0 stays -0
+    leaves[3]["b"][:4] = [np.inf, -np.inf, np.nan, 1e38]
+    return leaves
+
+
+@pytest.mark.parametrize("ranks", [1, 3])
+def test_fold_in_place_gives_the_bits_of_the_allocating_fold(ranks):
+    from refreplay.training import treefold
+    from refreplay.training.launch.inproc import InProcess
+
+    ref = treefold.scale(InProcess(ranks).fold(lambda i: _leaves(0)[i], 7), 7)
+    got = treefold.scale(InProcess(ranks).fold(lambda i: _leaves(0)[i], 7, treefold.merge_into), 7)
+    for k in ref:
+        same(got[k], ref[k])
+
+
+def test_merge_into_writes_left_and_refuses_overlap():
+    from refreplay.numerics import elementwise
+    from refreplay.training import treefold
+
+    left, right = _leaves(1)[2:4]
+    want = treefold.merge(left, right)
+    keep = {k: right[k].copy() for k in right}
+    got = treefold.merge_into(left, right)
+    assert got is left
+    for k in want:
+        same(got[k], want[k])
+        same(right[k], keep[k])  # the right operand is read only
+    x = np.ones(10, np.float32)
+    with pytest.raises(ValueError, match="overlap"):
+        elementwise.add_into(x, x)
+    with pytest.raises(ValueError, match="shape"):
+        elementwise.add_into(x, np.ones(9, np.float32))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        elementwise.add_into(np.ones(20, np.float32)[::2], x)
+    with pytest.raises(ValueError, match="same tensor names"):
+        treefold.merge_into({"a": x}, {"b": x.copy()})
+
+
+def test_a_step_with_three_ranks_and_reuse_has_the_same_root():
+    from refreplay.training.data import Batching, Stream
+    from refreplay.training.launch.inproc import InProcess
+    from refreplay.training.step import Trainer
+
+    mc, tc = preset("tiny")
+    rs = np.random.RandomState(3)
+    samples = rs.randint(0, 256, size=(tc.micro_batches * tc.micro_batch_size, mc.seq_len + 1))
+    stream = Stream(samples.astype(np.uint8), tc.seed, Batching(tc.micro_batches, tc.micro_batch_size))
+    roots = []
+    for reuse in (False, True):
+        tr = Trainer(mc, tc, stream, "00" * 32)
+        if not reuse:
+            tr.fresh_buffers()
+        s0 = tr.initial_state()
+        root0 = s0.root()
+        st, rec = tr.step(s0, "00" * 32, InProcess(3))
+        assert s0.root() == root0  # the step leaves its input state alone
+        roots.append(rec.state_root)
+    assert roots[0] == roots[1]
