@@ -239,6 +239,10 @@ def test_model_workspace_gives_the_same_bits_and_allocates_once(name):
         for buf in reuse.workspace._bufs.values():
             buf[...] = np.nan
     assert reuse.workspace.allocations == made  # reused, not reallocated
+    # the memory estimate counts exactly what the workspace keeps between steps
+    from refreplay.training import estimate
+    kept = sum(buf.nbytes for buf in reuse.workspace._bufs.values())
+    assert kept == estimate.workspace_bytes(cfg, 3)
     # no returned gradient lives in a scratch buffer (the TreeFold keeps them)
     for g in seen:
         for k, arr in g.items():
