@@ -156,6 +156,12 @@ def cases():
     out[f"embedding [{V}x{C}] <- [{B}x{T}]"] = (
         both(lambda: embedding.embedding_forward(wte, tok), lambda: embedding.embedding_backward(demb, tok, V)),
         torch_case(lambda ww: tF.embedding(ttok, ww), wte, dout=demb))
+    # the same with dwte written into one reused [V, C] buffer (out=), as the trainer does (issue #32)
+    dwte_buf = np.empty((V, C), np.float32)
+    out[f"embedding [{V}x{C}] <- [{B}x{T}], dwte reused"] = (
+        both(lambda: embedding.embedding_forward(wte, tok),
+             lambda: embedding.embedding_backward(demb, tok, V, out=dwte_buf)),
+        torch_case(lambda ww: tF.embedding(ttok, ww), wte, dout=demb))
     # AdamW over the preset's parameters
     mc, _ = preset(SHAPES)
     params = init_params(mc, 0)

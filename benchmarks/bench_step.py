@@ -10,7 +10,9 @@ AdamW; no state hash).  For each thread count a fresh worker process runs
 with NUMBA_NUM_THREADS = OMP_NUM_THREADS = N and torch.set_num_threads(N);
 both steps are warmed up (JIT, allocator) and then timed alternately.  The
 table gives medians of wall time and of process CPU time and the ratio
-refreplay / PyTorch (target <= 2).  The worker also profiles one refreplay
+refreplay / PyTorch (target <= 2), and beside them the same refreplay step
+with its buffer reuse off (``fresh``: every temporary of the backward and
+every TreeFold node a new array, as before issue #32) and the reuse gain.  The worker also profiles one refreplay
 step with cProfile and prints where the time goes, per compiled kernel.
 """
 from __future__ import annotations
@@ -29,9 +31,11 @@ sys.path.insert(0, str(HERE.parent))
 from run_all import alternate, load_line, machine, run_worker, table, write_json  # noqa: E402
 
 
-def reference_step(name: str):
+def reference_step(name: str, reuse: bool = True):
     """The reference trainer on preset ``name`` over random byte samples:
-    (model config, train config, stream, a function running step 1)."""
+    (model config, train config, stream, a function running step 1).
+    ``reuse`` False: ``Trainer.fresh_buffers()``, every temporary a new array
+    (as before issue #32's buffer reuse; same bits)."""
     import numpy as np
 
     from refreplay.training.data import Batching, Stream
@@ -44,6 +48,8 @@ def reference_step(name: str):
     samples = rs.randint(0, 256, size=(4 * tc.micro_batches * tc.micro_batch_size, mc.seq_len + 1))
     stream = Stream(samples.astype(np.uint8), tc.seed, Batching(tc.micro_batches, tc.micro_batch_size))
     trainer = Trainer(mc, tc, stream, "00" * 32)
+    if not reuse:
+        trainer.fresh_buffers()
     s0 = trainer.initial_state()
     launcher = InProcess(1)
     return mc, tc, stream, lambda: trainer.step(s0, "00" * 32, launcher)
@@ -69,7 +75,8 @@ def _setup(threads: int):
     def torch_step():
         return tt.step(mbs)
 
-    return ref_step, torch_step
+    _, _, _, fresh_step = reference_step("small", reuse=False)
+    return ref_step, torch_step, fresh_step
 
 
 def profile_step(ref_step, top: int = 14) -> list[dict]:
@@ -95,12 +102,13 @@ def profile_step(ref_step, top: int = 14) -> list[dict]:
 
 
 def worker(threads: int, repeats: int) -> dict:
-    ref_step, torch_step = _setup(threads)
-    med = alternate({"refreplay": ref_step, "torch": torch_step}, repeats)
+    ref_step, torch_step, fresh_step = _setup(threads)
+    med = alternate({"refreplay": ref_step, "torch": torch_step, "fresh": fresh_step}, repeats)
     prof = profile_step(ref_step)
     return {"threads": threads, "refreplay": med["refreplay"], "torch": med["torch"],
             "ratio_wall": med["refreplay"]["wall"] / med["torch"]["wall"],
             "ratio_cpu": med["refreplay"]["cpu"] / med["torch"]["cpu"],
+            "fresh": med["fresh"], "reuse_gain": med["fresh"]["wall"] / med["refreplay"]["wall"],
             "profile": prof, "loadavg": os.getloadavg()[0]}
 
 
@@ -121,10 +129,13 @@ def main(argv=None) -> int:
     print("\nsmall preset training step (8 micro-batches x 4 x 128 tokens), medians of "
           f"{args.repeats} after warm-up")
     print(table(["threads", "refreplay wall s", "torch wall s", "ratio wall", "refreplay cpu s",
-                 "torch cpu s", "ratio cpu", "target", "load"],
+                 "torch cpu s", "ratio cpu", "target", "fresh-buffers wall s", "reuse gain", "load"],
                 [[r["threads"], f"{r['refreplay']['wall']:.3f}", f"{r['torch']['wall']:.3f}",
                   f"{r['ratio_wall']:.2f}", f"{r['refreplay']['cpu']:.3f}", f"{r['torch']['cpu']:.3f}",
-                  f"{r['ratio_cpu']:.2f}", "<= 2", f"{r['loadavg']:.1f}"] for r in rows]))
+                  f"{r['ratio_cpu']:.2f}", "<= 2", f"{r['fresh']['wall']:.3f}", f"{r['reuse_gain']:.3f}",
+                  f"{r['loadavg']:.1f}"] for r in rows]))
+    print("fresh buffers: the same step with Trainer.fresh_buffers() (every temporary and node new); "
+          "reuse gain = its wall time / refreplay's")
     for r in rows:
         print(f"\nwhere one refreplay step spends its time ({r['threads']} thread(s), cProfile self time)")
         print(table(["function", "calls", "seconds", "share"],

@@ -430,6 +430,22 @@ def add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return _binary("add", _add_loop, _add_blocks, a, b)
 
 
+def add_into(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """[num.add.c1] a = a + b element by element, in place (returns ``a``):
+    the bits of ``add(a, b)``, each element read before it is written, so
+    no new array.  ``a``: C-contiguous, writeable; ``b``: the same shape,
+    sharing no memory with ``a``."""
+    fa, fb = _as_f32("add_into", "a", a), _as_f32("add_into", "b", b)
+    if a.shape != b.shape:
+        raise ValueError(f"add_into: operands must have the same shape, got {a.shape} and {b.shape}")
+    if not a.flags.c_contiguous or not a.flags.writeable:
+        raise ValueError("add_into: a must be a C-contiguous, writeable array (it receives the sum)")
+    if np.may_share_memory(a, b):
+        raise ValueError("add_into: a and b must not overlap")
+    run_elementwise(_add_loop, _add_blocks, fa.size, fa, fb, fa)
+    return a
+
+
 def sub(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """[num.add.c1] a - b element by element."""
     return _binary("sub", _sub_loop, _sub_blocks, a, b)

@@ -67,3 +67,17 @@ def check_scalar_f32(name: str, x) -> np.float32:
         raise ValueError(f"{name}={x!r} is not exactly representable in binary32; "
                          f"pass np.float32({x!r}) to use the nearest binary32")
     raise TypeError(f"{name} must be a binary32 scalar, got {type(x).__name__}")
+
+
+def check_out(name: str, out, shape: tuple, inputs=()) -> np.ndarray:
+    """An ``out=`` array: a writeable, C-contiguous float32 ndarray of
+    ``shape`` that shares no memory with any of ``inputs`` (the kernels read
+    their inputs while they write ``out``).  Its contents do not matter: every
+    kernel that takes an ``out`` overwrites every element of it."""
+    check_f32(name, out, len(shape))
+    check_shape(name, out, shape)
+    if not out.flags.writeable:
+        raise ValueError(f"{name} must be writeable")
+    if any(x is not None and np.may_share_memory(out, x) for x in inputs):
+        raise ValueError(f"{name} must not overlap an input")
+    return out

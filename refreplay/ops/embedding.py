@@ -12,7 +12,7 @@ from .._jit import parallel_kernel
 from ..errors import InputError
 from ..linalg.common import NEG_ZERO
 from ..numerics.core import ZERO, add
-from . import check_array, check_f32, check_shape
+from . import check_array, check_f32, check_out, check_shape
 
 # Channels per parallel task in the backward.  Any width gives the same bits:
 # each dwte element is touched by exactly one task, always in token order.
@@ -83,8 +83,11 @@ def embedding_forward(wte: np.ndarray, tokens: np.ndarray) -> np.ndarray:
     return out.reshape(B, T, C)
 
 
-def embedding_backward(dout: np.ndarray, tokens: np.ndarray, V: int) -> np.ndarray:
-    """[emb.bwd.c1] dout [B, T, C], tokens [B, T] int32 -> dwte [V, C] (new).
+def embedding_backward(dout: np.ndarray, tokens: np.ndarray, V: int, out=None) -> np.ndarray:
+    """[emb.bwd.c1] dout [B, T, C], tokens [B, T] int32 -> dwte [V, C] (new,
+    or ``out``: a float32 [V, C] C-contiguous array that overlaps no input,
+    whose old contents never matter: the kernel sets every row to its sum's
+    start, -0 or +0, before it accumulates, exactly as into a new array).
 
     A tied weight's two gradient contributions (embedding and output
     projection) are separate results; the model adds them as its spec says.
@@ -96,6 +99,9 @@ def embedding_backward(dout: np.ndarray, tokens: np.ndarray, V: int) -> np.ndarr
     _check_tokens(tokens, V)
     B, T, C = dout.shape
     check_shape("tokens", tokens, (B, T))
-    dwte = np.empty((V, C), dtype=np.float32)
+    if out is None:
+        dwte = np.empty((V, C), dtype=np.float32)
+    else:
+        dwte = check_out("out", out, (V, C), (dout, tokens))
     embedding_backward_kernel(dwte, dout.reshape(B * T, C), tokens.reshape(-1))
     return dwte

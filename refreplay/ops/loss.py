@@ -12,6 +12,7 @@ from numba import prange
 from .._jit import kernel, parallel_kernel
 from ..errors import InputError
 from ..numerics.core import F32, ONE, ZERO, add, mul, recip, sub
+from . import check_out
 from .rowblock import RB, n_blocks, new_tile
 from .softmax import block_max, exp_sum_block, logsumexp_block
 
@@ -115,8 +116,10 @@ def cross_entropy_forward(logits, targets, ignore_index=IGNORE_INDEX):
     return losses, np.float32(mean), int(count)
 
 
-def cross_entropy_backward(logits, targets, dloss=ONE, count=None, ignore_index=IGNORE_INDEX):
-    """[loss.bwd.c1] dlogits [N, V] of dloss * mean-loss.
+def cross_entropy_backward(logits, targets, dloss=ONE, count=None, ignore_index=IGNORE_INDEX, out=None):
+    """[loss.bwd.c1] dlogits [N, V] of dloss * mean-loss (new, or ``out``: a
+    float32 [N, V] C-contiguous array that overlaps no input; the kernel
+    writes every element of it, so its old contents never matter).
 
     ``count`` is the denominator of the mean; by default the number of counted
     tokens in this call (what ``cross_entropy_forward`` returned).  Pass a
@@ -129,6 +132,9 @@ def cross_entropy_backward(logits, targets, dloss=ONE, count=None, ignore_index=
         raise ValueError(f"count {count} must lie in [{counted}, 2^24]")
     dloss = np.float32(dloss)
     c = mul(dloss, recip(F32(count))) if count else ZERO
-    dlogits = np.empty_like(logits)
+    if out is None:
+        dlogits = np.empty_like(logits)
+    else:
+        dlogits = check_out("out", out, logits.shape, (logits, targets))
     cross_entropy_backward_kernel(logits, targets, ignore_index, F32(c), dlogits)
     return dlogits

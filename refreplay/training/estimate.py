@@ -40,6 +40,15 @@ def activation_bytes(cfg: ModelConfig, b: int) -> int:
     return F32_BYTES * (cfg.layers * per_layer + transient + head)
 
 
+def workspace_bytes(cfg: ModelConfig, b: int) -> int:
+    """Bytes of the reference trainer's reused scratch buffers
+    (``training/workspace.py``), which outlive a micro-batch: the logits and
+    their gradient [N, V], the head's activation gradient [N, C], and for a
+    tied weight its two gradient halves [V, C]."""
+    n, c, v = b * cfg.seq_len, cfg.width, cfg.vocab
+    return F32_BYTES * (2 * n * v + n * c + (2 * v * c if cfg.tied else 0))
+
+
 def largest_tensor_bytes(cfg: ModelConfig) -> int:
     return F32_BYTES * max(int(np.prod(s)) for s in param_shapes(cfg).values())
 
@@ -97,7 +106,7 @@ def cost(cfg: ModelConfig, train: TrainConfig) -> Cost:
              + 2 * state)  # the state copied and hashed
     act = activation_bytes(cfg, b)
     fold_phase = state + _grad_sets(m) * grad + act
-    optim_phase = 2 * state + 2 * grad
+    optim_phase = 2 * state + 2 * grad + workspace_bytes(cfg, b)  # the workspace outlives the backward
     peak_ram = max(fold_phase, optim_phase)
     peak_mapped = act + 4 * largest_tensor_bytes(cfg) + (64 << 20)
     return Cost(p, tokens, int(flops), int(moved), int(peak_ram), int(peak_mapped))

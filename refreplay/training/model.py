@@ -33,6 +33,7 @@ import numpy as np
 from ..numerics.core import F32, mul, sqrt
 from . import backend as backends
 from .presets import ModelConfig
+from .workspace import Workspace
 
 
 # ---- parameters -------------------------------------------------------------------
@@ -235,6 +236,9 @@ class Model:
     def __init__(self, cfg: ModelConfig, device=None):
         self.cfg = cfg.validate()
         self.ops = backends.get(device)  # where the ops run ("cpu", the default, or "cuda")
+        # backward's scratch buffers, reused across calls (host ops only; ``None``: every
+        # temporary new, as the device backend and a mapped memory budget want)
+        self.workspace = Workspace() if self.ops.name == "cpu" else None
         self.arrays = self.ops.arrays  # where the tensors live: the host, or the device
         self.shapes = param_shapes(cfg)
         self.learned = cfg.pos == "learned"  # [model.pos.c1]
@@ -273,9 +277,12 @@ class Model:
         keep = keep or (lambda a: a)
         return {k: keep(self.ops.bf16.round_f32(params[k])) for k in sorted(params)}
 
-    def forward(self, params: dict, tokens: np.ndarray, targets: np.ndarray):
+    def forward(self, params: dict, tokens: np.ndarray, targets: np.ndarray, scratch: bool = False):
         """[model.forward.c1] -> (mean loss, logits [N, V], ctx for backward).
-        Under "bf16", ``params`` are the working copies (``working_params``)."""
+        Under "bf16", ``params`` are the working copies (``working_params``).
+        ``scratch``: the logits in the workspace's buffer, which the next
+        such call overwrites (``loss_and_grads``, which drops them after the
+        backward); a new array otherwise."""
         cfg, ops, A = self.cfg, self.ops, self.arrays
         B, T = tokens.shape
         if T != cfg.seq_len or targets.shape != (B, T):
@@ -318,7 +325,8 @@ class Model:
             h = r(_add(ops, h, m))
         nf = _norm_fwd(ops, cfg, params, "lnf", h, ctx, "lnf", nb)
         head = params["wte"] if cfg.tied else params["head.w"]
-        logits = r(ops.linear.linear_forward(nf, head))
+        lg_out = self._scratch("logits", (B * T, cfg.vocab)) if scratch else {}
+        logits = r(ops.linear.linear_forward(nf, head, **lg_out))
         ctx.saved["head"] = nf
         y = targets.reshape(-1)
         _, mean, _ = ops.loss.cross_entropy_forward(logits, y)
@@ -337,9 +345,16 @@ class Model:
         grads = {} if grads is None else grads
         r = lambda x: _h(ops, cfg, x)  # noqa: E731  [bf16.ops.c1]: gradients of activations
         logits, y = ctx.saved["logits"]
-        dlogits = r(ops.loss.cross_entropy_backward(logits, y))
+        ws = self._scratch
+        N, V, C = logits.shape[0], cfg.vocab, cfg.width
+        # the temporaries of this pass (consumed before it returns) in reused buffers
+        dlogits = r(ops.loss.cross_entropy_backward(logits, y, **ws("dlogits", (N, V))))
         head = params["wte"] if cfg.tied else params["head.w"]
-        dnf, dhead, _ = ops.linear.linear_backward(dlogits, ctx.saved["head"], head, False)
+        # the head's weight gradient is a temporary only when tied (then added to dwte below)
+        o_dhead = ws("dhead", (V, C)).get("out") if cfg.tied else None
+        head_out = ws("dnf", (N, C))
+        head_out = {"out": (head_out["out"], o_dhead, None)} if head_out else {}
+        dnf, dhead, _ = ops.linear.linear_backward(dlogits, ctx.saved["head"], head, False, **head_out)
         dnf = r(dnf)
         dh = _norm_bwd(ops, cfg, params, "lnf", dnf, ctx, "lnf", grads)
         for i in reversed(range(cfg.layers)):
@@ -367,7 +382,8 @@ class Model:
             dqkv = A.merge_heads([dq, dk, dv], B, T, NH, HS)
             dn1 = _lin_bwd(ops, cfg, params, f"{p}.attn.qkv", dqkv, ctx, B, T, grads)
             dh = r(_add(ops, dh, _norm_bwd(ops, cfg, params, f"{p}.ln1", dn1, ctx, f"{p}.ln1", grads)))
-        dwte = ops.embedding.embedding_backward(dh.reshape(B, T, cfg.width), tokens, cfg.vocab)
+        dwte = ops.embedding.embedding_backward(dh.reshape(B, T, cfg.width), tokens, cfg.vocab,
+                                                **(ws("dwte", (V, C)) if cfg.tied else {}))
         if self.learned:  # [model.pos.c1] d wpe: [emb.bwd.c1] over the ids p[b, t] = t (b increasing)
             grads["wpe"] = ops.embedding.embedding_backward(dh.reshape(B, T, cfg.width), self.positions(B),
                                                             cfg.seq_len)
@@ -378,10 +394,17 @@ class Model:
             grads["head.w"] = dhead
         return {k: grads[k] for k in sorted(grads)}
 
+    def _scratch(self, name: str, shape: tuple) -> dict:
+        """``{"out": buffer}`` for an op's ``out=``, the workspace buffer of
+        ``name``; ``{}`` (a new array) without a workspace."""
+        if self.workspace is None:
+            return {}
+        return {"out": self.workspace.get(name, shape)}
+
     def loss_and_grads(self, params: dict, tokens: np.ndarray, targets: np.ndarray, grads=None) -> Result:
         """[model.forward.c1] [model.backward.c1] One micro-batch (``grads`` as
         for ``backward``; gradients where the model's tensors live: device
         arrays on a device-resident backend; under "bf16", ``params`` are the
         working copies)."""
-        mean, _, ctx = self.forward(params, tokens, targets)
+        mean, _, ctx = self.forward(params, tokens, targets, scratch=True)
         return Result(mean, self.backward(params, ctx, grads))

@@ -164,6 +164,11 @@ class Trainer:
         self.ops = backends.get(device)  # "cpu" (the reference, default) or "cuda": same bits
         self.memory = memory or budget.Memory()  # where large tensors live: never changes a bit
         self.model = Model(model_cfg, self.ops)
+        # Reused buffers (speed only, the same bits): the model's workspace, and the TreeFold's
+        # nodes written into their dead left operand.  Host ops, RAM budget only.
+        self.reuse = self.ops.name == "cpu" and not self.memory.mapped
+        if not self.reuse:  # under a memory budget no buffer outlives its pass
+            self.model.workspace = None
         self.cfg = train_cfg.validate()
         self.stream = stream
         self.recipe_hash = recipe_hash
@@ -172,6 +177,8 @@ class Trainer:
     def _merge(self, left, right):
         """[fold.tree.c1] The launcher's merge; under a mapped budget name by
         name, each sum moved to a file as soon as it exists."""
+        if self.reuse:  # the trainer's leaves are new gradient sets, each consumed by one node
+            return self.ops.treefold.merge_into(left, right)
         merge = self.ops.treefold.merge
         if not self.memory.mapped or sorted(left) != sorted(right):
             return merge(left, right)
@@ -183,6 +190,12 @@ class Trainer:
         if not self.memory.mapped:
             return scale(folded, m)
         return {k: self.memory.keep(scale(folded[k], m)) for k in sorted(folded)}
+
+    def fresh_buffers(self) -> None:
+        """Turn the buffer reuse off: every temporary and every tree node a
+        new array, as before issue #32 (benchmarks, tests)."""
+        self.reuse = False
+        self.model.workspace = None
 
     def data_position(self, step: int) -> tuple[int, int]:
         """[step.state.c1] (epoch, index) of the batch that step ``step + 1`` reads."""

@@ -73,6 +73,30 @@ def merge(left, right):
     return _add_arrays(left, right, "merge")
 
 
+def merge_into(left, right):
+    """[fold.leaves.c1] [fold.tree.c1] ``merge`` written into ``left``
+    (returned): the same ``add(left, right)`` element by element, the earlier
+    block on the left, so the same bits, and no new array.  For a fold whose
+    left operand is dead after its node (the trainer's, whose leaves are the
+    model's new gradient sets): every value on a FoldStack is consumed by
+    exactly one node."""
+    if isinstance(left, dict):
+        if not isinstance(right, dict) or sorted(left) != sorted(right):
+            raise ValueError("merge: leaves must have the same tensor names")
+        for k in sorted(left):
+            _add_arrays_into(left[k], right[k], f"merge[{k}]")
+        return left
+    return _add_arrays_into(left, right, "merge")
+
+
+def _add_arrays_into(left, right, what):
+    _check_f32(left, what)
+    _check_f32(right, what)
+    if left.shape != right.shape:
+        raise ValueError(f"{what}: shapes differ, {left.shape} vs {right.shape}")
+    return elementwise.add_into(left, right)  # [num.add.c1], element by element
+
+
 def scale(value, m: int):
     """[fold.scale.c1] The step's mean gradient: every element of the folded
     sum times recip(f32(M)); the reciprocal is computed once per step."""

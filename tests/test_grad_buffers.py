@@ -1,0 +1,376 @@
+"""Issue #32 item 4: the ``out=`` paths of the backward ops and the model's
+reused scratch buffers change no bit.
+
+Each op's ``out=`` result is compared bit for bit (uint32 views) with the
+allocating path's, with ``out`` NaN-filled beforehand (a kernel that left an
+element unwritten, or accumulated into the old contents, fails) and with one
+buffer reused for two different inputs (a kernel that depended on the
+previous call's contents fails).  Bad ``out`` arrays are refused with a
+clear error.  The whole-model and whole-step checks compare a model / trainer
+with its workspace against one without (every temporary new).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from refreplay.ops import embedding, linear, loss
+from refreplay.training.model import Model, init_params
+from refreplay.training.presets import ModelConfig, preset
+
+
+def bits(a):
+    return np.ascontiguousarray(a).view(np.uint32)
+
+
+def same(a, b):
+    assert a.shape == b.shape and a.dtype == b.dtype
+    np.testing.assert_array_equal(bits(a), bits(b))
+
+
+def nan_like(shape):
+    return np.full(shape, np.nan, np.float32)
+
+
+def rand(rs, *shape):
+    return rs.standard_normal(shape).astype(np.float32)
+
+
+# ---- embedding backward ([emb.bwd.c1]) ------------------------------------------------
+
+
+def emb_case(seed, V=37, B=3, T=11, C=70):
+    rs = np.random.RandomState(seed)
+    dout = rand(rs, B, T, C)
+    dout[0, 0, :3] = -0.0  # a row whose sum stays -0 must not read +0 from a stale buffer
+    tokens = rs.randint(0, V // 2, size=(B, T)).astype(np.int32)  # repeats, and ids never seen
+    return dout, tokens, V
+
+
+def test_embedding_out_is_bit_identical_on_garbage_and_reuse():
+    out = nan_like((37, 70))
+    for seed in (0, 1):
+        dout, tokens, V = emb_case(seed)
+        ref = embedding.embedding_backward(dout, tokens, V)
+        got = embedding.embedding_backward(dout, tokens, V, out=out)
+        assert got is out
+        same(got, ref)
+        # the unseen rows are +0 (the empty sum), the seen ones start at -0: both rewritten
+        unseen = np.setdiff1d(np.arange(V), tokens)
+        assert (bits(out[unseen]) == 0).all()
+        out[:] = np.nan  # garbage again before the reuse
+
+
+def test_embedding_reuse_with_different_tokens_clears_the_old_rows():
+    out = nan_like((37, 70))
+    d1, t1, V = emb_case(2)
+    embedding.embedding_backward(d1, t1, V, out=out)
+    t2 = (t1 + 17) % V  # other rows now: the previous ones must fall back to +0
+    same(embedding.embedding_backward(d1, t2, V, out=out), embedding.embedding_backward(d1, t2, V))
+
+
+def test_embedding_out_is_checked():
+    dout, tokens, V = emb_case(0)
+    with pytest.raises(ValueError, match="shape"):
+        embedding.embedding_backward(dout, tokens, V, out=nan_like((V + 1, 70)))
+    with pytest.raises(TypeError, match="float32"):
+        embedding.embedding_backward(dout, tokens, V, out=np.zeros((V, 70), np.float64))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        embedding.embedding_backward(dout, tokens, V, out=nan_like((70, V)).T)
+    ro = nan_like((V, 70))
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="writeable"):
+        embedding.embedding_backward(dout, tokens, V, out=ro)
+    with pytest.raises(TypeError, match="numpy array"):
+        embedding.embedding_backward(dout, tokens, V, out=[[0.0] * 70] * V)
+    big = nan_like((3 * 11 * 70 + V * 70,))  # out overlapping dout
+    d = big[:3 * 11 * 70].reshape(3, 11, 70)
+    d[:] = dout
+    with pytest.raises(ValueError, match="overlap"):
+        embedding.embedding_backward(d, tokens, V, out=big[3 * 11 * 70 - 70:3 * 11 * 70 - 70 + V * 70].reshape(V, 70))
+
+
+# ---- cross-entropy backward ([loss.bwd.c1]) -------------------------------------------
+
+
+def ce_case(seed, N=13, V=29):
+    rs = np.random.RandomState(seed)
+    logits = rand(rs, N, V) * 3
+    y = rs.randint(0, V, size=N).astype(np.int32)
+    y[[2, 7]] = -1  # ignored rows: written +0, not left stale
+    return logits, y
+
+
+def test_cross_entropy_out_is_bit_identical_on_garbage_and_reuse():
+    out = nan_like((13, 29))
+    for seed in (0, 1):
+        logits, y = ce_case(seed)
+        ref = loss.cross_entropy_backward(logits, y)
+        got = loss.cross_entropy_backward(logits, y, out=out)
+        assert got is out
+        same(got, ref)
+    logits, y = ce_case(3)
+    same(loss.cross_entropy_backward(logits, y, dloss=np.float32(0.5), count=20, out=out),
+         loss.cross_entropy_backward(logits, y, dloss=np.float32(0.5), count=20))
+
+
+def test_cross_entropy_out_is_checked():
+    logits, y = ce_case(0)
+    with pytest.raises(ValueError, match="shape"):
+        loss.cross_entropy_backward(logits, y, out=nan_like((13, 30)))
+    with pytest.raises(TypeError, match="float32"):
+        loss.cross_entropy_backward(logits, y, out=np.zeros((13, 29), np.float16))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        loss.cross_entropy_backward(logits, y, out=nan_like((13, 58))[:, ::2])
+    with pytest.raises(ValueError, match="overlap"):
+        loss.cross_entropy_backward(logits, y, out=logits)
+
+
+# ---- linear forward / backward ([linear.fwd.c1] [linear.bwd.c1]) ----------------------
+
+
+def lin_case(seed, N=19, C=24, OC=33):
+    rs = np.random.RandomState(seed)
+    return rand(rs, N, OC), rand(rs, N, C), rand(rs, OC, C), rand(rs, OC)
+
+
+@pytest.mark.parametrize("has_bias", [True, False])
+def test_linear_backward_out_is_bit_identical_on_garbage_and_reuse(has_bias):
+    outs = (nan_like((19, 24)), nan_like((33, 24)), nan_like((33,)) if has_bias else None)
+    for seed in (0, 1):
+        dy, x, W, _ = lin_case(seed)
+        ref = linear.linear_backward(dy, x, W, has_bias)
+        got = linear.linear_backward(dy, x, W, has_bias, out=outs)
+        for g, r, o in zip(got, ref, outs):
+            if r is None:
+                assert g is None
+            else:
+                assert g is o
+                same(g, r)
+
+
+def test_linear_backward_partial_out():
+    dy, x, W, _ = lin_case(4)
+    ref = linear.linear_backward(dy, x, W, True)
+    dw = nan_like((33, 24))
+    got = linear.linear_backward(dy, x, W, True, out=(None, dw, None))
+    assert got[1] is dw
+    for g, r in zip(got, ref):
+        same(g, r)
+
+
+def test_linear_forward_out():
+    out = nan_like((19, 33))
+    for seed, with_b in ((0, True), (1, False)):
+        _, x, W, b = lin_case(seed)
+        b = b if with_b else None
+        got = linear.linear_forward(x, W, b, out=out)
+        assert got is out
+        same(got, linear.linear_forward(x, W, b))
+
+
+def test_linear_out_is_checked():
+    dy, x, W, b = lin_case(0)
+    good = (nan_like((19, 24)), nan_like((33, 24)), nan_like((33,)))
+    with pytest.raises(TypeError, match="tuple"):
+        linear.linear_backward(dy, x, W, True, out=good[0])
+    with pytest.raises(ValueError, match=r"out\[1\] \(dW\) must have shape"):
+        linear.linear_backward(dy, x, W, True, out=(good[0], nan_like((24, 33)), good[2]))
+    with pytest.raises(TypeError, match=r"out\[0\] \(dx\) must be float32"):
+        linear.linear_backward(dy, x, W, True, out=(np.zeros((19, 24)), good[1], good[2]))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        linear.linear_backward(dy, x, W, True, out=(good[0], nan_like((24, 33)).T, good[2]))
+    with pytest.raises(ValueError, match="overlap"):  # dx in x: matmul_tn would read the overwritten x
+        linear.linear_backward(dy, x, W, True, out=(x, good[1], good[2]))
+    both = nan_like((33, 24))
+    with pytest.raises(ValueError, match="overlap"):  # two outputs in one buffer
+        linear.linear_backward(dy, x, W, True, out=(good[0], both, both[0]))
+    with pytest.raises(ValueError, match="has_bias is False"):
+        linear.linear_backward(dy, x, W, False, out=good)
+
+
+def test_linear_forward_refuses_out_in_its_input():
+    _, x, W, b = lin_case(0)
+    buf = np.zeros(x.size + 19 * 33, np.float32)
+    xx = buf[:x.size].reshape(x.shape)
+    xx[:] = x
+    with pytest.raises(ValueError, match="overlap"):
+        linear.linear_forward(xx, W, b, out=buf[x.size - 5:x.size - 5 + 19 * 33].reshape(19, 33))
+
+
+# ---- the model and the step ------------------------------------------------------------
+
+CONFIGS = {
+    "tied-rms": ModelConfig(vocab=64, width=16, layers=1, heads=2, seq_len=8, mlp_hidden=32),
+    "untied-layer-bias": ModelConfig(vocab=64, width=16, layers=1, heads=2, seq_len=8, mlp_hidden=32,
+                                     norm="layer", tied=False, bias=True),
+    "tied-learned-bf16": ModelConfig(vocab=64, width=16, layers=1, heads=2, seq_len=8, mlp_hidden=32,
+                                     pos="learned", precision="bf16", mlp="swiglu"),
+}
+
+
+def _batch(cfg, seed, B=3):
+    rs = np.random.RandomState(seed)
+    t = rs.randint(0, cfg.vocab, size=(B, cfg.seq_len + 1)).astype(np.int32)
+    return np.ascontiguousarray(t[:, :-1]), np.ascontiguousarray(t[:, 1:])
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_model_workspace_gives_the_same_bits_and_allocates_once(name):
+    cfg = CONFIGS[name]
+    fresh, reuse = Model(cfg), Model(cfg)
+    fresh.workspace = None
+    assert reuse.workspace is not None
+    params = init_params(cfg, seed=5)
+    wp = reuse.working_params(params)
+    seen = []
+    for mb in range(3):  # micro-batches, the scratch buffers poisoned between them
+        x, y = _batch(cfg, mb)
+        a = fresh.loss_and_grads(wp, x, y)
+        b = reuse.loss_and_grads(wp, x, y)
+        same(np.float32(a.loss).reshape(1), np.float32(b.loss).reshape(1))
+        assert sorted(a.grads) == sorted(b.grads)
+        for k in a.grads:
+            same(a.grads[k], b.grads[k])
+        seen.append(b.grads)
+        if mb == 0:
+            made = reuse.workspace.allocations
+            assert made >= 3  # logits, dlogits, dnf (+ dwte, dhead when tied)
+        for buf in reuse.workspace._bufs.values():
+            buf[...] = np.nan
+    assert reuse.workspace.allocations == made  # reused, not reallocated
+    # the memory estimate counts exactly what the workspace keeps between steps
+    from refreplay.training import estimate
+    kept = sum(buf.nbytes for buf in reuse.workspace._bufs.values())
+    assert kept == estimate.workspace_bytes(cfg, 3)
+    # no returned gradient lives in a scratch buffer (the TreeFold keeps them)
+    for g in seen:
+        for k, arr in g.items():
+            for buf in reuse.workspace._bufs.values():
+                assert not np.may_share_memory(arr, buf), k
+    # earlier micro-batches' gradients were not overwritten by later ones
+    x, y = _batch(cfg, 0)
+    again = fresh.loss_and_grads(wp, x, y)
+    for k in again.grads:
+        same(again.grads[k], seen[0][k])
+
+
+def test_forward_without_scratch_returns_a_new_logits_array():
+    cfg = CONFIGS["tied-rms"]
+    m = Model(cfg)
+    params = init_params(cfg, seed=1)
+    x, y = _batch(cfg, 0)
+    _, l1, ctx = m.forward(params, x, y)
+    m.loss_and_grads(params, *_batch(cfg, 1))  # uses the scratch logits
+    _, l2, _ = m.forward(params, x, y)
+    same(l1, l2)
+    for buf in m.workspace._bufs.values():
+        assert not np.may_share_memory(l1, buf)
+
+
+def test_a_step_with_reused_buffers_has_the_same_state_root():
+    from refreplay.training.data import Batching, Stream
+    from refreplay.training.launch.inproc import InProcess
+    from refreplay.training.step import Trainer
+
+    mc, tc = preset("tiny")
+    rs = np.random.RandomState(0)
+    samples = rs.randint(0, 256, size=(2 * tc.micro_batches * tc.micro_batch_size, mc.seq_len + 1))
+    stream = Stream(samples.astype(np.uint8), tc.seed, Batching(tc.micro_batches, tc.micro_batch_size))
+    roots = []
+    for reuse in (False, True):
+        tr = Trainer(mc, tc, stream, "00" * 32)
+        assert tr.reuse
+        if not reuse:
+            tr.fresh_buffers()
+        st, link = tr.initial_state(), "00" * 32
+        rec = []
+        for _ in range(2):  # across steps too
+            st, r = tr.step(st, link, InProcess(1))
+            link = r.chain_link
+            rec.append((r.state_root, r.chain_link, r.loss_hex()))
+        roots.append(rec)
+        if reuse:
+            assert tr.model.workspace.allocations == 5  # tied: logits, dlogits, dnf, dhead, dwte
+    assert roots[0] == roots[1]
+
+
+def test_a_mapped_budget_turns_the_workspace_off():
+    from refreplay.training import budget
+    from refreplay.training.data import Batching, Stream
+    from refreplay.training.step import Trainer
+
+    mc, tc = preset("tiny")
+    samples = np.zeros((tc.micro_batches * tc.micro_batch_size, mc.seq_len + 1), np.uint8)
+    stream = Stream(samples, tc.seed, Batching(tc.micro_batches, tc.micro_batch_size))
+    assert Trainer(mc, tc, stream, "00" * 32).model.workspace is not None
+    off = Trainer(mc, tc, stream, "00" * 32, memory=budget.Memory(True))
+    assert off.model.workspace is None and not off.reuse
+
+
+# ---- the TreeFold's nodes in place ([fold.tree.c1]) ---------
+
+
+def _leaves(seed, M=7):  # M >= 4
+    rs = np.random.RandomState(seed)
+    leaves = [{"a": rand(rs, 5, 3) * 10 ** rs.randint(-3, 4), "b": rand(rs, 70000)} for _ in range(M)]
+    leaves[1]["a"][0, 0] = np.float32(-0.0)
+    leaves[2]["a"][0, 0] = np.float32(-0.0)  # -0 + -0 stays -0
+    leaves[3]["b"][:4] = [np.inf, -np.inf, np.nan, 1e38]
+    return leaves
+
+
+@pytest.mark.parametrize("ranks", [1, 3])
+def test_fold_in_place_gives_the_bits_of_the_allocating_fold(ranks):
+    from refreplay.training import treefold
+    from refreplay.training.launch.inproc import InProcess
+
+    ref = treefold.scale(InProcess(ranks).fold(lambda i: _leaves(0)[i], 7), 7)
+    got = treefold.scale(InProcess(ranks).fold(lambda i: _leaves(0)[i], 7, treefold.merge_into), 7)
+    for k in ref:
+        same(got[k], ref[k])
+
+
+def test_merge_into_writes_left_and_refuses_overlap():
+    from refreplay.numerics import elementwise
+    from refreplay.training import treefold
+
+    left, right = _leaves(1)[2:4]
+    want = treefold.merge(left, right)
+    keep = {k: right[k].copy() for k in right}
+    got = treefold.merge_into(left, right)
+    assert got is left
+    for k in want:
+        same(got[k], want[k])
+        same(right[k], keep[k])  # the right operand is read only
+    x = np.ones(10, np.float32)
+    with pytest.raises(ValueError, match="overlap"):
+        elementwise.add_into(x, x)
+    with pytest.raises(ValueError, match="shape"):
+        elementwise.add_into(x, np.ones(9, np.float32))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        elementwise.add_into(np.ones(20, np.float32)[::2], x)
+    with pytest.raises(ValueError, match="same tensor names"):
+        treefold.merge_into({"a": x}, {"b": x.copy()})
+
+
+def test_a_step_with_three_ranks_and_reuse_has_the_same_root():
+    from refreplay.training.data import Batching, Stream
+    from refreplay.training.launch.inproc import InProcess
+    from refreplay.training.step import Trainer
+
+    mc, tc = preset("tiny")
+    rs = np.random.RandomState(3)
+    samples = rs.randint(0, 256, size=(tc.micro_batches * tc.micro_batch_size, mc.seq_len + 1))
+    stream = Stream(samples.astype(np.uint8), tc.seed, Batching(tc.micro_batches, tc.micro_batch_size))
+    roots = []
+    for reuse in (False, True):
+        tr = Trainer(mc, tc, stream, "00" * 32)
+        if not reuse:
+            tr.fresh_buffers()
+        s0 = tr.initial_state()
+        root0 = s0.root()
+        st, rec = tr.step(s0, "00" * 32, InProcess(3))
+        assert s0.root() == root0  # the step leaves its input state alone
+        roots.append(rec.state_root)
+    assert roots[0] == roots[1]
