@@ -252,7 +252,8 @@ DEVIANT = '''
 import numpy as np
 from refreplay import linalg, numerics
 import refreplay.numerics.elementwise
-from refreplay.conformance import fp, orders
+from refreplay.conformance.base import deviant as fp
+from refreplay.conformance.readings import orders
 
 
 def tf32_matmul(op, A, B):
