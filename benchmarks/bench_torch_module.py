@@ -25,7 +25,7 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from refreplay.conformance import steps as golden  # noqa: E402
+from refreplay.conformance.golden import steps as golden  # noqa: E402
 from refreplay.training.data import Batching, Stream  # noqa: E402
 from refreplay.training.launch.inproc import InProcess  # noqa: E402
 from refreplay.training.presets import preset  # noqa: E402

@@ -65,7 +65,9 @@ class _Suite:
     """One kernel's cases; each op is run (and diagnosed) the first time one of its cases is asked for."""
 
     def __init__(self, config, kernel_name):
-        from .conformance import kernels, runner, store
+        from .conformance.running import adapters as kernels
+        from .conformance.running import compare as runner
+        from .conformance.golden import store
         from .errors import InputError
 
         try:
@@ -86,7 +88,8 @@ class _Suite:
 
     def outcome(self, case):
         """(this case's Result, the op's findings)."""
-        from .conformance import report, runner
+        from .conformance.reporting import report
+        from .conformance.running import compare as runner
 
         if case.op not in self._done:
             cases = [c for c in self.cases if c.op == case.op]
@@ -108,7 +111,7 @@ class CaseItem(pytest.Item):
         self.case = case
 
     def runtest(self):
-        from .conformance.report import case_report
+        from .conformance.reporting.report import case_report
 
         r, findings = self.suite.outcome(self.case)
         text = case_report(r, findings)

@@ -17,7 +17,7 @@ from numba import cuda
 from numba.cuda.simulator import kernel as simkernel
 from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
 
-from refreplay.conformance.steps import recipe_sha256
+from refreplay.conformance.golden.steps import recipe_sha256
 from refreplay.training.data import Batching, Stream
 from refreplay.training.launch.inproc import InProcess
 from refreplay.training.model import linear_names, param_shapes

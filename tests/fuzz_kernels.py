@@ -8,7 +8,7 @@ the spec's own rounded primitives ([num.add.c1], [num.exp.c1], ...).
 import numpy as np
 
 from refreplay import linalg
-from refreplay.conformance.cases import load_inputs
+from refreplay.conformance.base.case import load_inputs
 from refreplay.numerics import elementwise as E
 from refreplay.ops import softmax as S
 

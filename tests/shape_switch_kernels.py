@@ -21,7 +21,7 @@ because ``matmul`` is taken.
 import numpy as np
 
 from refreplay import linalg, numerics
-from refreplay.conformance.registry import OPS
+from refreplay.conformance.table import OPS
 from refreplay.numerics import bf16 as B16, elementwise as E
 from refreplay.ops import loss, norms, optim, softmax as S
 
@@ -50,7 +50,7 @@ def matmul(A, B):
 def aligned_matmul(op, A, B):
     """A dispatcher: matmul only; the fast path when J and K are multiples of 128."""
     if op != "matmul":
-        from refreplay.conformance.kernels import Unsupported
+        from refreplay.conformance.running.kernel import Unsupported
 
         raise Unsupported("aligned_matmul implements matmul only")
     A, B = numerics.load(A), numerics.load(B)

@@ -382,7 +382,7 @@ def opened_files():
 def test_vectors_manifest_traversal_is_refused_before_any_read(tmp_path):
     import hashlib
 
-    from refreplay.conformance import store
+    from refreplay.conformance.golden import store
 
     vec = tmp_path / "a" / "b" / "vectors"
     vec.mkdir(parents=True)

@@ -13,8 +13,12 @@ import pytest
 
 import refreplay.conformance as rc
 from refreplay import tensorio
-from refreplay.conformance import bf16_variants as BV, live, runner, store
-from refreplay.conformance.registry import OPS
+from refreplay.conformance.readings import bf16 as BV
+from refreplay.conformance.base import bf16 as bf16bits
+from refreplay.conformance.shapes import live
+from refreplay.conformance.running import adapters, compare as runner
+from refreplay.conformance.golden import store
+from refreplay.conformance.table import OPS
 from refreplay.errors import InputError
 
 BF16_OPS = [o for o in OPS if o.startswith("bf16_")]
@@ -131,13 +135,13 @@ def test_live_and_fuzz_accept_bf16_ops():
     dims = live.parse_shape("bf16_matmul", "I=2,K=300,J=3")
     case = live.build("bf16_matmul", dims, seed=1)
     assert case.bf16 == {"in/A", "in/B"} and case.inputs["A"].dtype == np.uint16
-    assert runner.run_case(rc.kernels.resolve("reference"), case).status == "pass"
+    assert runner.run_case(adapters.resolve("reference"), case).status == "pass"
     case = live.build("bf16_softmax_backward", live.parse_shape("bf16_softmax_backward", "N=2,V=9"), seed=1)
     assert case.bf16 == {"in/dy", "in/y", "out/dx"}
     pytest.importorskip("hypothesis")
     from refreplay.testing import fuzz
 
-    out = fuzz.fuzz(rc.kernels.resolve("reference"), "bf16_layernorm_forward", 5, 0, 4096)
+    out = fuzz.fuzz(adapters.resolve("reference"), "bf16_layernorm_forward", 5, 0, 4096)
     assert out.result is None
 
 
@@ -192,8 +196,8 @@ def test_a_probe_that_does_not_isolate_is_refused():
     """[bf16.probes.c1] The generator's check: a rounding probe of exact bf16
     sums, an accumulation probe whose partial sums are bf16 values, and an
     intermediate probe whose rounding changes nothing are refused."""
-    from refreplay.conformance import bf16_ops
-    from refreplay.conformance.builders import ProbeError
+    from refreplay.conformance.table import bf16 as bf16_ops
+    from refreplay.conformance.inputs.separation import ProbeError
 
     def check(op, family, inputs):
         opdef = OPS[op]
@@ -232,8 +236,8 @@ def test_bf16_variant_models_give_the_reference_bits():
     """[conf.diagnosis.r1] The binary32 op models of ``variants`` between the
     conversions give every committed bf16 case's bits with the spec's parts,
     so a variant the diagnosis names differs from the spec by its one part."""
-    from refreplay.conformance import variants as Vr
-    from refreplay.conformance.cases import load_inputs
+    from refreplay.conformance.readings import transformer as Vr
+    from refreplay.conformance.base.case import load_inputs
 
     ops = [o for o in Vr.MODELS if o.startswith("bf16_")]
     assert len(ops) >= 14
@@ -243,7 +247,7 @@ def test_bf16_variant_models_give_the_reference_bits():
         if c.family == "sweep":
             continue
         outs = Vr.evaluate(c.op, load_inputs(list(c.inputs.values())))
-        exp = [BV.widen(e) if f"out/{n}" in c.bf16 else e for n, e in c.outputs.items()]
+        exp = [bf16bits.widen(e) if f"out/{n}" in c.bf16 else e for n, e in c.outputs.items()]
         assert Vr.distance(outs, exp)[0] == 0, c.id
         checked += 1
     assert checked >= 90

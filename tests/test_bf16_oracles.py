@@ -34,7 +34,7 @@ import numpy as np
 import pytest
 
 import naive_numerics as nn
-from refreplay.conformance import store
+from refreplay.conformance.golden import store
 from refreplay.ops import bf16 as OB
 from test_bf16_numerics import oracle_encode
 

@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 
 from refreplay import cli
-from refreplay.conformance import fp, runner, store
+from refreplay.conformance.base import deviant as fp
+from refreplay.conformance.running import compare as runner
+from refreplay.conformance.golden import store
 
 REPO = Path(__file__).resolve().parent.parent
 C_SOURCE = REPO / "examples" / "c_matmul" / "matmul.c"
@@ -136,7 +138,7 @@ def test_exec_protocol_unsupported_op_is_skipped(tmp_path, c_builds):
 
 
 def test_exec_writes_language_neutral_case(tmp_path):
-    from refreplay.conformance import execproto
+    from refreplay.conformance.running import execproto
 
     A = np.arange(6, dtype=np.float32).reshape(2, 3)
     B = np.ones((3, 1), np.float32)
@@ -250,7 +252,8 @@ DEVIANT = '''
 import numpy as np
 from refreplay import linalg, numerics
 import refreplay.numerics.elementwise
-from refreplay.conformance import fp, orders
+from refreplay.conformance.base import deviant as fp
+from refreplay.conformance.readings import orders
 
 
 def tf32_matmul(op, A, B):

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import refreplay.conformance as rc
-from refreplay.conformance import fp
-from refreplay.conformance.cases import load_inputs
-from refreplay.conformance.registry import OPS
+from refreplay.conformance.base import deviant as fp
+from refreplay.conformance.base.case import load_inputs
+from refreplay.conformance.table import OPS
 
 
 def _reference(op, *inputs):

@@ -9,7 +9,11 @@ The kernels are float32 NumPy emulations of the spec's sequential sum
 import numpy as np
 import pytest
 
-from refreplay.conformance import fp, kernels, report, runner, store
+from refreplay.conformance.base import deviant as fp
+from refreplay.conformance.running import adapters as kernels
+from refreplay.conformance.reporting import report
+from refreplay.conformance.running import compare as runner
+from refreplay.conformance.golden import store
 
 F32 = np.float32
 FLT_MIN = F32(2.0 ** -126)

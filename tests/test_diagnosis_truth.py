@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import refreplay.conformance as rc
-from refreplay.conformance import fp
-from refreplay.conformance.cases import load_inputs
-from refreplay.conformance.registry import OPS
+from refreplay.conformance.base import deviant as fp
+from refreplay.conformance.base.case import load_inputs
+from refreplay.conformance.table import OPS
 
 F32 = np.float32
 
@@ -115,7 +115,7 @@ def test_a_variant_that_explains_some_elements_is_partial_with_counts():
     """linear_forward contracting the multiply-add in odd output columns and
     summing the even ones in reverse: no variant reproduces both, so the
     closest is reported as partial, with counts, never as the cause."""
-    from refreplay.conformance import variants as V
+    from refreplay.conformance.readings import transformer as V
 
     by_name = {d.name: d for d in V.DEVIATIONS}
 
@@ -249,7 +249,7 @@ def test_an_order_that_fits_only_some_probes_is_partial():
     """A row sum that is reversed for odd lengths and pairwise for even ones:
     no candidate order reproduces every failing order probe, and the finding
     says how many the closest one reproduces instead of naming it."""
-    from refreplay.conformance import orders
+    from refreplay.conformance.readings import orders
 
     by = {o.name: o for o in orders.candidates(False)}
 

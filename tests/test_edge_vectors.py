@@ -1,4 +1,4 @@
-"""The cases of ``conformance/edges.py`` (issue 31, items 3 and 6;
+"""The cases of ``conformance/shapes/edges.py`` (issue 31, items 3 and 6;
 [conf.edges.c1]): each wrong reading that passed every committed vector
 passes every case but these and fails one of these; and the bf16 twin of
 every binary32 reading of the mutation harness ([bf16.ops.c1]: the reading
@@ -14,8 +14,12 @@ import numpy as np
 import pytest
 
 import mutants as M
-from refreplay.conformance import edges, generate, kernels, runner, store
-from refreplay.conformance.registry import OPS
+from refreplay.conformance.shapes import edges
+from refreplay.conformance.golden import generate
+from refreplay.conformance.running import adapters as kernels
+from refreplay.conformance.running import compare as runner
+from refreplay.conformance.golden import store
+from refreplay.conformance.table import OPS
 
 SHAPE_SWITCHES = {"sum split above 8192", "matmul split-K above 4096", "softmax online above V=4096"}
 # readings that passed every vector before edges.py; each must now fail an edges case and only those

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from refreplay import cli
-from refreplay.conformance import execproto, store
-from refreplay.conformance.cases import dtype_name
-from refreplay.conformance.kernels import KernelError, Unsupported
+from refreplay.conformance.running import execproto
+from refreplay.conformance.golden import store
+from refreplay.conformance.base.case import dtype_name
+from refreplay.conformance.running.kernel import KernelError, Unsupported
 
 OP = "embedding_forward"  # the op with the fewest cases: every case spawns the program
 

@@ -9,7 +9,8 @@ import pytest
 
 import fuzz_kernels
 from refreplay import cli
-from refreplay.conformance import kernels, store
+from refreplay.conformance.running import adapters as kernels
+from refreplay.conformance.golden import store
 from refreplay.testing import fuzz
 
 MAX_ELEMENTS = 4096
@@ -91,9 +92,9 @@ def test_fuzz_cli_is_deterministic_diagnoses_and_saves_a_replayable_case(tmp_pat
 _IN_PROCESS = """
 import sys
 if sys.argv[1] == "after-imports":
-    from refreplay.conformance import live, store  # noqa: F401
-    live.check_save_target(sys.argv[2])
-from refreplay.conformance import kernels
+    from refreplay.conformance.golden import live_save, store  # noqa: F401
+    live_save.check_save_target(sys.argv[2])
+from refreplay.conformance.running import adapters as kernels
 from refreplay.testing import fuzz
 o = fuzz.fuzz(kernels.resolve("fuzz_kernels:matmul"), "matmul", 200, 0, %d)
 print(f"after {o.found_after} examples ({o.examples} examples in all")
@@ -152,7 +153,7 @@ def test_kernel_errors_and_declines_are_failures(tmp_path, monkeypatch, capsys):
                    "def matmul(A, B):\n"
                    "    if A.shape[1] > 20: raise RuntimeError('too long')\n"
                    "    from refreplay import linalg\n"
-                   "    from refreplay.conformance.cases import load_inputs\n"
+                   "    from refreplay.conformance.base.case import load_inputs\n"
                    "    return linalg.matmul(*load_inputs([A, B]))\n"
                    "def other(op, *xs):\n"
                    "    raise NotImplementedError\n")
@@ -168,7 +169,7 @@ def test_kernel_errors_and_declines_are_failures(tmp_path, monkeypatch, capsys):
 
 from hypothesis import Phase, given, settings  # noqa: E402
 
-from refreplay.conformance import live  # noqa: E402
+from refreplay.conformance.shapes import live  # noqa: E402
 from refreplay.testing import strategies as rs  # noqa: E402
 
 _u = lambda a: np.ascontiguousarray(a).view(np.uint32)  # noqa: E731
@@ -228,7 +229,7 @@ def test_strategies_in_a_kernel_authors_own_test():
     import numba
 
     from refreplay import linalg
-    from refreplay.conformance.cases import load_inputs
+    from refreplay.conformance.base.case import load_inputs
 
     def my_test(kernel, examples):
         @settings(max_examples=examples, database=None, derandomize=True, deadline=None,

@@ -14,9 +14,9 @@ import pytest
 
 import mutants as M
 from refreplay import cli
-from refreplay.conformance import steps
+from refreplay.conformance.golden import steps
 from refreplay.ops import optim
-from refreplay.conformance.store import VECTOR_DIR
+from refreplay.conformance.golden.store import VECTOR_DIR
 
 PATH = VECTOR_DIR / steps.STEPS_FILE
 

@@ -167,3 +167,108 @@ def test_an_upward_import_from_cuda_backend_is_caught(source):
 def test_cuda_backend_may_import_numerics():
     assert not cuda_upward_imports("transcendental.py", "from refreplay.numerics.transcendental import EXP_C\n"
                                                         "from refreplay import numerics\n")
+
+
+# ---- conformance/: its stages, in the map of refreplay/conformance/__init__.py -------------
+
+import refreplay.conformance as _conformance  # noqa: E402
+
+CONF = PKG / "conformance"
+STAGES = {name.split()[0]: n for name, n in
+          ((m.group(2), int(m.group(1))) for m in re.finditer(r"^    (\d)      (\S.*)$", _conformance.__doc__, re.M))}
+
+
+def conformance_imports(rel: str, source: str) -> list[tuple[int, str, str]]:
+    """(line, stage, module) of every import of a conformance module in conformance/``rel``:
+    its stage is the sub-package (or "api"), its module the dotted name below the suite."""
+    pkg = ["refreplay", "conformance", *Path(rel).parent.parts]
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg[: len(pkg) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            mods = [f"{mod}.{a.name}" for a in node.names] if mod.count(".") <= 2 else [mod]
+        elif isinstance(node, ast.Import):
+            mods = [a.name for a in node.names]
+        else:
+            continue
+        for m in mods:
+            parts = m.split(".")
+            if parts[:2] == ["refreplay", "conformance"] and len(parts) > 2:
+                out.append((node.lineno, parts[2], ".".join(parts[2:4])))
+    return out
+
+
+def conformance_violations(rel: str, source: str) -> list[str]:
+    stage = Path(rel).parts[0].removesuffix(".py")
+    return [f"conformance/{rel}:{line}: stage {STAGES[stage]} ({stage}) imports stage "
+            f"{STAGES.get(target, '?')} ({target})"
+            for line, target, _ in conformance_imports(rel, source)
+            if target != stage and (target not in STAGES or STAGES[target] >= STAGES[stage])]
+
+
+def test_every_conformance_file_is_in_a_stage():
+    on_disk = ({p.stem for p in CONF.glob("*.py") if p.stem != "__init__"}
+               | {p.parent.name for p in CONF.glob("*/__init__.py")})
+    assert set(STAGES) == on_disk, (sorted(on_disk - set(STAGES)), sorted(set(STAGES) - on_disk))
+    assert not [p for p in CONF.glob("*/*/") if p.name != "__pycache__"], "stages are one level deep"
+
+
+def test_conformance_imports_go_only_to_lower_stages():
+    bad = []
+    for path in sorted(CONF.rglob("*.py")):
+        rel = path.relative_to(CONF).as_posix()
+        if rel == "__init__.py":
+            continue  # the suite's entry loads api lazily
+        bad += conformance_violations(rel, path.read_text())
+    assert not bad, "\n".join(bad)
+
+
+def test_no_circle_inside_a_stage():
+    graph: dict[str, set[str]] = {}
+    for path in sorted(CONF.rglob("*.py")):
+        rel = path.relative_to(CONF)
+        if len(rel.parts) != 2:
+            continue
+        me = f"{rel.parts[0]}.{rel.stem}"
+        graph[me] = {m for _, st, m in conformance_imports(rel.as_posix(), path.read_text())
+                     if st == rel.parts[0] and m != me and "." in m and not m.endswith(".__init__")}
+    state: dict[str, int] = {}
+
+    def visit(node, trail):
+        if state.get(node) == 1:
+            raise AssertionError("import circle: " + " -> ".join(trail[trail.index(node):] + [node]))
+        if state.get(node) == 2:
+            return
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            visit(nxt, trail + [node])
+        state[node] = 2
+
+    for node in sorted(graph):
+        visit(node, [])
+
+
+@pytest.mark.parametrize("rel, source", [
+    ("table/core.py", "from ..golden import store\n"),                       # up
+    ("inputs/builders.py", "def f():\n    from ..shapes import axes\n"),     # up, lazy
+    ("base/case.py", "from ..readings import orders\n"),
+    ("running/compare.py", "from refreplay.conformance.diagnosis import diagnose\n"),
+    ("golden/store.py", "from .. import api\n"),
+    ("readings/bf16.py", "from ..readings import orders\nfrom ..inputs import values\n"),
+])
+def test_an_upward_conformance_import_is_caught(rel, source):
+    assert conformance_violations(rel, source)
+
+
+@pytest.mark.parametrize("rel, source", [
+    ("golden/generate.py", "from ..shapes import axes as axis_sweeps\nfrom ..table import OPS\n"),
+    ("api.py", "from .reporting import report\n"),
+    ("readings/bf16.py", "from . import transformer as Vr\nfrom ..base.bf16 import widen\n"),
+])
+def test_a_downward_conformance_import_passes(rel, source):
+    assert not conformance_violations(rel, source)
+

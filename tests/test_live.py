@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from refreplay import cli
-from refreplay.conformance import live, store
-from refreplay.conformance.registry import OPS
+from refreplay.conformance.shapes import live
+from refreplay.conformance.golden import store
+from refreplay.conformance.table import OPS
 from refreplay.training.presets import PRESETS
 
 FOCUS = ("matmul", "matmul_nt", "dot", "sum", "softmax_forward", "layernorm_forward", "cross_entropy_forward")
@@ -42,7 +43,7 @@ def test_live_case_at_a_committed_shape_uses_the_committed_pipeline():
     """A live case's expected outputs are the reference on the loaded inputs,
     the generator's own rule: rebuilding the outputs of a live case from its
     inputs through the committed generator's path gives the same bits."""
-    from refreplay.conformance.cases import as_outputs, load_inputs
+    from refreplay.conformance.base.case import as_outputs, load_inputs
 
     for op, dims in (("matmul", {"I": 17, "K": 35, "J": 23}), ("softmax_forward", {"N": 2, "V": 257}),
                      ("cross_entropy_forward", {"N": 3, "V": 257})):

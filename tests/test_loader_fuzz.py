@@ -42,7 +42,7 @@ from refreplay.verify import audit
 import auditor_keys
 from json_fuzz import deep, deep_value, json_values, mutated
 from refreplay.cli import main
-from refreplay.conformance import store
+from refreplay.conformance.golden import store
 from refreplay.errors import InputError
 from refreplay.training.launch.inproc import InProcess
 
@@ -329,7 +329,7 @@ def _vectors(tmp_path, data):
     original = (vec / store.MANIFEST).read_text()
     (vec / store.MANIFEST).write_text(data.draw(vector_manifests(m)))
     try:
-        with guarded("conformance.store.load_cases", tmp_path / "outside"):
+        with guarded("conformance.golden.store.load_cases", tmp_path / "outside"):
             store.load_cases(vec)
     finally:
         (vec / store.MANIFEST).write_text(original)

@@ -268,7 +268,7 @@ def test_golden_recipe_hash_is_unchanged():
     """vectors/steps.json's recipe hashes are recomputed from the configs."""
     from pathlib import Path
 
-    from refreplay.conformance import steps as golden
+    from refreplay.conformance.golden import steps as golden
 
     for c in golden.load(Path(__file__).resolve().parents[1] / "vectors" / "steps.json"):
         assert "pos" not in model_to_json(c.model) and "norm_bias" not in model_to_json(c.model)

@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 
 import mutants as M
-from refreplay.conformance import kernels, runner, store
+from refreplay.conformance.running import adapters as kernels
+from refreplay.conformance.running import compare as runner
+from refreplay.conformance.golden import store
 
 # Mutants whose change is a shape-dependent switch: only the sweep cases reach it.
 SHAPE_SWITCHES = {"sum split above 8192", "matmul split-K above 4096", "softmax online above V=4096"}

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from refreplay import resources, spec
-from refreplay.conformance import store
+from refreplay.conformance.golden import store
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 from refreplay import cli
-from refreplay.conformance import kernels, order_probe as P
+from refreplay.conformance.running import adapters as kernels
+from refreplay.conformance.running import kernel as kernel_api
+from refreplay.conformance.diagnosis import order_probe as P
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "python_kernel"
 
@@ -57,7 +59,7 @@ def test_multiway_node():
 
 
 def test_wide_accumulator_is_not_a_binary32_tree():
-    class Wide(kernels.Kernel):
+    class Wide(kernel_api.Kernel):
         def call(self, op, inputs, out_specs):
             return inputs[0].astype(np.float64).sum(axis=1).astype(np.float32)
 
@@ -99,7 +101,7 @@ def test_a_closed_pipe_ends_quietly():
 def _jax_like():
     """The spec's order up to 16 terms, 16 strided lanes + butterfly above
     (JAX's CPU sum as measured in issue 31)."""
-    from refreplay.conformance import orders
+    from refreplay.conformance.readings import orders
 
     seq, lanes = (next(o for o in orders.candidates(False) if o.name == n)
                   for n in ("sequential k increasing from -0", "16 strided lanes + butterfly (SIMD/warp)"))

@@ -19,9 +19,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from refreplay import tensorio
-from refreplay.conformance import live, store
-from refreplay.conformance.cases import as_outputs, load_inputs
-from refreplay.conformance.registry import OPS
+from refreplay.conformance.shapes import live
+from refreplay.conformance.golden import live_save
+from refreplay.conformance.golden import store
+from refreplay.conformance.base.case import as_outputs, load_inputs
+from refreplay.conformance.table import OPS
 from refreplay.errors import InputError
 from refreplay.testing import strategies as rs
 
@@ -113,7 +115,7 @@ def test_thread_count_invariance(op):
 def _saved_dir(tmp_path):
     d = tmp_path / "v"
     cases = [live.build("matmul", {"I": 2, "K": 5, "J": 3}, 1, 0), live.build("sum", {"I": 2, "N": 4}, 1, 0)]
-    live.save(cases, d, 1)
+    live_save.save(cases, d, 1)
     return d
 
 

@@ -76,7 +76,7 @@ def test_switch_on_each_axis_is_not_conformant(tmp_path, name, op, letter):
     assert rc == 1 and not rep["conformant"] and rep["verdict"] == "NOT CONFORMANT"
     assert _failing_families(rep) == {"sweep"}
     failing = [c for c in rep["cases"] if c["status"] == "fail"]
-    from refreplay.conformance import store
+    from refreplay.conformance.golden import store
 
     notes = {c["id"]: c["probes"] for c in store.read_manifest()["cases"] if c["op"] == op}
     if letter is None:  # the fast path: K and J multiples of 128, and nothing else
@@ -96,9 +96,12 @@ def test_committed_domain_reaches_every_listed_switch():
     """[conf.domain.c1] The committed vectors' domain holds a size just past
     every switch of ``shape_switch_kernels`` and the production sizes, on
     the axis the switch is on; every op with a live form has its axis sweep."""
-    from refreplay.conformance import live, store, sweeps
+    from refreplay.conformance.shapes import live
+    from refreplay.conformance.golden import store
+    from refreplay.conformance.shapes import axes
+    from refreplay.conformance.shapes import domain as domain_of
 
-    dom = sweeps.manifest_domain(store.read_manifest())
+    dom = domain_of.manifest_domain(store.read_manifest())
     past = {("layernorm_backward", "N"): 513, ("cross_entropy_forward", "N"): 1025,
             ("embedding_backward", "T"): 4097, ("adamw_update", "N"): 2 ** 20 + 1,
             ("softmax_backward", "V"): 8193, ("bf16_matmul_nt", "K"): 8193, ("rmsnorm_forward", "C"): 8193,
@@ -108,7 +111,7 @@ def test_committed_domain_reaches_every_listed_switch():
         assert size in dom[op]["axes"][letter], (op, letter)
     assert max(dom["adamw_update"]["axes"]["N"]) > 2 ** 22
     for op in live.LIVE:
-        spec = sweeps._axes(op)
+        spec = axes._axes(op)
         assert spec is not None, op
         for letter, sizes in spec[0].items():
             assert set(sizes) <= set(dom[op]["axes"][letter]), (op, letter)

@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 
 from refreplay import spec
-from refreplay.conformance import fp, steps
-from refreplay.conformance.store import VECTOR_DIR
+from refreplay.conformance.base import deviant as fp
+from refreplay.conformance.golden import steps
+from refreplay.conformance.golden.store import VECTOR_DIR
 from refreplay.numerics import core
 from refreplay.ops import optim
 from refreplay.training import model as tmodel

@@ -5,8 +5,11 @@ chapter 5, and generator checks that refuse a vacuous sweep or empty probe."""
 import numpy as np
 import pytest
 
-from refreplay.conformance import builders, fp, generate, store
-from refreplay.conformance.registry import OPS
+from refreplay.conformance.inputs import separation
+from refreplay.conformance.base import deviant as fp
+from refreplay.conformance.golden import generate
+from refreplay.conformance.golden import store
+from refreplay.conformance.table import OPS
 
 
 @pytest.fixture(scope="module")
@@ -77,14 +80,14 @@ def test_chapter_5_has_vector_ops(manifest):
 
 def test_a_sweep_that_a_split_cannot_tell_apart_is_refused():
     x = np.ones((1, 64), np.float32)  # every split of a sum of ones gives 64
-    with pytest.raises(builders.ProbeError):
-        builders.check_sweep((x, None), np.array([64.0], np.float32))
-    with pytest.raises(builders.ProbeError):
-        builders.separating(OPS["sum"], lambda: {"X": x}, tries=2)
+    with pytest.raises(separation.ProbeError):
+        separation.check_sweep((x, None), np.array([64.0], np.float32))
+    with pytest.raises(separation.ProbeError):
+        separation.separating(OPS["sum"], lambda: {"X": x}, tries=2)
 
 
 def test_an_empty_probe_needs_a_zero_length_input():
     op = OPS["sum"]
     X = np.ones((2, 3), np.float32)
-    with pytest.raises(builders.ProbeError):
+    with pytest.raises(separation.ProbeError):
         generate._check_probe(op, "empty", [X], {"out": op.reference(X)}, set())

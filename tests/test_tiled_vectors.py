@@ -9,8 +9,9 @@ import shutil
 import numpy as np
 import pytest
 
-from refreplay.conformance import store, sweeps
-from refreplay.conformance.cases import Case
+from refreplay.conformance.golden import store
+from refreplay.conformance.shapes import axes
+from refreplay.conformance.base.case import Case
 from refreplay.errors import InputError
 
 
@@ -39,7 +40,7 @@ def test_tiled_cases_load_whole_and_past_2_22_elements():
         for key, p in c.tiles.items():
             kind, _, name = key.partition("/")
             a = (c.inputs if kind == "in" else c.outputs)[name]
-            assert p == sweeps.TILE and (a.view(np.uint32) == np.resize(a[:p], a.size).view(np.uint32)).all()
+            assert p == axes.TILE and (a.view(np.uint32) == np.resize(a[:p], a.size).view(np.uint32)).all()
 
 
 @pytest.mark.parametrize("tile,shape,why", [
@@ -71,7 +72,7 @@ def test_too_many_tiled_elements_in_all_are_refused(tmp_path):
 
 def test_a_pattern_of_another_length_is_refused(tmp_path):
     d, m = _copy(tmp_path)
-    _tiled(m)["inputs"][0]["tile"] = sweeps.TILE - 1
+    _tiled(m)["inputs"][0]["tile"] = axes.TILE - 1
     (d / store.MANIFEST).write_text(json.dumps(m))
     with pytest.raises(InputError, match="the manifest says"):
         store.load_cases(d)

@@ -97,7 +97,7 @@ MICRO_BATCH = r"""
 import importlib.util, json, sys
 import numpy as np, torch
 from refreplay.training import backend as backends
-from refreplay.conformance import steps as golden
+from refreplay.conformance.golden import steps as golden
 from refreplay.training.data import inputs_targets
 from refreplay.training.model import Model, init_params
 from refreplay.torch import functional as rF

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as TF
 
 import refreplay.torch as rt
-from refreplay.conformance import steps as golden
+from refreplay.conformance.golden import steps as golden
 from refreplay.training.data import inputs_targets
 from refreplay.training.model import Model, init_params
 from refreplay.torch import functional as rF

@@ -1,5 +1,5 @@
 """Naming what differs in a failing transformer op ([conf.diagnosis.r1]):
-the NumPy models of ``conformance/variants.py`` give the reference's bits
+the NumPy models of ``conformance/readings/transformer.py`` give the reference's bits
 with the spec's parts; a kernel that IS one variant (or a pair) is diagnosed
 as exactly that variant; no variant is vacuous on the committed vectors
 except the ones listed here; the reference is never called a variant; and
@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 from refreplay import cli
-from refreplay.conformance import store, variants as V
-from refreplay.conformance.cases import load_inputs
-from refreplay.conformance.diagnose import diagnose
-from refreplay.conformance.runner import Result
+from refreplay.conformance.golden import store
+from refreplay.conformance.readings import transformer as V
+from refreplay.conformance.base.case import load_inputs
+from refreplay.conformance.diagnosis.diagnose import diagnose
+from refreplay.conformance.running.compare import Result
 
 # Single deviations that give the reference's bits on every committed case of
 # the op, so no kernel can be diagnosed as them from these vectors.  (The
@@ -160,7 +161,7 @@ def test_a_deviant_python_kernel_is_named_through_the_runner(tmp_path, monkeypat
     """End to end: a kernel module run by ``refreplay conform``."""
     (tmp_path / "variant_kernels.py").write_text(
         "from refreplay import numerics\n"
-        "from refreplay.conformance import variants as V\n"
+        "from refreplay.conformance.readings import transformer as V\n"
         "D = {d.name: d for d in V.DEVIATIONS}\n"
         "def softmax_exp_divide(op, x):\n"
         "    return V.evaluate(op, [numerics.load(x)], (D['vendor exp (np.exp)'], D['division by the row sum']))[0]\n")

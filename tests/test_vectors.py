@@ -9,11 +9,16 @@ import numpy as np
 import pytest
 
 from refreplay import cli, spec
-from refreplay.conformance import builders, fp, generate, orders, store, verify
-from refreplay.conformance.cases import FAMILIES
+from refreplay.conformance.inputs import builders, separation
+from refreplay.conformance.base import deviant as fp
+from refreplay.conformance.golden import generate
+from refreplay.conformance.readings import orders
+from refreplay.conformance.golden import store
+from refreplay.conformance.golden import regenerate as verify
+from refreplay.conformance.base.case import FAMILIES
 
 # 24.5 MB before the axis sweeps of [conf.domain.c1] (issue 31), 37.2 MB with them: the cap the
-# issue allows, with the reason in refreplay/conformance/sweeps.py
+# issue allows, with the reason in refreplay/conformance/shapes/axes.py
 MAX_BYTES = 40 * 1000 * 1000
 
 
@@ -101,11 +106,11 @@ def test_isolation_check_rejects_a_vacuous_probe():
     # exact products: contraction cannot change anything, so this is no fma probe
     a = np.ones((1, 2), np.float32)
     b = np.array([[1.0, -1.0]], np.float32)
-    with pytest.raises(builders.ProbeError):
+    with pytest.raises(separation.ProbeError):
         builders.check_isolation("fma", (a, b), np.zeros(1, np.float32))
     # an order-sensitive sum is no nan probe
     x = np.array([[1.0, 2.0 ** -24, 2.0 ** -24]], np.float32)
-    with pytest.raises(builders.ProbeError):
+    with pytest.raises(separation.ProbeError):
         builders.check_isolation("nan", (x, None), orders.spec_order(False)(x))
 
 

@@ -95,7 +95,7 @@ def train(model_cfg, train_cfg, samples: np.ndarray, steps: int, recipe_hash: st
 
 
 def main() -> int:
-    from refreplay.conformance import steps as golden
+    from refreplay.conformance.golden import steps as golden
 
     root = Path(__file__).resolve().parents[2]
     case = golden.load(root / "vectors" / "steps.json")[0]

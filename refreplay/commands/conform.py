@@ -33,7 +33,9 @@ def run(args) -> int:
     from pathlib import Path
 
     from .. import spec
-    from ..conformance import kernels, runner, store
+    from ..conformance.running import adapters as kernels
+    from ..conformance.running import compare as runner
+    from ..conformance.golden import store
     from ..errors import InputError
 
     if args.shape or args.shapes:
@@ -72,7 +74,7 @@ def publish(args, manifest, results, not_run=()):
     """Print the report of ``results`` and write the --json/--junit files;
     returns the summary (committed and live cases alike).  ``not_run``: live
     shapes asked for and not run ([conf.domain.c2]: the verdict is then at best INCOMPLETE)."""
-    from ..conformance import report
+    from ..conformance.reporting import report
 
     summary = report.summarize(args.kernel, manifest, results)
     summary.not_run = list(not_run)

@@ -9,7 +9,7 @@ HARD_MAX_ELEMENTS = 1 << 31
 
 
 def max_elements(value) -> int:
-    from ..conformance import live
+    from ..conformance.shapes import live
 
     if value is None:
         return live.MAX_ELEMENTS
@@ -27,7 +27,7 @@ def check_seed(seed: int) -> int:
 def _wanted(args, bound, not_run=None) -> list[tuple[str, dict, str]]:
     """The live shapes to run; a preset's shapes above the bound are appended to ``not_run``
     ([conf.domain.c2]: said in the report, and the verdict is INCOMPLETE, exit 4)."""
-    from ..conformance import live
+    from ..conformance.shapes import live
 
     out = []
     not_run = [] if not_run is None else not_run
@@ -57,7 +57,10 @@ def _wanted(args, bound, not_run=None) -> list[tuple[str, dict, str]]:
 
 def run_live(args) -> int:
     from .. import spec
-    from ..conformance import kernels, live, runner
+    from ..conformance.running import adapters as kernels
+    from ..conformance.shapes import live
+    from ..conformance.golden import live_save
+    from ..conformance.running import compare as runner
     from .conform import publish
 
     if args.vectors:
@@ -66,7 +69,7 @@ def run_live(args) -> int:
     not_run: list[str] = []
     wanted = _wanted(args, max_elements(args.max_elements), not_run)
     if args.save:
-        live.check_save_target(args.save)
+        live_save.check_save_target(args.save)
     xfail = runner.read_xfail(args.xfail) if args.xfail else []
     kernel = kernels.resolve(args.kernel, exec_timeout=args.timeout)
     live.require_fit()
@@ -79,7 +82,7 @@ def run_live(args) -> int:
     manifest = {"spec_version": spec.version(), "generator_version": live.GENERATOR_VERSION}
     summary = publish(args, manifest, results, not_run)
     if args.save:
-        live.save(cases, args.save, seed)
+        live_save.save(cases, args.save, seed)
         print(f"saved {len(cases)} live cases to {args.save} (replay: refreplay conform KERNEL --vectors {args.save})")
     # [conf.domain.c2] never CONFORMANT with a shape not run: INCOMPLETE is exit 4, as for replay
     return 0 if summary.conformant else 4 if summary.incomplete else 1

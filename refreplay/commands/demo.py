@@ -14,7 +14,10 @@ def add_arguments(p):
 def _conformance_summary(ops) -> tuple[int, list[str]]:
     """Run the golden vectors of a few ops against the reference and against
     NumPy (a negative control that must fail, with a diagnosis)."""
-    from ..conformance import kernels, report, runner, store
+    from ..conformance.running import adapters as kernels
+    from ..conformance.reporting import report
+    from ..conformance.running import compare as runner
+    from ..conformance.golden import store
 
     lines, failed_reference = [], 0
     manifest, cases = store.load_cases(store.VECTOR_DIR, set(ops))
@@ -103,8 +106,8 @@ def run(args) -> int:
     print("4. Conformance summary (golden vectors; NumPy is a negative control and must fail)")
     failed_ref, lines = _conformance_summary(["matmul", "sum", "exp"])
     print("\n".join(lines))
-    from ..conformance import steps as golden_steps
-    from ..conformance.store import VECTOR_DIR
+    from ..conformance.golden import steps as golden_steps
+    from ..conformance.golden.store import VECTOR_DIR
 
     checked, step_problems = golden_steps.check(VECTOR_DIR / golden_steps.STEPS_FILE, ranks=(1, 3))
     print(f"  golden training steps (vectors/steps.json): {checked} records of whole steps, on 1 and 3 "

@@ -22,7 +22,7 @@ def add_arguments(p):
 
 
 def _inputs_text(case) -> list[str]:
-    from ..conformance import fp
+    from ..conformance.base import deviant as fp
 
     lines = []
     for name, a in case.inputs.items():
@@ -39,8 +39,8 @@ def _inputs_text(case) -> list[str]:
 def _order_findings(op, r):
     """For a sum or matmul: the candidate orders that reproduce the kernel on
     the shrunk case (``diagnose.matching_orders``)."""
-    from ..conformance import diagnose
-    from ..conformance.registry import OPS
+    from ..conformance.diagnosis import diagnose
+    from ..conformance.table import OPS
 
     names = [n for n in diagnose.matching_orders(OPS[op], r) if not n.startswith("sequential k increasing")]
     if not names:
@@ -93,7 +93,10 @@ def run(args) -> int:
     from pathlib import Path
 
     from .. import spec
-    from ..conformance import kernels, live, report
+    from ..conformance.running import adapters as kernels
+    from ..conformance.shapes import live
+    from ..conformance.golden import live_save
+    from ..conformance.reporting import report
     from ..testing import fuzz
     from ..errors import InputError
     from .conform_live import check_seed
@@ -110,7 +113,7 @@ def run(args) -> int:
     if lv.elements(low) > args.max_elements:
         raise InputError(f"--max-elements {args.max_elements}: the smallest {args.op} case has more")
     directory = args.save or str(Path(DEFAULT_SAVE) / f"{args.op}-seed{seed}")
-    live.check_save_target(directory)  # before the run, not after it
+    live_save.check_save_target(directory)  # before the run, not after it
     kernel = kernels.resolve(args.kernel, exec_timeout=args.timeout)
     live.require_fit()
     out = fuzz.fuzz(kernel, args.op, args.examples, seed, args.max_elements)
@@ -126,7 +129,7 @@ def run(args) -> int:
     manifest = {"spec_version": spec.version(), "generator_version": live.GENERATOR_VERSION}
     summary = report.summarize(args.kernel, manifest, [r])
     summary.findings += _order_findings(args.op, r) if r.status == "fail" else []
-    live.save([r.case], directory, seed)  # first: a closed stdout must not lose the case
+    live_save.save([r.case], directory, seed)  # first: a closed stdout must not lose the case
     what = {"fail": "a difference", "error": "the kernel failed", "skip": "the kernel declined the op"}[r.status]
     print(f"{head}: {what} after {out.found_after} examples, shrunk to "
           f"{live.format_dims(out.dims)} ({out.examples} examples in all, {out.seconds:.1f} s)")

@@ -23,8 +23,8 @@ def _lengths(text):
 
 
 def _names(names):
-    from ..conformance import orders
-    from ..conformance.order_probe import tree_name
+    from ..conformance.readings import orders
+    from ..conformance.diagnosis.order_probe import tree_name
 
     spec_name = tree_name(orders.spec_order(False).name)
     if spec_name in names:  # blocks longer than N etc. are the same tree: name it once
@@ -59,8 +59,9 @@ def _probe_one(args, n, kernels, P, clauses):
 
 
 def run(args) -> int:
-    from ..conformance import kernels, order_probe as P
-    from ..conformance.registry import OPS
+    from ..conformance.running import adapters as kernels
+    from ..conformance.diagnosis import order_probe as P
+    from ..conformance.table import OPS
 
     ns = _lengths(args.n)
     for n in ns:  # every length checked before the first query

@@ -10,7 +10,7 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from ..conformance import results_table
+    from ..conformance.reporting import results_table
 
     results = results_table.combine(args.reports)
     text = results_table.html_page(results) if args.html else results_table.markdown(results)

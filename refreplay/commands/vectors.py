@@ -24,11 +24,12 @@ def run(args) -> int:
     from pathlib import Path
 
     from .. import spec
-    from ..conformance import generate, store
+    from ..conformance.golden import generate
+    from ..conformance.golden import store
 
     directory = Path(args.dir) if getattr(args, "dir", None) else store.VECTOR_DIR
     if args.vectors_command == "ops":
-        from ..conformance.registry import OPS
+        from ..conformance.table import OPS
 
         for op in OPS.values():
             print(f"{op.signature}\n    {' '.join('[' + c + ']' for c in op.clauses)}")
@@ -42,7 +43,7 @@ def run(args) -> int:
             print(f"{c['id']:36s} {' '.join('[' + x + ']' for x in c['clauses'])}  {shapes}")
         print(f"{len(m['cases'])} cases, spec {m['spec_version']}, generator {m['generator_version']}")
         return 0
-    from ..conformance import steps
+    from ..conformance.golden import steps
 
     files = store.encode(generate.build_all(), spec.version(), generate.GENERATOR_VERSION, generate.SEED)
     fresh_steps = steps.generate()  # [conf.steps.c1]
@@ -61,7 +62,7 @@ def run(args) -> int:
         total = sum(len(d) for d in files.values()) + len(fresh_steps)
         print(f"wrote {len(files) + 1} files, {total / 1e6:.2f} MB, to {directory}")
         return 0
-    from ..conformance import verify
+    from ..conformance.golden import regenerate as verify
 
     problems = verify.compare(files, directory)
     steps_path = directory / steps.STEPS_FILE
@@ -86,7 +87,7 @@ def _steps(args, directory) -> int:
     from pathlib import Path
 
     from ..training.backend import describe
-    from ..conformance import steps
+    from ..conformance.golden import steps
     from ..errors import InputError
 
     if any(r < 1 for r in args.ranks):

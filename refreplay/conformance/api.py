@@ -21,9 +21,13 @@ from types import ModuleType
 from typing import Any
 
 from ..errors import InputError
-from . import kernels, report, runner, store
+from .running import adapters as kernels
+from .running import kernel as kernel_api
+from .reporting import report
+from .running import compare as runner
+from .golden import store
 
-KernelLike = str | ModuleType | Callable[..., Any] | kernels.Kernel
+KernelLike = str | ModuleType | Callable[..., Any] | kernel_api.Kernel
 
 
 class NotConformant(AssertionError):
@@ -93,8 +97,8 @@ class Report:
             raise NotConformant(self.text())
 
 
-def _kernel(kernel: KernelLike, exec_timeout: float | None) -> kernels.Kernel:
-    if isinstance(kernel, kernels.Kernel):
+def _kernel(kernel: KernelLike, exec_timeout: float | None) -> kernel_api.Kernel:
+    if isinstance(kernel, kernel_api.Kernel):
         return kernel
     if isinstance(kernel, str):
         return kernels.resolve(kernel, exec_timeout=exec_timeout)
@@ -102,7 +106,7 @@ def _kernel(kernel: KernelLike, exec_timeout: float | None) -> kernels.Kernel:
         return kernels.PythonCallable(kernel.__name__, kernel, per_op=True)
     if callable(kernel):
         name = getattr(kernel, "__name__", type(kernel).__name__)
-        from .registry import OPS
+        from .table import OPS
 
         if name in OPS:  # named after an op: implements that op alone
             return kernels.PythonCallable(name, kernel, per_op=True, only=name)

@@ -18,8 +18,9 @@ import contextlib
 import time
 from dataclasses import dataclass
 
-from ..conformance import live, runner
-from ..conformance.kernels import Kernel
+from ..conformance.shapes import live
+from ..conformance.running import compare as runner
+from ..conformance.running.kernel import Kernel
 from ..errors import InputError
 
 

@@ -45,7 +45,7 @@ import numpy as np
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from ..conformance import live
+from ..conformance.shapes import live
 
 # Bit patterns a kernel most often gets wrong, each named by what it exercises.
 EDGE_BITS = (
@@ -118,7 +118,7 @@ def _filled(shape, n, lo_exp, hi_exp):
 def _dense(shape, n, lo_exp, hi_exp, positive):
     """Random values from a drawn seed (as the committed random cases are
     built), up to 8 edge values at drawn positions."""
-    from ..conformance import values as V
+    from ..conformance.inputs import values as V
 
     def make(seed, pokes):
         x = V.random_f32(np.random.default_rng(seed), n, lo_exp, hi_exp, positive=positive)

@@ -1,0 +1,3 @@
+"""Stage 7: why a kernel fails (``diagnose``) and which accumulation tree it uses
+(``order_probe``).
+"""

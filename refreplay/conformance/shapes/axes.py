@@ -1,0 +1,155 @@
+"""The axis sweeps ([conf.domain.c1], family ``sweep``): for every op with a
+live form, each shape letter at aligned sizes and their neighbours with the
+other letters thin: rows, tokens, heads and element counts as well as the
+reductions, so that a switch on any axis an implementation tiles meets a
+case just past it.  (The thin-but-long reductions are ``inputs/long_shapes``.)
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..inputs.separation import separating
+from . import live
+
+# ---- axis sweeps ([conf.domain.c1]): every axis an implementation could tile ----------------------
+#
+# Each op with a live form (``live.py``) lists, per shape letter, the sizes swept with every other
+# letter thin (1 to 3), so a case costs about as many elements as the swept size.  Sizes are the
+# alignments an implementation may special-case (8, 16, 64, 128, powers of two) with their
+# neighbours at -1 and +1, up to the sizes of the largest presets (gpt2-xl: C = 1,600, T = 1,024,
+# V = 50,304, F = 6,400) and beyond: reductions (K, V, C) around 128, 1,024 and 8,192 and to
+# 16,385 (the sweep cases above reach 65,537 on the same ops: repeating them would cost
+# megabytes), rows, tokens and other non-reduced axes to 4,097, element counts to 2^22 + 1.
+# Element counts of 1,024 and more are stored tiled ([conf.vectors.c2]: a 251-element pattern
+# repeated), so the counts past 2^20 cost kilobytes in the files (the loader makes them whole:
+# 2^22 + 1 only for AdamW).  Size: the vectors grew from 24.5 MB to 37.2 MB (cap 40 MB), most of
+# it the [V, C] and [K, J] tensors of the norms, softmaxes, matmuls and embeddings at 8,193 and
+# the manifest's entries for 2,170 cases.  The reason for the sizes: each is just past a switch a
+# kernel nobody here wrote was measured to make (issue 31: split-K, blocked norms above C = 8,192,
+# LayerNorm dw/db in two row halves above N = 512, a pairwise token mean above 1,024 tokens,
+# embedding backward reordered above 4,096 tokens, another AdamW formula above 2^20 elements,
+# bf16 accumulation above K = 8,192, a fast path when J and K are multiples of 128).
+
+def around(*centres):
+    return tuple(sorted({x for c in centres for x in (c - 1, c, c + 1)}))
+
+
+ROWS = around(8, 16, 64, 128, 512, 1024) + (4097,)  # rows summed over: column sums, dw/db, tokens
+ROWS_PAR = (15, 16, 17, 127, 128, 129, 1025)        # rows computed apart (a kernel may still switch)
+RED = around(128, 1024, 8192)                       # reduction lengths on a thin shape
+COUNTS = around(8, 16, 64, 128) + (1024, 1025, 4096, 4097, 65537)
+# past 2^20 and 2^22 elements (tiled, but whole once loaded: 2^22 + 1 elements are 16 MiB a tensor,
+# so only the optimizer, whose update is one tensor of a whole model, and the add of a residual)
+BIG_COUNTS = {"adamw_update": (2 ** 20, 2 ** 20 + 1, 2 ** 22 + 1), "add": (2 ** 20 + 1,), "mul": (2 ** 20 + 1,),
+              "bf16_add": (2 ** 20 + 1,)}
+TILE_FROM = 1024              # element counts from here on are stored tiled
+TILE = 251                    # the pattern length (a prime: no alignment repeats inside it)
+# (I, K, J) with K and J multiples of 128 (a fast path's condition) and beside it, and cubes of
+# the alignments 8, 16, 64
+ALIGNED_MM = ((8, 8, 8), (16, 16, 16), (64, 64, 64), (1, 128, 128), (2, 256, 128), (1, 128, 127))
+
+
+def _mm_axes(op):
+    # matmul's own sweep has every K from 63 to 4097 and 8192 to 65,537; the others reach
+    # K = 4097 and 32,769 there
+    k = (8191, 8193) if op == "matmul" else RED
+    return {"I": ROWS_PAR, "K": k, "J": ROWS_PAR}, {"I": 1, "K": 3, "J": 1}
+
+
+def _axes(op):
+    """(letter -> sizes, thin base dims) of ``op`` (a bf16 op: its binary32 op's), or None."""
+    base = op[5:] if op.startswith("bf16_") and op not in ("bf16_encode", "bf16_decode") else op
+    bf16 = base != op
+    if base in ("matmul", "matmul_nt", "matmul_tn"):
+        return _mm_axes(base)
+    if base == "matmul_i8":
+        return {"I": around(128), "J": around(128)}, {"I": 1, "K": 3, "J": 1}
+    if base == "dot":
+        return {"K": around(8192)}, {"K": 3}  # DOT_K reaches 65,536
+    if base in ("sum", "max"):  # SUM_N reaches 65,536 for sum; max has rows to 4,099 otherwise
+        return {"I": ROWS_PAR, "N": around(1024, 8192) + ((16385,) if base == "max" else ())}, {"I": 1, "N": 3}
+    if base == "col_sum":
+        return {"N": RED, "J": ROWS_PAR}, {"N": 3, "J": 1}
+    if base in ("linear_forward", "linear_backward"):
+        sizes = (128, 129, 1024, 1025, 4097)
+        return {"N": sizes, "C": sizes, "OC": sizes}, {"N": 1, "C": 2, "OC": 1}
+    if base in ("layernorm_backward", "rmsnorm_backward"):  # dw (and db) sum the rows
+        return {"N": ROWS, "C": (8193,)}, {"N": 1, "C": 2}
+    if base in ("layernorm_forward", "rmsnorm_forward"):
+        return {"N": ROWS_PAR, "C": (8193,) if bf16 else (8193, 16385)}, {"N": 1, "C": 2}
+    if base in ("softmax_forward", "log_softmax_forward", "cross_entropy_backward"):
+        return {"N": ROWS_PAR, "V": (8191, 8193)}, {"N": 1, "V": 2}  # the sweep's own reach 65,536
+    if base == "cross_entropy_forward":  # the mean sums the tokens
+        return {"N": ROWS, "V": (8191, 8193)}, {"N": 1, "V": 2}
+    if base in ("softmax_backward", "log_softmax_backward"):
+        return {"N": ROWS_PAR, "V": (8191, 8193) + (() if bf16 else (16385,))}, {"N": 1, "V": 2}
+    if base in ("attention_forward", "attention_backward"):
+        return {"NH": (16, 17, 25), "HS": around(64, 128)}, {"B": 1, "NH": 1, "T": 3, "HS": 2}
+    if base in ("rope_forward", "rope_backward"):
+        return {"T": (1023, 1024, 1025), "HS": (62, 64, 66, 126, 128, 130)}, {"B": 1, "NH": 1, "T": 2, "HS": 2}
+    if base == "embedding_forward":
+        return {"C": around(1024), "V": (50257,)}, {"B": 1, "T": 2, "C": 2, "V": 3}
+    if base == "embedding_backward":  # the tokens are summed
+        return {"T": around(1024, 4096) + (8193,), "V": (50257,)}, {"B": 1, "T": 2, "C": 2, "V": 3}
+    lv = live.LIVE.get(op)
+    if lv is not None and lv.letters == ("N",):  # elementwise ops, the step size, AdamW
+        return {"N": COUNTS + BIG_COUNTS.get(op, ())}, {"N": 1}
+    return None
+
+
+THINNER = {("embedding_forward", "V"): {"C": 1}, ("embedding_backward", "V"): {"C": 1}}  # [V, C] tables
+
+
+def axis_cases(op, rng):
+    """[conf.domain.c1] The axis sweep of ``op``: ``(family, inputs, note, tiles, separate)``
+    tuples.  ``tiles``: tensor key -> pattern length ([conf.vectors.c2]); ``separate``: the case
+    must tell the spec's sum from a split in two (``separation.check_sweep``), asked of every
+    case of a summing op whose summed length is 64 or more."""
+    spec = _axes(op.name)
+    if spec is None:
+        return []
+    sizes, base = spec
+    lv = live.LIVE[op.name]
+    out = []
+    for letter, values in sizes.items():
+        for v in values:
+            dims = {**base, **THINNER.get((op.name.removeprefix("bf16_"), letter), {}), letter: v}
+            if lv.check is not None and lv.check(dims):
+                continue
+            tiled = lv.letters == ("N",) and v >= TILE_FROM
+            make_dims = {**dims, "N": TILE} if tiled else dims
+            summed = _summed(op.name, dims)
+            separate = op.terms is not None and summed >= 64
+
+            def draw(make_dims=make_dims, dims=dims, tiled=tiled):
+                inputs = lv.make(live.NumpySource(rng), make_dims)
+                if tiled:
+                    inputs = {k: (np.resize(a, dims["N"]) if a.shape == (TILE,) else a) for k, a in inputs.items()}
+                return inputs
+
+            inputs = separating(op, draw) if separate else draw()
+            tiles = {f"in/{k}": TILE for k, a in inputs.items() if tiled and a.shape == (v,)}
+            out.append(("sweep", inputs, f"axis {letter} = {v}: {_fmt(dims)}; thin on the other axes",
+                        tiles, separate))
+    for i, k, j in (ALIGNED_MM if _axes(op.name)[0].keys() >= {"I", "K", "J"} else ()):
+        dims = {"I": i, "K": k, "J": j}
+
+        def draw(dims=dims):
+            return lv.make(live.NumpySource(rng), dims)
+
+        out.append(("sweep", separating(op, draw) if op.terms is not None else draw(),
+                    f"aligned I,K,J = {i},{k},{j}", {}, op.terms is not None))
+    return out
+
+
+def _summed(op, dims):
+    base = op[5:] if op.startswith("bf16_") else op
+    if base in ("matmul", "matmul_nt", "matmul_tn", "dot"):
+        return dims["K"]
+    if base in ("sum", "col_sum"):
+        return dims["N"]
+    return 0
+
+
+def _fmt(dims):
+    return ",".join(f"{x}={v}" for x, v in dims.items())
