@@ -6,6 +6,7 @@ copies in git); a wheel build copies them to ``refreplay/_data/`` where
 directories (MANIFEST.in), so a wheel built from it gets them the same way.
 Editable installs read the checkout's directories and copy nothing.
 """
+
 from pathlib import Path
 
 from setuptools import setup

@@ -17,6 +17,7 @@ Bytes: read by the worker process per task (``/proc/self/io`` rchar: the
 checkpoint, the shards, the records) and moved over the wire (pickled
 arguments and result).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,13 +57,23 @@ def measure(run_path: Path, workers: int, steps: int) -> dict:
 
     r = open_run(run_path)
     head = r.head["chain_link"]
-    lc = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
-                      dashboard_address=None, env={"NUMBA_NUM_THREADS": "1"})
+    lc = LocalCluster(
+        n_workers=workers,
+        threads_per_worker=1,
+        processes=True,
+        host="127.0.0.1",
+        dashboard_address=None,
+        env={"NUMBA_NUM_THREADS": "1"},
+    )
     try:
         with Client(lc) as client:
             cluster.prove_fitness(client)
-            warm = [client.submit(cluster.replay_task, str(run_path), head, 1, workers=[w], resources={"refreplay": 1},
-                                  pure=False) for w in client.scheduler_info()["workers"]]
+            warm = [
+                client.submit(
+                    cluster.replay_task, str(run_path), head, 1, workers=[w], resources={"refreplay": 1}, pure=False
+                )
+                for w in client.scheduler_info()["workers"]
+            ]
             client.gather(warm)
             rtt = []
             for _ in range(50):
@@ -77,13 +88,17 @@ def measure(run_path: Path, workers: int, steps: int) -> dict:
     assert len(out.results) == steps and all(x["result"].verified for x in out.results.values()), out
     one = out.results[1]
     wire = len(cloudpickle.dumps((str(run_path), head, 1, None, None))) + len(cloudpickle.dumps(one))
-    return {"workers": workers, "wall_s": wall, "steps_per_hour": 3600 * steps / wall,
-            "task_s_median": statistics.median(out.task_seconds),
-            "overhead_s_per_task": (wall * workers - sum(out.task_seconds)) / steps,
-            "noop_rtt_ms_median": 1e3 * statistics.median(rtt),
-            "bytes_read_per_task_median": statistics.median(out.bytes_read) if out.bytes_read else None,
-            "bytes_on_wire_per_task": wire,
-            "checkpoint_bytes": (run_path / "checkpoints" / "step-0000001.safetensors").stat().st_size}
+    return {
+        "workers": workers,
+        "wall_s": wall,
+        "steps_per_hour": 3600 * steps / wall,
+        "task_s_median": statistics.median(out.task_seconds),
+        "overhead_s_per_task": (wall * workers - sum(out.task_seconds)) / steps,
+        "noop_rtt_ms_median": 1e3 * statistics.median(rtt),
+        "bytes_read_per_task_median": statistics.median(out.bytes_read) if out.bytes_read else None,
+        "bytes_on_wire_per_task": wire,
+        "checkpoint_bytes": (run_path / "checkpoints" / "step-0000001.safetensors").stat().st_size,
+    }
 
 
 def main(argv=None) -> int:
@@ -100,18 +115,33 @@ def main(argv=None) -> int:
         run_path = train_run(a.preset, a.steps, Path(tmp) / "run")
         print(f"trained {a.steps} {a.preset} steps in {time.perf_counter() - t:.1f} s")
         rows = [measure(run_path, w, a.steps) for w in (1, 2) * a.rounds]  # alternated: load drifts
-    print(table(["workers", "wall s", "steps/h", "task s", "overhead s/task", "no-op ms", "read MB/task",
-                 "wire kB/task"],
-                [[x["workers"], f"{x['wall_s']:.1f}", f"{x['steps_per_hour']:.0f}", f"{x['task_s_median']:.2f}",
-                  f"{x['overhead_s_per_task']:.2f}", f"{x['noop_rtt_ms_median']:.1f}",
-                  f"{(x['bytes_read_per_task_median'] or 0) / 1e6:.1f}", f"{x['bytes_on_wire_per_task'] / 1e3:.1f}"]
-                 for x in rows]))
+    print(
+        table(
+            ["workers", "wall s", "steps/h", "task s", "overhead s/task", "no-op ms", "read MB/task", "wire kB/task"],
+            [
+                [
+                    x["workers"],
+                    f"{x['wall_s']:.1f}",
+                    f"{x['steps_per_hour']:.0f}",
+                    f"{x['task_s_median']:.2f}",
+                    f"{x['overhead_s_per_task']:.2f}",
+                    f"{x['noop_rtt_ms_median']:.1f}",
+                    f"{(x['bytes_read_per_task_median'] or 0) / 1e6:.1f}",
+                    f"{x['bytes_on_wire_per_task'] / 1e3:.1f}",
+                ]
+                for x in rows
+            ],
+        )
+    )
     med = {w: statistics.median(x["steps_per_hour"] for x in rows if x["workers"] == w) for w in (1, 2)}
-    print(f"median steps/hour: 1 worker {med[1]:.0f}, 2 workers {med[2]:.0f}; "
-          f"scaling 2 workers / 1 worker: {med[2] / med[1]:.2f}x")
+    print(
+        f"median steps/hour: 1 worker {med[1]:.0f}, 2 workers {med[2]:.0f}; "
+        f"scaling 2 workers / 1 worker: {med[2] / med[1]:.2f}x"
+    )
     print(load_line())
-    path = write_json("cluster.json", {"machine": machine(), "preset": a.preset, "steps": a.steps, "rows": rows},
-                      a.json)
+    path = write_json(
+        "cluster.json", {"machine": machine(), "preset": a.preset, "steps": a.steps, "rows": rows}, a.json
+    )
     print(f"wrote {path}")
     return 0
 

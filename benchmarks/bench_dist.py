@@ -22,6 +22,7 @@ the bytes the loopback interface carried during the call (/proc/net/dev,
 divided by the ranks; other traffic on the machine adds to it).  Prints
 medians and writes JSON (benchmarks/results/dist.json by default).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -96,6 +97,7 @@ def worker(args) -> None:
     elif os.environ.get("BENCH_PROFILE"):
         dist.barrier()
         fold()
+
     def exchange():
         exchange_blocks(blocks, names, shapes, M, reuse=True)
 
@@ -110,12 +112,21 @@ def worker(args) -> None:
             rows[name].append(time.perf_counter() - t0)
             lo[name].append((_lo_bytes() - b0) / R)
     if q == 0:
-        out = {"preset": args.preset, "ranks": R, "micro_batches": M, "elements": elements,
-               "blocks_per_rank": len(blocks),
-               "payload_bytes_per_rank": {"exchange": 4 * elements * len(blocks), "fold": 4 * elements * len(blocks),
-                                          "all_reduce": 4 * elements},
-               "seconds": rows, "median_s": {k: statistics.median(v) for k, v in rows.items()},
-               "loopback_bytes_per_rank_median": {k: statistics.median(v) for k, v in lo.items()}}
+        out = {
+            "preset": args.preset,
+            "ranks": R,
+            "micro_batches": M,
+            "elements": elements,
+            "blocks_per_rank": len(blocks),
+            "payload_bytes_per_rank": {
+                "exchange": 4 * elements * len(blocks),
+                "fold": 4 * elements * len(blocks),
+                "all_reduce": 4 * elements,
+            },
+            "seconds": rows,
+            "median_s": {k: statistics.median(v) for k, v in rows.items()},
+            "loopback_bytes_per_rank_median": {k: statistics.median(v) for k, v in lo.items()},
+        }
         Path(args.worker_out).write_text(json.dumps(out))
     dist.barrier()
     dist.destroy_process_group()
@@ -139,11 +150,32 @@ def main() -> int:
     tmp = Path(args.json).with_suffix(".worker.json")
     procs = []
     for q in range(args.ranks):
-        env = dict(os.environ, RANK=str(q), WORLD_SIZE=str(args.ranks), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), OMP_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, __file__, "--preset", args.preset, "--micro-batches",
-                                       str(args.micro_batches), "--repeats", str(args.repeats),
-                                       "--worker-out", str(tmp)], env=env))
+        env = dict(
+            os.environ,
+            RANK=str(q),
+            WORLD_SIZE=str(args.ranks),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            OMP_NUM_THREADS="1",
+            NUMBA_NUM_THREADS="1",
+        )
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    __file__,
+                    "--preset",
+                    args.preset,
+                    "--micro-batches",
+                    str(args.micro_batches),
+                    "--repeats",
+                    str(args.repeats),
+                    "--worker-out",
+                    str(tmp),
+                ],
+                env=env,
+            )
+        )
     rcs = []
     for p in procs:
         try:
@@ -156,17 +188,24 @@ def main() -> int:
         return 1
     res = json.loads(tmp.read_text())
     tmp.unlink()
-    res["cpu"] = "AMD EPYC (Zen 5, AVX-512), 2 cores, 1 MiB L2/core, 32 MiB L3 (" + (platform.processor()
-                                                                                 or platform.machine()) + ")"
+    res["cpu"] = (
+        "AMD EPYC (Zen 5, AVX-512), 2 cores, 1 MiB L2/core, 32 MiB L3 ("
+        + (platform.processor() or platform.machine())
+        + ")"
+    )
     res["threads"] = "1 torch, 1 Numba thread per rank"
     res["load_average"] = os.getloadavg()
     Path(args.json).write_text(json.dumps(res, indent=2) + "\n")
     mb = 1 / 2**20
-    print(f"{args.preset}: {res['elements']:,} gradient elements, {args.ranks} ranks, M = {args.micro_batches}, "
-          f"load {res['load_average'][0]:.1f}")
+    print(
+        f"{args.preset}: {res['elements']:,} gradient elements, {args.ranks} ranks, M = {args.micro_batches}, "
+        f"load {res['load_average'][0]:.1f}"
+    )
     for k in ("exchange", "fold", "all_reduce"):
-        print(f"  {k:<10} {res['median_s'][k]:8.3f} s  payload {res['payload_bytes_per_rank'][k] * mb:8.1f} MiB/rank"
-              f"  loopback {res['loopback_bytes_per_rank_median'][k] * mb:8.1f} MiB/rank")
+        print(
+            f"  {k:<10} {res['median_s'][k]:8.3f} s  payload {res['payload_bytes_per_rank'][k] * mb:8.1f} MiB/rank"
+            f"  loopback {res['loopback_bytes_per_rank_median'][k] * mb:8.1f} MiB/rank"
+        )
     print(f"  fold / all_reduce time: {res['median_s']['fold'] / res['median_s']['all_reduce']:.2f}x")
     return 0
 

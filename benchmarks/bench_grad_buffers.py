@@ -18,6 +18,7 @@ forward and backward, at the preset's micro-batch), the model with its
 workspace (logits, dlogits, the head's dx and, tied, dwte and dhead reused)
 against the same model with it off (every temporary new).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,8 +47,10 @@ def worker(repeats: int, shapes: str) -> dict:
     tok = rs.randint(0, V, size=(B, T)).astype(np.int32)
     dout = (rs.standard_normal((B, T, C)) * 0.5).astype(np.float32)
     buf = np.empty((V, C), np.float32)
-    fns = {"fresh": lambda: embedding.embedding_backward(dout, tok, V),
-           "reused": lambda: embedding.embedding_backward(dout, tok, V, out=buf)}
+    fns = {
+        "fresh": lambda: embedding.embedding_backward(dout, tok, V),
+        "reused": lambda: embedding.embedding_backward(dout, tok, V, out=buf),
+    }
     a, b = fns["fresh"](), fns["reused"]()
     if not np.array_equal(a.view(np.uint32), b.view(np.uint32)):
         raise SystemExit("fresh and reused dwte differ")
@@ -88,16 +91,25 @@ def model_worker(repeats: int, shapes: str) -> dict:
             t0 = time.perf_counter()
             fn()
             times[k].append(time.perf_counter() - t0)
-    return {"shape": f"{shapes} micro-batch B={B} T={T}", "times": times, "loadavg": os.getloadavg()[0],
-            "workspace_mb": reuse.workspace.nbytes() / 1e6}
+    return {
+        "shape": f"{shapes} micro-batch B={B} T={T}",
+        "times": times,
+        "loadavg": os.getloadavg()[0],
+        "workspace_mb": reuse.workspace.nbytes() / 1e6,
+    }
 
 
 def stats(ts: list[float]) -> dict:
     import numpy as np
 
     ms = 1e3 * np.array(ts)
-    return {"median": float(np.median(ms)), "min": float(ms.min()), "p10": float(np.percentile(ms, 10)),
-            "p90": float(np.percentile(ms, 90)), "max": float(ms.max())}
+    return {
+        "median": float(np.median(ms)),
+        "min": float(ms.min()),
+        "p10": float(np.percentile(ms, 10)),
+        "p90": float(np.percentile(ms, 90)),
+        "max": float(ms.max()),
+    }
 
 
 def main(argv=None) -> int:
@@ -115,21 +127,45 @@ def main(argv=None) -> int:
     print(load_line(), flush=True)
     rows = []
     for n in args.threads:
-        res = run_worker(Path(__file__), ["--worker", "--repeats", str(args.repeats), "--shapes", args.shapes]
-                         + (["--model"] if args.model else []), n)
+        res = run_worker(
+            Path(__file__),
+            ["--worker", "--repeats", str(args.repeats), "--shapes", args.shapes] + (["--model"] if args.model else []),
+            n,
+        )
         for form in ("fresh", "reused"):
-            rows.append({"threads": n, "form": form, "shape": res["shape"], "loadavg": res["loadavg"],
-                         **stats(res["times"][form])})
+            rows.append(
+                {
+                    "threads": n,
+                    "form": form,
+                    "shape": res["shape"],
+                    "loadavg": res["loadavg"],
+                    **stats(res["times"][form]),
+                }
+            )
         rows[-2]["ratio"] = rows[-2]["median"] / rows[-1]["median"]
     what = "Model.loss_and_grads" if args.model else "embedding backward"
-    print(f"\n{what} at the {args.shapes} preset's shapes {rows[0]['shape']}, "
-          f"{args.repeats} alternating repeats (ms)")
+    print(f"\n{what} at the {args.shapes} preset's shapes {rows[0]['shape']}, {args.repeats} alternating repeats (ms)")
     if args.model:
         print(f"workspace held: {res['workspace_mb']:.0f} MB")
-    print(table(["threads", "form", "median", "min", "p10", "p90", "max", "fresh/reused", "load"],
-                [[r["threads"], r["form"], f"{r['median']:.1f}", f"{r['min']:.1f}", f"{r['p10']:.1f}",
-                  f"{r['p90']:.1f}", f"{r['max']:.1f}", f"{r['ratio']:.2f}" if "ratio" in r else "",
-                  f"{r['loadavg']:.1f}"] for r in rows]))
+    print(
+        table(
+            ["threads", "form", "median", "min", "p10", "p90", "max", "fresh/reused", "load"],
+            [
+                [
+                    r["threads"],
+                    r["form"],
+                    f"{r['median']:.1f}",
+                    f"{r['min']:.1f}",
+                    f"{r['p10']:.1f}",
+                    f"{r['p90']:.1f}",
+                    f"{r['max']:.1f}",
+                    f"{r['ratio']:.2f}" if "ratio" in r else "",
+                    f"{r['loadavg']:.1f}",
+                ]
+                for r in rows
+            ],
+        )
+    )
     name = "grad-buffers-model.json" if args.model else "grad-buffers.json"
     out = write_json(name, {"machine": machine(), "repeats": args.repeats, "rows": rows}, args.json)
     print(f"\n{load_line()}\nwrote {out}")

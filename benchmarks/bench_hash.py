@@ -11,6 +11,7 @@ fastest a single SHA-256 stream can go).  Ratio = sha256 time / state_hash
 time, i.e. the throughput relative to hashlib (targets: >= 0.9 with one
 thread, >= 1.6 with two).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,22 +58,47 @@ def main(argv=None) -> int:
 
     fns = {"sha256": sha}
     for t in TARGETS:
-        fns[f"state_hash {t}"] = (lambda t=t: statehash.state_hash(tensors, threads=t))
+        fns[f"state_hash {t}"] = lambda t=t: statehash.state_hash(tensors, threads=t)
     print(load_line(), flush=True)
     med = alternate(fns, args.repeats, warmup=2)
     base = med["sha256"]["wall"]
     rows = []
     for t, target in TARGETS.items():
         w = med[f"state_hash {t}"]["wall"]
-        rows.append({"threads": t, "seconds": w, "sha256_seconds": base, "ratio": base / w,
-                     "mb_per_s": nbytes / w / 1e6, "target": target})
-    print(f"\nstate hash of the small preset's state ({nbytes / 1e6:.1f} MB, {len(tensors)} tensors), "
-          f"medians of {args.repeats}")
-    print(table(["threads", "state_hash s", "MB/s", "sha256 s", "MB/s", "ratio", "target"],
-                [[r["threads"], f"{r['seconds']:.4f}", f"{r['mb_per_s']:.0f}", f"{base:.4f}",
-                  f"{nbytes / base / 1e6:.0f}", f"{r['ratio']:.2f}", f">= {r['target']}"] for r in rows]))
-    out = write_json("hash.json", {"machine": machine(), "bytes": nbytes, "repeats": args.repeats,
-                                   "rows": rows}, args.json)
+        rows.append(
+            {
+                "threads": t,
+                "seconds": w,
+                "sha256_seconds": base,
+                "ratio": base / w,
+                "mb_per_s": nbytes / w / 1e6,
+                "target": target,
+            }
+        )
+    print(
+        f"\nstate hash of the small preset's state ({nbytes / 1e6:.1f} MB, {len(tensors)} tensors), "
+        f"medians of {args.repeats}"
+    )
+    print(
+        table(
+            ["threads", "state_hash s", "MB/s", "sha256 s", "MB/s", "ratio", "target"],
+            [
+                [
+                    r["threads"],
+                    f"{r['seconds']:.4f}",
+                    f"{r['mb_per_s']:.0f}",
+                    f"{base:.4f}",
+                    f"{nbytes / base / 1e6:.0f}",
+                    f"{r['ratio']:.2f}",
+                    f">= {r['target']}",
+                ]
+                for r in rows
+            ],
+        )
+    )
+    out = write_json(
+        "hash.json", {"machine": machine(), "bytes": nbytes, "repeats": args.repeats, "rows": rows}, args.json
+    )
     print(f"\n{load_line()}\nwrote {out}")
     return 0
 

@@ -33,6 +33,7 @@ this machine's caches (printed), or with ``--blocks KC B_CACHED B_BLOCK``.
 Results go to ``--json`` (default benchmarks/results/matmul.json) and, as
 section ``matmul``, into this CPU kind's file ``results/machine-<cpu>.json``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -70,12 +71,11 @@ CASES = [
 ]
 
 
-
-
 def openblas_kernel() -> str:
     """Which OpenBLAS build and core kernel NumPy is using."""
     try:
         from threadpoolctl import threadpool_info
+
         for info in threadpool_info():
             if info.get("internal_api") == "openblas":
                 return f"{info.get('version')} {info.get('architecture')} ({info.get('filepath')})"
@@ -84,6 +84,7 @@ def openblas_kernel() -> str:
     import ctypes
     import glob
     import numpy as np
+
     for so in glob.glob(os.path.join(os.path.dirname(np.__file__), "..", "numpy.libs", "*openblas*.so*")):
         lib = ctypes.CDLL(so)
         for prefix in ("scipy_openblas_", "openblas_"):
@@ -116,9 +117,14 @@ def worker(repeats: int, only: str, side: str, blocks: list[int] | None = None) 
         B = load(rng.standard_normal(b_shape).astype(np.float32))
         C = np.empty((I, J), np.float32)
         mm = {"nn": L.mm_nn, "nt": L.mm_nt, "tn": L.mm_tn}[form]
-        fns = {"ours": lambda: mm(A, B, C, False, *blk.args()),
-               "blas": {"nn": lambda: np.matmul(A, B, out=C), "nt": lambda: np.matmul(A, B.T, out=C),
-                        "tn": lambda: np.matmul(A.T, B, out=C)}[form]}
+        fns = {
+            "ours": lambda: mm(A, B, C, False, *blk.args()),
+            "blas": {
+                "nn": lambda: np.matmul(A, B, out=C),
+                "nt": lambda: np.matmul(A, B.T, out=C),
+                "tn": lambda: np.matmul(A.T, B, out=C),
+            }[form],
+        }
         if side != "both":
             fns = {side: fns[side]}
         for _ in range(2):  # warm-up: JIT, page faults, caches
@@ -132,13 +138,19 @@ def worker(repeats: int, only: str, side: str, blocks: list[int] | None = None) 
                 samples[k][0].append(time.perf_counter() - t0)
                 samples[k][1].append(time.process_time() - c0)
         rows.append(dict(name=name, form=form, I=I, K=K, J=J, samples=samples))
-    return dict(threads=int(os.environ["NUMBA_NUM_THREADS"]), openblas=openblas_kernel(),
-                numpy=np.__version__, rows=rows, blocks=vars(blk))
+    return dict(
+        threads=int(os.environ["NUMBA_NUM_THREADS"]),
+        openblas=openblas_kernel(),
+        numpy=np.__version__,
+        rows=rows,
+        blocks=vars(blk),
+    )
 
 
 def _env(threads: int) -> dict:
-    env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads), NUMBA_NUM_THREADS=str(threads),
-               OMP_NUM_THREADS=str(threads))
+    env = dict(
+        os.environ, OPENBLAS_NUM_THREADS=str(threads), NUMBA_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads)
+    )
     env.pop("OPENBLAS_CORETYPE", None)  # removed together: let OpenBLAS choose its kernel
     env.pop("OPENBLAS_L2_SIZE", None)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
@@ -149,8 +161,12 @@ def peak(threads: int) -> float:
     """This machine's unfused multiply-then-add peak (GF/s) at ``threads``:
     ``threads`` x one core's, measured now in a fresh 1-thread worker
     (benchmarks/peak.py, ``yardstick``); exits if its check fails."""
-    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "peak.py"), "--worker-json"],
-                         env=_env(1), capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "peak.py"), "--worker-json"],
+        env=_env(1),
+        capture_output=True,
+        text=True,
+    )
     if out.returncode != 0:
         sys.exit(f"peak worker ({threads} threads) failed:\n{out.stderr}")
     res = json.loads(out.stdout.strip().splitlines()[-1])
@@ -162,8 +178,12 @@ def peak(threads: int) -> float:
 def run_worker(threads: int, repeats: int, only: str, side: str = "both", blocks=None) -> dict:
     env = _env(threads)
     extra = ["--blocks", *map(str, blocks)] if blocks else []
-    out = subprocess.run([sys.executable, __file__, "--worker", "--repeats", str(repeats), "--only", only,
-                          "--side", side, *extra], env=env, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, __file__, "--worker", "--repeats", str(repeats), "--only", only, "--side", side, *extra],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if out.returncode != 0:
         sys.exit(f"benchmark worker ({threads} threads) failed:\n{out.stderr}")
     return json.loads(out.stdout)
@@ -186,16 +206,34 @@ def measure(threads: int, repeats: int, only: str, same_process: bool, blocks=No
                 pooled[k][1].extend(cpu)
         m_ours, m_blas = statistics.median(pooled["ours"][0]), statistics.median(pooled["blas"][0])
         flop = 2.0 * r["I"] * r["J"] * r["K"]
-        rows.append(dict(name=r["name"], form=r["form"], I=r["I"], K=r["K"], J=r["J"],
-                         refreplay_ms=m_ours * 1e3, numpy_ms=m_blas * 1e3,
-                         refreplay_gflops=flop / m_ours / 1e9, numpy_gflops=flop / m_blas / 1e9,
-                         ratio=m_blas / m_ours, of_peak=flop / m_ours / 1e9 / gf_peak,
-                         of_peak_cpu=flop / statistics.median(pooled["ours"][1]) / 1e9 / gf_peak,
-                         numpy_of_peak=flop / m_blas / 1e9 / gf_peak,
-                         ratio_cpu=statistics.median(pooled["blas"][1]) / statistics.median(pooled["ours"][1])))
+        rows.append(
+            dict(
+                name=r["name"],
+                form=r["form"],
+                I=r["I"],
+                K=r["K"],
+                J=r["J"],
+                refreplay_ms=m_ours * 1e3,
+                numpy_ms=m_blas * 1e3,
+                refreplay_gflops=flop / m_ours / 1e9,
+                numpy_gflops=flop / m_blas / 1e9,
+                ratio=m_blas / m_ours,
+                of_peak=flop / m_ours / 1e9 / gf_peak,
+                of_peak_cpu=flop / statistics.median(pooled["ours"][1]) / 1e9 / gf_peak,
+                numpy_of_peak=flop / m_blas / 1e9 / gf_peak,
+                ratio_cpu=statistics.median(pooled["blas"][1]) / statistics.median(pooled["ours"][1]),
+            )
+        )
     mode = "one process, alternating" if len(parts) == 1 else "separate processes, 2 rounds"
-    return dict(threads=threads, openblas=base["openblas"], numpy=base["numpy"], mode=mode, rows=rows,
-                peak_gflops=gf_peak, blocks=base["blocks"])
+    return dict(
+        threads=threads,
+        openblas=base["openblas"],
+        numpy=base["numpy"],
+        mode=mode,
+        rows=rows,
+        peak_gflops=gf_peak,
+        blocks=base["blocks"],
+    )
 
 
 def main(argv=None) -> int:
@@ -204,10 +242,19 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--json", default=str(DEFAULT_JSON), help="where to write the results")
     p.add_argument("--only", default="", help="run only the cases whose name contains this text")
-    p.add_argument("--same-process", action="store_true",
-                   help="with several threads, time both libraries alternately in one process")
-    p.add_argument("--blocks", type=int, nargs=3, metavar=("KC", "B_CACHED", "B_BLOCK"), default=None,
-                   help="run refreplay with these block sizes instead of the machine's (blocking.py)")
+    p.add_argument(
+        "--same-process",
+        action="store_true",
+        help="with several threads, time both libraries alternately in one process",
+    )
+    p.add_argument(
+        "--blocks",
+        type=int,
+        nargs=3,
+        metavar=("KC", "B_CACHED", "B_BLOCK"),
+        default=None,
+        help="run refreplay with these block sizes instead of the machine's (blocking.py)",
+    )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--side", default="both", choices=("both", "ours", "blas"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -216,21 +263,32 @@ def main(argv=None) -> int:
         return 0
     load_start = os.getloadavg()
     runs = [measure(t, args.repeats, args.only, args.same_process, args.blocks) for t in args.threads]
-    print(f"machine: {cpu_model()}, {os.cpu_count()} CPUs; 1-minute load average at the start "
-          f"{load_start[0]:.1f}, at the end {os.getloadavg()[0]:.1f}")
+    print(
+        f"machine: {cpu_model()}, {os.cpu_count()} CPUs; 1-minute load average at the start "
+        f"{load_start[0]:.1f}, at the end {os.getloadavg()[0]:.1f}"
+    )
     for run in runs:
         print(f"\nthreads = {run['threads']} ({run['mode']})   NumPy {run['numpy']}, OpenBLAS {run['openblas']}")
-        print(f"unfused mul+add peak (peak.py) {run['peak_gflops']:.1f} GF/s; blocks {run['blocks']}"
-              + ("; 'of peak cpu' uses the CPU-time median (1 thread: the time the core worked)"
-                 if run["threads"] == 1 else ""))
-        print(f"{'case':26s} {'form':4s} {'I x K x J':>16s} {'refreplay ms':>13s} {'numpy ms':>9s} "
-              f"{'GF/s ours':>9s} {'GF/s numpy':>10s} {'ratio':>6s} {'ratio(cpu)':>10s} {'of peak':>7s} "
-              f"{'numpy of peak':>13s} {'of peak cpu':>11s}")
+        print(
+            f"unfused mul+add peak (peak.py) {run['peak_gflops']:.1f} GF/s; blocks {run['blocks']}"
+            + (
+                "; 'of peak cpu' uses the CPU-time median (1 thread: the time the core worked)"
+                if run["threads"] == 1
+                else ""
+            )
+        )
+        print(
+            f"{'case':26s} {'form':4s} {'I x K x J':>16s} {'refreplay ms':>13s} {'numpy ms':>9s} "
+            f"{'GF/s ours':>9s} {'GF/s numpy':>10s} {'ratio':>6s} {'ratio(cpu)':>10s} {'of peak':>7s} "
+            f"{'numpy of peak':>13s} {'of peak cpu':>11s}"
+        )
         for r in run["rows"]:
-            print(f"{r['name']:26s} {r['form']:4s} {r['I']:>5d}x{r['K']:>4d}x{r['J']:>5d} "
-                  f"{r['refreplay_ms']:13.2f} {r['numpy_ms']:9.2f} {r['refreplay_gflops']:9.1f} "
-                  f"{r['numpy_gflops']:10.1f} {r['ratio']:6.2f} {r['ratio_cpu']:10.2f} {r['of_peak']:7.2f} "
-                  f"{r['numpy_of_peak']:13.2f} {r['of_peak_cpu']:11.2f}")
+            print(
+                f"{r['name']:26s} {r['form']:4s} {r['I']:>5d}x{r['K']:>4d}x{r['J']:>5d} "
+                f"{r['refreplay_ms']:13.2f} {r['numpy_ms']:9.2f} {r['refreplay_gflops']:9.1f} "
+                f"{r['numpy_gflops']:10.1f} {r['ratio']:6.2f} {r['ratio_cpu']:10.2f} {r['of_peak']:7.2f} "
+                f"{r['numpy_of_peak']:13.2f} {r['of_peak_cpu']:11.2f}"
+            )
     payload = dict(cpu=cpu_model(), load_average=os.getloadavg(), load_average_start=load_start, runs=runs)
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -239,6 +297,7 @@ def main(argv=None) -> int:
     if not args.only and not args.blocks and Path(args.json).resolve() == DEFAULT_JSON.resolve():
         sys.path.insert(0, str(REPO / "benchmarks"))
         from run_all import update_machine_results
+
         print(f"wrote {update_machine_results('matmul', payload)}")
     return 0
 

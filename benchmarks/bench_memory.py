@@ -13,6 +13,7 @@ grow by about one gradient set (the parameters' size) per doubling of M, not
 by M gradient sets.  The table shows the peak in MiB and in units of one
 gradient set.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,10 +57,16 @@ def worker(M: int) -> dict:
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"M": M, "peak_bytes": peak - before, "peak_mib": (peak - before) / 2**20,
-            "grad_bytes": grad_bytes, "peak_grad_sets": (peak - before) / grad_bytes,
-            "max_rss_mib": rss_kib / 1024, "accumulators": int(math.log2(M)) + 1,
-            "loadavg": os.getloadavg()[0]}
+    return {
+        "M": M,
+        "peak_bytes": peak - before,
+        "peak_mib": (peak - before) / 2**20,
+        "grad_bytes": grad_bytes,
+        "peak_grad_sets": (peak - before) / grad_bytes,
+        "max_rss_mib": rss_kib / 1024,
+        "accumulators": int(math.log2(M)) + 1,
+        "loadavg": os.getloadavg()[0],
+    }
 
 
 def main(argv=None) -> int:
@@ -76,9 +83,21 @@ def main(argv=None) -> int:
     rows = [run_worker(Path(__file__), ["--worker", str(m)], 1) for m in args.ms]
     g = rows[0]["grad_bytes"]
     print(f"\npeak memory of one small-preset step (B = 1), one gradient set = {g / 2**20:.1f} MiB")
-    print(table(["M", "floor(log2 M)+1", "step peak MiB (tracemalloc)", "in gradient sets", "max RSS MiB"],
-                [[r["M"], r["accumulators"], f"{r['peak_mib']:.1f}", f"{r['peak_grad_sets']:.2f}",
-                  f"{r['max_rss_mib']:.0f}"] for r in rows]))
+    print(
+        table(
+            ["M", "floor(log2 M)+1", "step peak MiB (tracemalloc)", "in gradient sets", "max RSS MiB"],
+            [
+                [
+                    r["M"],
+                    r["accumulators"],
+                    f"{r['peak_mib']:.1f}",
+                    f"{r['peak_grad_sets']:.2f}",
+                    f"{r['max_rss_mib']:.0f}",
+                ]
+                for r in rows
+            ],
+        )
+    )
     # log growth: from the smallest to the largest M the peak may grow by about
     # one gradient set per doubling (+1 of slack), never by the M - M0 sets of
     # a linear accumulation.
@@ -86,11 +105,22 @@ def main(argv=None) -> int:
     allowed = math.log2(hi["M"] / lo["M"]) + 1
     grew = hi["peak_grad_sets"] - lo["peak_grad_sets"]
     log_growth = grew <= allowed
-    print(f"\ngrowth from M = {lo['M']} to {hi['M']}: {grew:.2f} gradient sets "
-          f"(log M allows <= {allowed:.0f}; linear would be {hi['M'] - lo['M']}): "
-          f"{'grows with log M' if log_growth else 'NOT logarithmic'}")
-    out = write_json("memory.json", {"machine": machine(), "rows": rows, "growth_grad_sets": grew,
-                                     "allowed_grad_sets": allowed, "log_growth": log_growth}, args.json)
+    print(
+        f"\ngrowth from M = {lo['M']} to {hi['M']}: {grew:.2f} gradient sets "
+        f"(log M allows <= {allowed:.0f}; linear would be {hi['M'] - lo['M']}): "
+        f"{'grows with log M' if log_growth else 'NOT logarithmic'}"
+    )
+    out = write_json(
+        "memory.json",
+        {
+            "machine": machine(),
+            "rows": rows,
+            "growth_grad_sets": grew,
+            "allowed_grad_sets": allowed,
+            "log_growth": log_growth,
+        },
+        args.json,
+    )
     print(f"\n{load_line()}\nwrote {out}")
     return 0
 

@@ -27,6 +27,7 @@ state to start from is the initial state with its parameters in mapped files
 and zero moments; no run directory is written (two checkpoints of 18.7 GB
 each would not fit beside the step's own files on this machine's disk).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -121,7 +122,7 @@ def step_worker(threads: int) -> dict:
     batch = stream.batch(1)
     mbs = []
     for m in range(tc.micro_batches):
-        x, y = inputs_targets(batch[m:m + 1])
+        x, y = inputs_targets(batch[m : m + 1])
         mbs.append((torch.from_numpy(x.astype(np.int64)), torch.from_numpy(y.astype(np.int64))))
     tt = TorchTrainer(mc, tc)
     tt.step(mbs)
@@ -132,22 +133,44 @@ def step_worker(threads: int) -> dict:
         walls.append(time.perf_counter() - w)
         cpus.append(time.process_time() - c)
     tor = {"wall": sorted(walls)[0], "cpu": sorted(cpus)[0]}
-    return {"threads": threads, "refreplay": ref, "torch": tor, "ratio_wall": ref["wall"] / tor["wall"],
-            "predicted_s": cost.seconds, "calibration_s": cost.calibration_s, "init_s": init_s,
-            "loadavg": os.getloadavg()[0]}
+    return {
+        "threads": threads,
+        "refreplay": ref,
+        "torch": tor,
+        "ratio_wall": ref["wall"] / tor["wall"],
+        "predicted_s": cost.seconds,
+        "calibration_s": cost.calibration_s,
+        "init_s": init_s,
+        "loadavg": os.getloadavg()[0],
+    }
 
 
 def cmd_step(args) -> dict:
     rows = [run_worker(Path(__file__), ["--worker-step", str(n)], n) for n in args.threads]
     print("\ngpt2-124m training step (8 micro-batches x 1 x 1024 tokens, V = 50,304)")
-    print(table(["threads", "refreplay s", "predicted s", "torch s", "ratio", "goal", "load"],
-                [[r["threads"], f"{r['refreplay']['wall']:.1f}", f"{r['predicted_s']:.1f}",
-                  f"{r['torch']['wall']:.2f}", f"{r['ratio_wall']:.2f}", "<= 1.3", f"{r['loadavg']:.1f}"]
-                 for r in rows]))
+    print(
+        table(
+            ["threads", "refreplay s", "predicted s", "torch s", "ratio", "goal", "load"],
+            [
+                [
+                    r["threads"],
+                    f"{r['refreplay']['wall']:.1f}",
+                    f"{r['predicted_s']:.1f}",
+                    f"{r['torch']['wall']:.2f}",
+                    f"{r['ratio_wall']:.2f}",
+                    "<= 1.3",
+                    f"{r['loadavg']:.1f}",
+                ]
+                for r in rows
+            ],
+        )
+    )
     by = {r["threads"]: r for r in rows}
     if 1 in by and 2 in by:
-        print(f"2-thread speed-up: refreplay {by[1]['refreplay']['wall'] / by[2]['refreplay']['wall']:.2f}x "
-              f"(goal >= 1.8), torch {by[1]['torch']['wall'] / by[2]['torch']['wall']:.2f}x")
+        print(
+            f"2-thread speed-up: refreplay {by[1]['refreplay']['wall'] / by[2]['refreplay']['wall']:.2f}x "
+            f"(goal >= 1.8), torch {by[1]['torch']['wall'] / by[2]['torch']['wall']:.2f}x"
+        )
     return {"rows": rows}
 
 
@@ -157,15 +180,27 @@ def cmd_step(args) -> dict:
 def _child(argv, threads) -> dict:
     env = thread_env(threads)
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "refreplay", *argv], env=env, cwd=str(HERE.parent),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "refreplay", *argv],
+        env=env,
+        cwd=str(HERE.parent),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     sampler = Sampler(proc.pid)
     sampler.start()
     out, _ = proc.communicate()
     sampler.stop = True
     sampler.join()
-    return {"argv": argv, "rc": proc.returncode, "seconds": time.perf_counter() - t0,
-            "peak_anon": sampler.peak_anon, "vm_hwm": sampler.hwm, "output": out}
+    return {
+        "argv": argv,
+        "rc": proc.returncode,
+        "seconds": time.perf_counter() - t0,
+        "peak_anon": sampler.peak_anon,
+        "vm_hwm": sampler.hwm,
+        "output": out,
+    }
 
 
 def cmd_replay(args) -> dict:
@@ -173,10 +208,28 @@ def cmd_replay(args) -> dict:
     tok = _token_file(d, 8, 1024)
     budget = ["--max-memory", str(args.max_memory)] if args.max_memory else []
     rows = []
-    steps = [("train", ["train", "--preset", "gpt2-124m", "--tokens", str(tok), "--vocab", str(GPT2_VOCAB),
-                        "--steps", "1", "--out", str(d / "run"), "--quiet", *budget]),
-             ("estimate", ["replay", str(d / "run"), "--step", "1", "--estimate", *budget]),
-             ("replay", ["replay", str(d / "run"), "--step", "1", "--quiet", *budget])]
+    steps = [
+        (
+            "train",
+            [
+                "train",
+                "--preset",
+                "gpt2-124m",
+                "--tokens",
+                str(tok),
+                "--vocab",
+                str(GPT2_VOCAB),
+                "--steps",
+                "1",
+                "--out",
+                str(d / "run"),
+                "--quiet",
+                *budget,
+            ],
+        ),
+        ("estimate", ["replay", str(d / "run"), "--step", "1", "--estimate", *budget]),
+        ("replay", ["replay", str(d / "run"), "--step", "1", "--quiet", *budget]),
+    ]
     for name, argv in steps:
         r = _child(argv, args.threads[0])
         r["what"] = name
@@ -185,9 +238,12 @@ def cmd_replay(args) -> dict:
         if r["rc"] != 0:
             break
     print(f"\ngpt2-124m, one step, {args.threads[0]} thread(s)")
-    print(table(["command", "exit", "wall s", "peak RssAnon GiB", "peak RSS (VmHWM) GiB"],
-                [[r["what"], r["rc"], f"{r['seconds']:.1f}", _gib(r["peak_anon"]), _gib(r["vm_hwm"])]
-                 for r in rows]))
+    print(
+        table(
+            ["command", "exit", "wall s", "peak RssAnon GiB", "peak RSS (VmHWM) GiB"],
+            [[r["what"], r["rc"], f"{r['seconds']:.1f}", _gib(r["peak_anon"]), _gib(r["vm_hwm"])] for r in rows],
+        )
+    )
     return {"rows": rows, "max_memory": args.max_memory, "threads": args.threads[0]}
 
 
@@ -237,26 +293,46 @@ def cmd_billion(args) -> dict:
     v = {k: np.zeros(a.shape, np.float32) for k, a in params.items()}
     st = TrainState(0, params, m, v, {}, trainer.data_position(0))
     init_s = time.perf_counter() - t0
-    print(f"state 0 built in {init_s:.1f} s (parameters in {mem.files} mapped files); "
-          f"peak RssAnon so far {_gib(sampler.peak_anon)} GiB", flush=True)
+    print(
+        f"state 0 built in {init_s:.1f} s (parameters in {mem.files} mapped files); "
+        f"peak RssAnon so far {_gib(sampler.peak_anon)} GiB",
+        flush=True,
+    )
     anon_before = sampler.peak_anon
     t1 = time.perf_counter()
     new, rec = trainer.step(st, "00" * 32, InProcess(1))
     step_s = time.perf_counter() - t1
     sampler.stop = True
     sampler.join()
-    print(f"\n{args.preset} shape ({cost.params:,} parameters), T = {mc.seq_len}, M = {tc.micro_batches} x B = 1, "
-          f"--max-memory {args.max_memory} GiB: tensors {'mapped' if mem.mapped else 'in RAM'}")
-    print(f"step {step_s:.1f} s (predicted {'-' if cost.seconds is None else f'{cost.seconds:.1f}'}), "
-          f"loss {float(rec.loss):.4f}, state root {rec.state_root[:16]}")
-    print(f"peak RssAnon {_gib(sampler.peak_anon)} GiB (before the step {_gib(anon_before)}), "
-          f"peak RSS incl. mapped pages {_gib(sampler.hwm)} GiB; predicted mapped peak "
-          f"{_gib(cost.peak_mapped)} GiB, all-in-RAM {_gib(cost.peak_ram)} GiB")
-    return {"params": cost.params, "seq_len": mc.seq_len, "micro_batches": tc.micro_batches,
-            "max_memory_gib": args.max_memory, "mapped": mem.mapped, "files": mem.files,
-            "init_s": init_s, "step_s": step_s, "peak_anon": sampler.peak_anon, "vm_hwm": sampler.hwm,
-            "predicted_peak_mapped": cost.peak_mapped, "predicted_peak_ram": cost.peak_ram,
-            "state_root": rec.state_root, "loss": float(rec.loss)}
+    print(
+        f"\n{args.preset} shape ({cost.params:,} parameters), T = {mc.seq_len}, M = {tc.micro_batches} x B = 1, "
+        f"--max-memory {args.max_memory} GiB: tensors {'mapped' if mem.mapped else 'in RAM'}"
+    )
+    print(
+        f"step {step_s:.1f} s (predicted {'-' if cost.seconds is None else f'{cost.seconds:.1f}'}), "
+        f"loss {float(rec.loss):.4f}, state root {rec.state_root[:16]}"
+    )
+    print(
+        f"peak RssAnon {_gib(sampler.peak_anon)} GiB (before the step {_gib(anon_before)}), "
+        f"peak RSS incl. mapped pages {_gib(sampler.hwm)} GiB; predicted mapped peak "
+        f"{_gib(cost.peak_mapped)} GiB, all-in-RAM {_gib(cost.peak_ram)} GiB"
+    )
+    return {
+        "params": cost.params,
+        "seq_len": mc.seq_len,
+        "micro_batches": tc.micro_batches,
+        "max_memory_gib": args.max_memory,
+        "mapped": mem.mapped,
+        "files": mem.files,
+        "init_s": init_s,
+        "step_s": step_s,
+        "peak_anon": sampler.peak_anon,
+        "vm_hwm": sampler.hwm,
+        "predicted_peak_mapped": cost.peak_mapped,
+        "predicted_peak_ram": cost.peak_ram,
+        "state_root": rec.state_root,
+        "loss": float(rec.loss),
+    }
 
 
 def main(argv=None) -> int:

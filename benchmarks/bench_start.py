@@ -14,6 +14,7 @@ with REFREPLAY_CACHE_ROOT pointing at a fresh, empty temporary directory
 Each command is a fresh process; the times are wall-clock seconds of the
 whole process.  Target: warm ``refreplay --version`` under 2 s.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,11 +52,17 @@ def main(argv=None) -> int:
     try:
         env = thread_env(1)
         run = tmp / "run"
-        subprocess.run(exe + ["train", "--preset", "tiny", "--steps", "1", "--out", str(run), "--quiet"],
-                       env=env, check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            exe + ["train", "--preset", "tiny", "--steps", "1", "--out", str(run), "--quiet"],
+            env=env,
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
         env = dict(env, REFREPLAY_CACHE_ROOT=str(tmp / "cache"))
-        commands = {"refreplay --version": exe + ["--version"],
-                    "refreplay replay RUN --step 1 (tiny)": exe + ["replay", str(run), "--step", "1", "--quiet"]}
+        commands = {
+            "refreplay --version": exe + ["--version"],
+            "refreplay replay RUN --step 1 (tiny)": exe + ["replay", str(run), "--step", "1", "--quiet"],
+        }
         cold = {name: timed(cmd, env) for name, cmd in commands.items()}
         warm = {}
         for name, cmd in commands.items():
@@ -64,11 +71,23 @@ def main(argv=None) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     rows = [{"command": n, "cold_s": cold[n], "warm_s": warm[n]} for n in commands]
     print(f"\nstart-up, wall seconds of the whole process (warm: median of {args.repeats})")
-    print(table(["command", "cold (empty cache)", "warm (cache populated)", "target"],
-                [[r["command"], f"{r['cold_s']:.2f}", f"{r['warm_s']:.2f}",
-                  "warm < 2" if "version" in r["command"] else ""] for r in rows]))
-    out = write_json("start.json", {"machine": machine(), "rows": rows,
-                                    "warm_cli_s": warm["refreplay --version"]}, args.json)
+    print(
+        table(
+            ["command", "cold (empty cache)", "warm (cache populated)", "target"],
+            [
+                [
+                    r["command"],
+                    f"{r['cold_s']:.2f}",
+                    f"{r['warm_s']:.2f}",
+                    "warm < 2" if "version" in r["command"] else "",
+                ]
+                for r in rows
+            ],
+        )
+    )
+    out = write_json(
+        "start.json", {"machine": machine(), "rows": rows, "warm_cli_s": warm["refreplay --version"]}, args.json
+    )
     print(f"\n{load_line()}\nwrote {out}")
     return 0
 

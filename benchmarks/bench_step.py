@@ -15,6 +15,7 @@ with its buffer reuse off (``fresh``: every temporary of the backward and
 every TreeFold node a new array, as before issue #32) and the reuse gain.  The worker also profiles one refreplay
 step with cProfile and prints where the time goes, per compiled kernel.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,7 +69,7 @@ def _setup(threads: int):
     B = tc.micro_batch_size
     mbs = []
     for m in range(tc.micro_batches):
-        x, y = inputs_targets(batch[m * B:(m + 1) * B])
+        x, y = inputs_targets(batch[m * B : (m + 1) * B])
         mbs.append((torch.from_numpy(x.astype(np.int64)), torch.from_numpy(y.astype(np.int64))))
     tt = TorchTrainer(mc, tc)
 
@@ -105,11 +106,17 @@ def worker(threads: int, repeats: int) -> dict:
     ref_step, torch_step, fresh_step = _setup(threads)
     med = alternate({"refreplay": ref_step, "torch": torch_step, "fresh": fresh_step}, repeats)
     prof = profile_step(ref_step)
-    return {"threads": threads, "refreplay": med["refreplay"], "torch": med["torch"],
-            "ratio_wall": med["refreplay"]["wall"] / med["torch"]["wall"],
-            "ratio_cpu": med["refreplay"]["cpu"] / med["torch"]["cpu"],
-            "fresh": med["fresh"], "reuse_gain": med["fresh"]["wall"] / med["refreplay"]["wall"],
-            "profile": prof, "loadavg": os.getloadavg()[0]}
+    return {
+        "threads": threads,
+        "refreplay": med["refreplay"],
+        "torch": med["torch"],
+        "ratio_wall": med["refreplay"]["wall"] / med["torch"]["wall"],
+        "ratio_cpu": med["refreplay"]["cpu"] / med["torch"]["cpu"],
+        "fresh": med["fresh"],
+        "reuse_gain": med["fresh"]["wall"] / med["refreplay"]["wall"],
+        "profile": prof,
+        "loadavg": os.getloadavg()[0],
+    }
 
 
 def main(argv=None) -> int:
@@ -121,26 +128,57 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.worker is not None:
         import json
+
         print(json.dumps(worker(args.worker, args.repeats)))
         return 0
     print(load_line(), flush=True)
-    rows = [run_worker(Path(__file__), ["--worker", str(n), "--repeats", str(args.repeats)], n)
-            for n in args.threads]
-    print("\nsmall preset training step (8 micro-batches x 4 x 128 tokens), medians of "
-          f"{args.repeats} after warm-up")
-    print(table(["threads", "refreplay wall s", "torch wall s", "ratio wall", "refreplay cpu s",
-                 "torch cpu s", "ratio cpu", "target", "fresh-buffers wall s", "reuse gain", "load"],
-                [[r["threads"], f"{r['refreplay']['wall']:.3f}", f"{r['torch']['wall']:.3f}",
-                  f"{r['ratio_wall']:.2f}", f"{r['refreplay']['cpu']:.3f}", f"{r['torch']['cpu']:.3f}",
-                  f"{r['ratio_cpu']:.2f}", "<= 2", f"{r['fresh']['wall']:.3f}", f"{r['reuse_gain']:.3f}",
-                  f"{r['loadavg']:.1f}"] for r in rows]))
-    print("fresh buffers: the same step with Trainer.fresh_buffers() (every temporary and node new); "
-          "reuse gain = its wall time / refreplay's")
+    rows = [run_worker(Path(__file__), ["--worker", str(n), "--repeats", str(args.repeats)], n) for n in args.threads]
+    print(f"\nsmall preset training step (8 micro-batches x 4 x 128 tokens), medians of {args.repeats} after warm-up")
+    print(
+        table(
+            [
+                "threads",
+                "refreplay wall s",
+                "torch wall s",
+                "ratio wall",
+                "refreplay cpu s",
+                "torch cpu s",
+                "ratio cpu",
+                "target",
+                "fresh-buffers wall s",
+                "reuse gain",
+                "load",
+            ],
+            [
+                [
+                    r["threads"],
+                    f"{r['refreplay']['wall']:.3f}",
+                    f"{r['torch']['wall']:.3f}",
+                    f"{r['ratio_wall']:.2f}",
+                    f"{r['refreplay']['cpu']:.3f}",
+                    f"{r['torch']['cpu']:.3f}",
+                    f"{r['ratio_cpu']:.2f}",
+                    "<= 2",
+                    f"{r['fresh']['wall']:.3f}",
+                    f"{r['reuse_gain']:.3f}",
+                    f"{r['loadavg']:.1f}",
+                ]
+                for r in rows
+            ],
+        )
+    )
+    print(
+        "fresh buffers: the same step with Trainer.fresh_buffers() (every temporary and node new); "
+        "reuse gain = its wall time / refreplay's"
+    )
     for r in rows:
         print(f"\nwhere one refreplay step spends its time ({r['threads']} thread(s), cProfile self time)")
-        print(table(["function", "calls", "seconds", "share"],
-                    [[p["function"], p["calls"], f"{p['seconds']:.3f}", f"{100 * p['share']:.1f}%"]
-                     for p in r["profile"]]))
+        print(
+            table(
+                ["function", "calls", "seconds", "share"],
+                [[p["function"], p["calls"], f"{p['seconds']:.3f}", f"{100 * p['share']:.1f}%"] for p in r["profile"]],
+            )
+        )
     out = write_json("step.json", {"machine": machine(), "repeats": args.repeats, "rows": rows}, args.json)
     print(f"\n{load_line()}\nwrote {out}")
     return 0

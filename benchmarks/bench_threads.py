@@ -35,6 +35,7 @@ step time over all its timed steps, the load average beside it, and
 defaults / best explicit setting (goal: at most 1.10), and the share of
 refreplay.torch operands (trainer: of steps) that ran on 1 or 2 threads.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,11 +64,14 @@ def settings_for(model: str, extra: list[str]) -> dict:
     """{name: (environment, torch threads or None)}."""
     out = {"defaults": ({}, None)}
     if model == TRAINER:
-        out.update({f"numba {n}": ({"NUMBA_NUM_THREADS": str(n), "REFREPLAY_THREADS": str(n)}, None)
-                    for n in (1, 2)})
+        out.update({f"numba {n}": ({"NUMBA_NUM_THREADS": str(n), "REFREPLAY_THREADS": str(n)}, None) for n in (1, 2)})
     else:
-        out.update({f"numba {n}, torch {m}": ({"NUMBA_NUM_THREADS": str(n), "REFREPLAY_THREADS": str(n)}, m)
-                    for n, m in EXPLICIT})
+        out.update(
+            {
+                f"numba {n}, torch {m}": ({"NUMBA_NUM_THREADS": str(n), "REFREPLAY_THREADS": str(n)}, m)
+                for n, m in EXPLICIT
+            }
+        )
     for name in extra:
         if name == "spinning":
             out[name] = ({"OMP_WAIT_POLICY": "ACTIVE"}, None)
@@ -79,6 +83,7 @@ def settings_for(model: str, extra: list[str]) -> dict:
 
 
 # --- the worker: one setting, steps on request ------------------------------
+
 
 def _model_step(model: str, torch_threads: int | None, gpt2_layers: int):
     import torch
@@ -151,23 +156,52 @@ def worker(model: str, torch_threads: int | None, gpt2_layers: int, warmup: int)
         torch_n = sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None
         from refreplay import environ
 
-        print(json.dumps({"times": times, "torch_threads": torch_n, "used": USED,
-                          "others": environ._LOAD.others,  # the policy's last view of other processes' load
-                          "numba_layer": numba.threading_layer()}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "times": times,
+                    "torch_threads": torch_n,
+                    "used": USED,
+                    "others": environ._LOAD.others,  # the policy's last view of other processes' load
+                    "numba_layer": numba.threading_layer(),
+                }
+            ),
+            flush=True,
+        )
     return 0
 
 
 # --- the driver -------------------------------------------------------------
 
+
 class Worker:
     def __init__(self, model, env_extra, torch_threads, gpt2_layers, warmup):
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("NUMBA_NUM_THREADS", "OMP_WAIT_POLICY", "OMP_NUM_THREADS", "REFREPLAY_THREADS",
-                            "NUMBA_THREADING_LAYER")}
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k
+            not in (
+                "NUMBA_NUM_THREADS",
+                "OMP_WAIT_POLICY",
+                "OMP_NUM_THREADS",
+                "REFREPLAY_THREADS",
+                "NUMBA_THREADING_LAYER",
+            )
+        }
         env.update(env_extra)
         env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-        cmd = [sys.executable, __file__, "--worker", model, "--torch-threads", str(torch_threads or 0),
-               "--gpt2-layers", str(gpt2_layers), "--warmup", str(warmup)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--worker",
+            model,
+            "--torch-threads",
+            str(torch_threads or 0),
+            "--gpt2-layers",
+            str(gpt2_layers),
+            "--warmup",
+            str(warmup),
+        ]
         self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
     def reply(self) -> dict:
@@ -193,8 +227,9 @@ class Worker:
 
 def spinner(seconds: float) -> subprocess.Popen:
     """One busy process, bounded by its own clock should this script die first."""
-    return subprocess.Popen([sys.executable, "-c", f"import time\nt = time.monotonic() + {seconds}\n"
-                             "while time.monotonic() < t: pass"])
+    return subprocess.Popen(
+        [sys.executable, "-c", f"import time\nt = time.monotonic() + {seconds}\nwhile time.monotonic() < t: pass"]
+    )
 
 
 def bench_model(model, args, extra) -> list[dict]:
@@ -217,7 +252,7 @@ def bench_model(model, args, extra) -> list[dict]:
             seen = {n: [] for n in names}
             try:
                 for r in range(args.rounds):
-                    order = names[r % len(names):] + names[:r % len(names)]
+                    order = names[r % len(names) :] + names[: r % len(names)]
                     for n in order:
                         loads.append(os.getloadavg()[0])
                         out = workers[n].steps(args.steps)
@@ -234,26 +269,39 @@ def bench_model(model, args, extra) -> list[dict]:
             explicit = [n for n in names if n.startswith("numba")]
             best = min(explicit, key=med.get)
             for n in names:
-                rows.append(dict(model=model, scenario=scenario, setting=n, median_ms=med[n],
-                                 min_ms=min(times[n]) * 1e3, n=len(times[n]), best=best,
-                                 ratio_to_best=med[n] / med[best], load_min=min(loads), load_max=max(loads),
-                                 torch_threads=info[n]["torch_threads"], numba_layer=info[n]["numba_layer"],
-                                 kernel_threads=used[n], others_seen=seen[n]))
+                rows.append(
+                    dict(
+                        model=model,
+                        scenario=scenario,
+                        setting=n,
+                        median_ms=med[n],
+                        min_ms=min(times[n]) * 1e3,
+                        n=len(times[n]),
+                        best=best,
+                        ratio_to_best=med[n] / med[best],
+                        load_min=min(loads),
+                        load_max=max(loads),
+                        torch_threads=info[n]["torch_threads"],
+                        numba_layer=info[n]["numba_layer"],
+                        kernel_threads=used[n],
+                        others_seen=seen[n],
+                    )
+                )
                 share = {c: round(k / max(1, sum(used[n].values())), 2) for c, k in sorted(used[n].items())}
-                print(f"{model:14s} {scenario:4s} {n:18s} {med[n]:9.1f} ms (min {min(times[n]) * 1e3:8.1f}, "
-                      f"n {len(times[n]):2d})  / best ({best}) {med[n] / med[best]:5.2f}  "
-                      f"load {min(loads):.1f}-{max(loads):.1f}  [{info[n]['numba_layer']}; threads {share}]",
-                      flush=True)
+                print(
+                    f"{model:14s} {scenario:4s} {n:18s} {med[n]:9.1f} ms (min {min(times[n]) * 1e3:8.1f}, "
+                    f"n {len(times[n]):2d})  / best ({best}) {med[n] / med[best]:5.2f}  "
+                    f"load {min(loads):.1f}-{max(loads):.1f}  [{info[n]['numba_layer']}; threads {share}]",
+                    flush=True,
+                )
     finally:
         for w in workers.values():
             w.close()
     return rows
 
 
-
-
 def per_model(text: str):
-    """"K" or "MODEL=K,..." as a function of the model (1 where unnamed)."""
+    """ "K" or "MODEL=K,..." as a function of the model (1 where unnamed)."""
     if "=" not in text:
         return lambda model: int(text)
     table = {k.strip(): int(v) for k, v in (kv.split("=") for kv in text.split(","))}
@@ -262,12 +310,21 @@ def per_model(text: str):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default="small,nanogpt-small,trainer-tiny",
-                    help=f"comma-separated, from {', '.join([*MODELS, TRAINER])}")
-    ap.add_argument("--rounds", default="small=6,nanogpt-small=3,gpt2-124m=2,trainer-tiny=6",
-                    help="rounds per scenario: K, or MODEL=K,...")
-    ap.add_argument("--steps", default="small=3,nanogpt-small=1,gpt2-124m=1,trainer-tiny=3",
-                    help="timed steps per worker turn: K, or MODEL=K,...")
+    ap.add_argument(
+        "--models",
+        default="small,nanogpt-small,trainer-tiny",
+        help=f"comma-separated, from {', '.join([*MODELS, TRAINER])}",
+    )
+    ap.add_argument(
+        "--rounds",
+        default="small=6,nanogpt-small=3,gpt2-124m=2,trainer-tiny=6",
+        help="rounds per scenario: K, or MODEL=K,...",
+    )
+    ap.add_argument(
+        "--steps",
+        default="small=3,nanogpt-small=1,gpt2-124m=1,trainer-tiny=3",
+        help="timed steps per worker turn: K, or MODEL=K,...",
+    )
     ap.add_argument("--gpt2-layers", type=int, default=1, help="layers of the gpt2-124m shapes (of 12)")
     ap.add_argument("--settings", default="", help="extra settings, ';'-separated: spinning; layer omp; ...")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds the busy process lives at most")
@@ -289,8 +346,7 @@ def main() -> int:
         rows += bench_model(model, args, extra)
     print(f"total {time.monotonic() - t0:.0f} s; load average at end {os.getloadavg()}")
     if args.json:
-        args.json.write_text(json.dumps({"cpu": cpu, "gpt2_layers": args.gpt2_layers, "rows": rows},
-                                        indent=1) + "\n")
+        args.json.write_text(json.dumps({"cpu": cpu, "gpt2_layers": args.gpt2_layers, "rows": rows}, indent=1) + "\n")
     return 0
 
 

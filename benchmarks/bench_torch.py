@@ -9,6 +9,7 @@ Each thread count runs in a fresh worker (NUMBA_NUM_THREADS = N and
 torch.set_num_threads(N)); 2 warm-up steps of each, then ``--repeats``
 steps of each alternately; medians and the ratio refreplay / PyTorch.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,8 +51,14 @@ def worker(model: str, threads: int, repeats: int) -> dict:
             if r >= 2:
                 times[name].append(time.perf_counter() - t)
     med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
-    return {"model": model, "threads": threads, "refreplay_ms": med["refreplay"], "pytorch_ms": med["pytorch"],
-            "ratio": med["refreplay"] / med["pytorch"], "load": os.getloadavg()[0]}
+    return {
+        "model": model,
+        "threads": threads,
+        "refreplay_ms": med["refreplay"],
+        "pytorch_ms": med["pytorch"],
+        "ratio": med["refreplay"] / med["pytorch"],
+        "load": os.getloadavg()[0],
+    }
 
 
 def main() -> int:
@@ -70,17 +77,26 @@ def main() -> int:
     print(f"CPU: AMD EPYC (Zen 5), {os.cpu_count()} cores; load at start {os.getloadavg()}")
     for model in args.models.split(","):
         for n in (int(t) for t in args.threads.split(",")):
-            env = dict(os.environ, NUMBA_NUM_THREADS=str(n),
-                       PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-            out = subprocess.run([sys.executable, __file__, "--worker", model, "--threads", str(n),
-                                  "--repeats", str(args.repeats)], env=env, capture_output=True, text=True,
-                                 timeout=args.timeout)
+            env = dict(
+                os.environ,
+                NUMBA_NUM_THREADS=str(n),
+                PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+            )
+            out = subprocess.run(
+                [sys.executable, __file__, "--worker", model, "--threads", str(n), "--repeats", str(args.repeats)],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=args.timeout,
+            )
             if out.returncode:
                 raise SystemExit(f"worker failed: {out.stderr[-2000:]}")
             r = json.loads(out.stdout.strip().splitlines()[-1])
             rows.append(r)
-            print(f"{model:14s} {n} thread(s): refreplay.torch {r['refreplay_ms']:9.1f} ms, PyTorch "
-                  f"{r['pytorch_ms']:9.1f} ms, ratio {r['ratio']:.2f}  (load {r['load']:.1f})")
+            print(
+                f"{model:14s} {n} thread(s): refreplay.torch {r['refreplay_ms']:9.1f} ms, PyTorch "
+                f"{r['pytorch_ms']:9.1f} ms, ratio {r['ratio']:.2f}  (load {r['load']:.1f})"
+            )
     if args.json:
         args.json.write_text(json.dumps({"cpu": "AMD EPYC (Zen 5), 2 cores", "rows": rows}, indent=1) + "\n")
     return 0

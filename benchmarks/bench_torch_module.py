@@ -9,6 +9,7 @@ plumbing), in one process, alternating, medians and their ratio.
 Both sides run the same compiled kernels, so the ratio is the overhead of
 going through torch.autograd; the first step of each is a warm-up.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,8 +43,12 @@ def _example():
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--torch-threads", type=int, default=None,
-                    help="torch.set_num_threads before timing (default: leave PyTorch's choice)")
+    ap.add_argument(
+        "--torch-threads",
+        type=int,
+        default=None,
+        help="torch.set_num_threads before timing (default: leave PyTorch's choice)",
+    )
     ap.add_argument("--preset", choices=("tiny", "small"), default="tiny")
     args = ap.parse_args()
     if args.torch_threads:
@@ -51,8 +56,9 @@ def main() -> int:
     case = golden.load(REPO / "vectors" / "steps.json")[0]
     if args.preset == "small":
         model, tr = preset("small")
-        samples = np.random.default_rng(0).integers(0, 256, (tr.micro_batches * tr.micro_batch_size,
-                                                              model.seq_len + 1), dtype=np.uint8)
+        samples = np.random.default_rng(0).integers(
+            0, 256, (tr.micro_batches * tr.micro_batch_size, model.seq_len + 1), dtype=np.uint8
+        )
         case = golden.Loaded("small", model, tr, samples, golden.recipe_sha256(model, tr, samples), [])
     train = _example()
 
@@ -79,8 +85,10 @@ def main() -> int:
                 times[name].append(time.perf_counter() - t)
     med = {k: statistics.median(v) for k, v in times.items()}
     step_torch = med["torch"] - med["torch setup"]
-    print(f"{args.preset}: load {os.getloadavg()}, torch threads {torch.get_num_threads()}, "
-          f"NUMBA_NUM_THREADS={os.environ.get('NUMBA_NUM_THREADS', 'default')}, {args.repeats} repeats")
+    print(
+        f"{args.preset}: load {os.getloadavg()}, torch threads {torch.get_num_threads()}, "
+        f"NUMBA_NUM_THREADS={os.environ.get('NUMBA_NUM_THREADS', 'default')}, {args.repeats} repeats"
+    )
     print(f"reference step  {med['reference'] * 1e3:8.1f} ms")
     print(f"torch step      {step_torch * 1e3:8.1f} ms  (build + state 0: {med['torch setup'] * 1e3:.1f} ms)")
     print(f"ratio torch/reference: {step_torch / med['reference']:.2f}")

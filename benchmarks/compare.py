@@ -18,6 +18,7 @@ A row is flagged when NEW's score is below OLD's by more than ``threshold``
 longer relative to its yardstick.  Exit status: 0 none flagged, 1 at least
 one flagged, 2 bad input (unreadable file, no comparable rows).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -96,8 +97,7 @@ def main(argv=None) -> int:
         print(f"compare.py: {e}", file=sys.stderr)
         return 2
     if not rows:
-        print("compare.py: no rows in common with a yardstick (of_peak / peak_gflops) in both files",
-              file=sys.stderr)
+        print("compare.py: no rows in common with a yardstick (of_peak / peak_gflops) in both files", file=sys.stderr)
         return 2
     bad = {r[0] for r in flagged}
     print(f"{'section':12s} {'threads':>7s}  {'case':40s} {'old':>8s} {'new':>8s} {'new/old':>8s}")

@@ -27,6 +27,7 @@ fuses), the fused result differs from that in many lanes (so the comparison
 would catch a contraction), and the compiled code contains no FMA
 instruction.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -84,7 +85,9 @@ def _build():
                     bk = builder.load(builder.gep(b, [loop.index]), align=4)
                     bv = builder.shuffle_vector(
                         builder.insert_element(ir.Constant(vf, ir.Undefined), bk, ir.Constant(ir.IntType(32), 0)),
-                        ir.Constant(vf, ir.Undefined), ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES))
+                        ir.Constant(vf, ir.Undefined),
+                        ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES),
+                    )
                     for i in range(NACC):
                         p = builder.fmul(xs[i], bv)  # rounded product
                         builder.store(builder.fadd(builder.load(acc[i]), p), acc[i])  # rounded sum
@@ -118,6 +121,7 @@ def kernels():
 
 def inputs(seed: int = 0):
     import numpy as np
+
     rng = np.random.default_rng(seed)
     x = (1 + rng.random(NACC * LANES)).astype(np.float32)  # [1, 2): products never subnormal
     b = (rng.random(N_B) * 1e-3 + 1e-4).astype(np.float32)
@@ -128,6 +132,7 @@ def inputs(seed: int = 0):
 def check() -> dict:
     """The kernel's bits against NumPy's multiply-then-add, and its code for FMA."""
     import numpy as np
+
     run_one, _ = kernels()
     x, b, start = inputs(1)
     out = start.copy()
@@ -144,9 +149,15 @@ def check() -> dict:
     fma = sorted(set(re.findall(r"\bv?fn?m(?:add|sub)\w*", asm)))
     vec = sorted(set(re.findall(r"\bv(?:mul|add)ps\b", asm)))
     zmm = "zmm" in asm
-    return dict(bits_equal_numpy_mul_then_add=ok_bits, lanes_where_fused_differs=fused_differs,
-                lanes=int(out.size), fma_instructions=fma, vector_mul_add=vec, uses_zmm=zmm,
-                ok=ok_bits and not fma and fused_differs > 0 and len(vec) == 2)
+    return dict(
+        bits_equal_numpy_mul_then_add=ok_bits,
+        lanes_where_fused_differs=fused_differs,
+        lanes=int(out.size),
+        fma_instructions=fma,
+        vector_mul_add=vec,
+        uses_zmm=zmm,
+        ok=ok_bits and not fma and fused_differs > 0 and len(vec) == 2,
+    )
 
 
 def measure(threads: int, repeats: int, seconds: float = 0.2) -> dict:
@@ -163,6 +174,7 @@ def measure(threads: int, repeats: int, seconds: float = 0.2) -> dict:
     measured idle here, 2 threads gave 192.5 GF/s wall against 2 x 96.6)."""
     import numba
     import numpy as np
+
     run_one, run_many = kernels()
     numba.set_num_threads(threads)
     x, b, start = inputs()
@@ -181,8 +193,16 @@ def measure(threads: int, repeats: int, seconds: float = 0.2) -> dict:
         wall.append(flop / (time.perf_counter() - t0) / 1e9)
         cpu.append(flop / max((time.process_time() - c0) / threads, 1e-9) / 1e9)
     wall.sort()
-    return dict(threads=threads, gflops=max(cpu), gflops_wall_median=wall[len(wall) // 2],
-                gflops_wall_max=wall[-1], samples_wall=wall, samples_cpu=cpu, accumulators=NACC, lanes=LANES)
+    return dict(
+        threads=threads,
+        gflops=max(cpu),
+        gflops_wall_median=wall[len(wall) // 2],
+        gflops_wall_max=wall[-1],
+        samples_wall=wall,
+        samples_cpu=cpu,
+        accumulators=NACC,
+        lanes=LANES,
+    )
 
 
 def peak_table(threads_list, repeats: int) -> dict:
@@ -192,6 +212,7 @@ def peak_table(threads_list, repeats: int) -> dict:
 
 def main(argv=None) -> int:
     from run_all import load_line, machine_info, update_machine_results
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--repeats", type=int, default=7)
@@ -200,17 +221,21 @@ def main(argv=None) -> int:
     res = peak_table(args.threads, args.repeats)
     c = res["check"]
     print(load_line())
-    print(f"check: bits equal NumPy mul-then-add: {c['bits_equal_numpy_mul_then_add']}; fused would differ in "
-          f"{c['lanes_where_fused_differs']}/{c['lanes']} lanes; FMA instructions in the code: "
-          f"{c['fma_instructions'] or 'none'}; vector ops {c['vector_mul_add']}, zmm: {c['uses_zmm']}")
+    print(
+        f"check: bits equal NumPy mul-then-add: {c['bits_equal_numpy_mul_then_add']}; fused would differ in "
+        f"{c['lanes_where_fused_differs']}/{c['lanes']} lanes; FMA instructions in the code: "
+        f"{c['fma_instructions'] or 'none'}; vector ops {c['vector_mul_add']}, zmm: {c['uses_zmm']}"
+    )
     one = next((r["gflops"] for r in res["runs"] if r["threads"] == 1), None)
     res["yardstick"] = {str(r["threads"]): r["threads"] * one for r in res["runs"]} if one else {}
     for r in res["runs"]:
         if one:
             print(f"yardstick, {r['threads']} thread(s): {r['threads'] * one:.1f} GF/s ({r['threads']} x one core's)")
-        print(f"unfused mul+add peak, {r['threads']} thread(s): {r['gflops']:.1f} GF/s (best by CPU time; "
-              f"wall median {r['gflops_wall_median']:.1f}, max {r['gflops_wall_max']:.1f}; "
-              f"{r['accumulators']} x {r['lanes']}-lane chains per thread)")
+        print(
+            f"unfused mul+add peak, {r['threads']} thread(s): {r['gflops']:.1f} GF/s (best by CPU time; "
+            f"wall median {r['gflops_wall_median']:.1f}, max {r['gflops_wall_max']:.1f}; "
+            f"{r['accumulators']} x {r['lanes']}-lane chains per thread)"
+        )
     if not c["ok"]:
         print("the yardstick kernel failed its check: figures not saved", file=sys.stderr)
         return 1

@@ -12,6 +12,7 @@ its owner; its JSON is summarised here when present.
 This module also holds the small helpers the bench_*.py scripts share
 (timing, worker processes, machine description, JSON output).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,13 +47,30 @@ def cpu_model() -> str:
 def machine() -> dict:
     """What the numbers were measured on, and how busy it was."""
     la = os.getloadavg()
-    return {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
-            "loadavg_1_5_15": [round(x, 2) for x in la],
-            "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    return {
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "loadavg_1_5_15": [round(x, 2) for x in la],
+        "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
 
 
-_ISA = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_fp16",
-        "amx_tile", "asimd", "sve", "sve2")
+_ISA = (
+    "sse4_2",
+    "avx",
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_bf16",
+    "avx512_fp16",
+    "amx_tile",
+    "asimd",
+    "sve",
+    "sve2",
+)
 
 
 def _cpuinfo() -> dict:
@@ -73,6 +91,7 @@ def machine_info() -> dict:
     """CPU model, vendor/family/model, the SIMD flags that matter, the caches
     the process sees (sysfs) and the matmul blocks derived from them."""
     from refreplay.linalg import blocking
+
     ci = _cpuinfo()
     flags = set((ci.get("flags") or ci.get("Features") or "").split())
     caches = {}
@@ -83,20 +102,31 @@ def machine_info() -> dict:
             shared = (d / "shared_cpu_list").read_text().strip() if (d / "shared_cpu_list").exists() else ""
         except OSError:
             continue
-        caches[f"L{lv}{'d' if kind == 'Data' else 'i' if kind == 'Instruction' else ''}"] = \
-            dict(size=size, shared_cpu_list=shared)
+        caches[f"L{lv}{'d' if kind == 'Data' else 'i' if kind == 'Instruction' else ''}"] = dict(
+            size=size, shared_cpu_list=shared
+        )
     c = blocking.machine_caches()
-    return {"cpu": cpu_model(), "vendor": ci.get("vendor_id", ""), "family": ci.get("cpu family", ""),
-            "model": ci.get("model", ""), "isa": [f for f in _ISA if f in flags], "caches": caches,
-            "blocks": dict(vars(blocking.blocks_for(c)), from_caches=dict(vars(c))),
-            "cores": os.cpu_count(), "python": platform.python_version()}
+    return {
+        "cpu": cpu_model(),
+        "vendor": ci.get("vendor_id", ""),
+        "family": ci.get("cpu family", ""),
+        "model": ci.get("model", ""),
+        "isa": [f for f in _ISA if f in flags],
+        "caches": caches,
+        "blocks": dict(vars(blocking.blocks_for(c)), from_caches=dict(vars(c))),
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+    }
 
 
 def machine_slug() -> str:
     """A file name for this CPU kind: model name, vendor family and model number."""
     ci = _cpuinfo()
-    parts = [cpu_model(), f"f{ci['cpu family']}" if "cpu family" in ci else "",
-             f"m{ci['model']}" if ci.get("model", "").isdigit() else ""]
+    parts = [
+        cpu_model(),
+        f"f{ci['cpu family']}" if "cpu family" in ci else "",
+        f"m{ci['model']}" if ci.get("model", "").isdigit() else "",
+    ]
     slug = "-".join(p for p in parts if p).lower()
     return re.sub(r"[^a-z0-9]+", "-", slug).strip("-")[:80] or "unknown-cpu"
 
@@ -119,8 +149,11 @@ def update_machine_results(section: str, payload: dict, path: Path | None = None
     p = path or machine_results_path()
     data = read_machine_results(p)
     data["machine"] = machine_info()
-    data[section] = dict(payload, utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                         loadavg_1_5_15=[round(x, 2) for x in os.getloadavg()])
+    data[section] = dict(
+        payload,
+        utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        loadavg_1_5_15=[round(x, 2) for x in os.getloadavg()],
+    )
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     return p
@@ -192,8 +225,7 @@ def write_json(name: str, payload: dict, path: str | None = None) -> Path:
 def table(headers: list[str], rows: list[list]) -> str:
     cells = [[str(h) for h in headers]] + [[str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.rjust(w) if j else c.ljust(w) for j, (c, w) in enumerate(zip(r, widths)))
-             for r in cells]
+    lines = ["  ".join(c.rjust(w) if j else c.ljust(w) for j, (c, w) in enumerate(zip(r, widths))) for r in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
@@ -214,8 +246,14 @@ def summary_rows() -> list[list]:
             for r in run.get("rows", []):
                 if r.get("name") == "square 1024" and run.get("threads") == 1:
                     ratio = r["ratio"]
-                    rows.append(["matmul 1024, 1 thread (x OpenBLAS throughput; bench_matmul.py)",
-                                 f"{ratio:.2f}", ">= 0.5", "yes" if ratio >= 0.5 else "no"])
+                    rows.append(
+                        [
+                            "matmul 1024, 1 thread (x OpenBLAS throughput; bench_matmul.py)",
+                            f"{ratio:.2f}",
+                            ">= 0.5",
+                            "yes" if ratio >= 0.5 else "no",
+                        ]
+                    )
     pk = read_machine_results().get("peak")
     for th, gf in sorted((pk or {}).get("yardstick", {}).items()):
         rows.append([f"unfused mul+add yardstick, {th} thread(s) (GF/s; peak.py)", f"{gf:.1f}", "", ""])
@@ -223,26 +261,48 @@ def summary_rows() -> list[list]:
     for run in (mf or {}).get("runs", []):
         fr = [r["of_peak"] for r in run.get("rows", []) if "of_peak" in r]
         if fr:
-            rows.append([f"matmul, {run['threads']} thread(s): min / median fraction of peak",
-                         f"{min(fr):.2f} / {statistics.median(fr):.2f}", ">= 0.85 (issue 32)",
-                         "yes" if min(fr) >= 0.85 else "no"])
+            rows.append(
+                [
+                    f"matmul, {run['threads']} thread(s): min / median fraction of peak",
+                    f"{min(fr):.2f} / {statistics.median(fr):.2f}",
+                    ">= 0.85 (issue 32)",
+                    "yes" if min(fr) >= 0.85 else "no",
+                ]
+            )
     st = _read("step.json")
     if st:
         for r in st["rows"]:
             ratio = r["ratio_wall"]
-            rows.append([f"small step, {r['threads']} thread(s) (refreplay / torch time)", f"{ratio:.2f}",
-                         "<= 2", "yes" if ratio <= 2 else "no"])
+            rows.append(
+                [
+                    f"small step, {r['threads']} thread(s) (refreplay / torch time)",
+                    f"{ratio:.2f}",
+                    "<= 2",
+                    "yes" if ratio <= 2 else "no",
+                ]
+            )
     hs = _read("hash.json")
     if hs:
         for r in hs["rows"]:
             target = 0.9 if r["threads"] == 1 else 1.6
-            rows.append([f"state hash, {r['threads']} thread(s) (x hashlib.sha256)", f"{r['ratio']:.2f}",
-                         f">= {target}", "yes" if r["ratio"] >= target else "no"])
+            rows.append(
+                [
+                    f"state hash, {r['threads']} thread(s) (x hashlib.sha256)",
+                    f"{r['ratio']:.2f}",
+                    f">= {target}",
+                    "yes" if r["ratio"] >= target else "no",
+                ]
+            )
     me = _read("memory.json")
     if me:
-        rows.append(["replay peak memory M=4/16/64 (MiB)",
-                     " / ".join(f"{r['peak_mib']:.0f}" for r in me["rows"]),
-                     "grows ~ log M", "yes" if me["log_growth"] else "no"])
+        rows.append(
+            [
+                "replay peak memory M=4/16/64 (MiB)",
+                " / ".join(f"{r['peak_mib']:.0f}" for r in me["rows"]),
+                "grows ~ log M",
+                "yes" if me["log_growth"] else "no",
+            ]
+        )
     sa = _read("start.json")
     if sa:
         w = sa["warm_cli_s"]
@@ -251,8 +311,14 @@ def summary_rows() -> list[list]:
     if op:
         for th in sorted({r["threads"] for r in op["rows"]}):
             rs = [r["ratio_wall"] for r in op["rows"] if r["threads"] == th]
-            rows.append([f"ops fwd+bwd, {th} thread(s): median ratio (refreplay / torch)",
-                         f"{statistics.median(rs):.2f}", "(no target)", ""])
+            rows.append(
+                [
+                    f"ops fwd+bwd, {th} thread(s): median ratio (refreplay / torch)",
+                    f"{statistics.median(rs):.2f}",
+                    "(no target)",
+                    "",
+                ]
+            )
     return rows
 
 

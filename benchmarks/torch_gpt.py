@@ -11,6 +11,7 @@ like ``refreplay.training.step.Trainer.step`` minus the state hash.
 Nothing here checks bits: PyTorch is the speed yardstick, not an oracle.
 The benchmarks import it; it never ships in the library.
 """
+
 from __future__ import annotations
 
 import math
@@ -46,8 +47,11 @@ class Block(torch.nn.Module):
     def __init__(self, cfg):
         super().__init__()
         C, F_, bias = cfg.width, cfg.mlp_hidden, cfg.bias
-        norm = (lambda: RMSNorm(C, float(cfg.norm_eps))) if cfg.norm == "rms" else \
-            (lambda: torch.nn.LayerNorm(C, eps=float(cfg.norm_eps)))
+        norm = (
+            (lambda: RMSNorm(C, float(cfg.norm_eps)))
+            if cfg.norm == "rms"
+            else (lambda: torch.nn.LayerNorm(C, eps=float(cfg.norm_eps)))
+        )
         self.ln1, self.ln2 = norm(), norm()
         self.qkv = torch.nn.Linear(C, 3 * C, bias=bias)
         self.proj = torch.nn.Linear(C, C, bias=bias)
@@ -70,8 +74,7 @@ class Block(torch.nn.Module):
         o = (att @ v).transpose(1, 2).reshape(B, T, C)
         h = h + self.proj(o)
         n2 = self.ln2(h)
-        g = F.silu(self.gate(n2)) * self.up(n2) if self.swiglu else \
-            F.gelu(self.fc(n2), approximate="tanh")
+        g = F.silu(self.gate(n2)) * self.up(n2) if self.swiglu else F.gelu(self.fc(n2), approximate="tanh")
         return h + self.mproj(g)
 
 
@@ -85,8 +88,11 @@ class TorchGPT(torch.nn.Module):
         self.cfg = cfg
         self.wte = torch.nn.Embedding(cfg.vocab, cfg.width)
         self.blocks = torch.nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
-        self.lnf = RMSNorm(cfg.width, float(cfg.norm_eps)) if cfg.norm == "rms" else \
-            torch.nn.LayerNorm(cfg.width, eps=float(cfg.norm_eps))
+        self.lnf = (
+            RMSNorm(cfg.width, float(cfg.norm_eps))
+            if cfg.norm == "rms"
+            else torch.nn.LayerNorm(cfg.width, eps=float(cfg.norm_eps))
+        )
         self.head = None if cfg.tied else torch.nn.Linear(cfg.width, cfg.vocab, bias=False)
         cos, sin = rope_tables(cfg.seq_len, cfg.head_size, float(cfg.rope_theta))
         self.register_buffer("cos", cos)
@@ -116,10 +122,15 @@ class TorchTrainer:
         decay = [p for p in self.model.parameters() if p.ndim >= 2]
         no_decay = [p for p in self.model.parameters() if p.ndim < 2]
         self.opt = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": float(train_cfg.weight_decay)},
-             {"params": no_decay, "weight_decay": 0.0}],
-            lr=float(train_cfg.lr), betas=(float(train_cfg.beta1), float(train_cfg.beta2)),
-            eps=float(train_cfg.eps), foreach=True)
+            [
+                {"params": decay, "weight_decay": float(train_cfg.weight_decay)},
+                {"params": no_decay, "weight_decay": 0.0},
+            ],
+            lr=float(train_cfg.lr),
+            betas=(float(train_cfg.beta1), float(train_cfg.beta2)),
+            eps=float(train_cfg.eps),
+            foreach=True,
+        )
 
     def step(self, micro_batches):
         """``micro_batches``: list of (tokens, targets) int64 tensors [B, T]."""

@@ -15,6 +15,7 @@ when ``numba.cuda`` is first imported); the shim then swaps the libdevice
 intrinsics, which the simulator leaves as stubs returning None, for plain
 float32 arithmetic.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple

@@ -14,6 +14,7 @@ as given; like the reference's, callers pass tensors that went through
 ``EXAMPLE_FUNCTIONS`` maps the reference names used in the spec's worked
 examples (``numerics.add``, ``linalg.matmul``, ``ops.norms.layernorm_forward``, ...).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -23,23 +24,45 @@ from .host import linalg as _linalg
 from .host import numerics as _numerics
 from .host import rng as _rng
 from .host import treefold as _treefold
-from .host.ops import (activations as _activations, attention as _attention, embedding as _embedding,
-                       linear as _linear, loss as _loss, norms as _norms, optim as _optim, quant as _quant,
-                       rope as _rope, softmax as _softmax)
+from .host.ops import (
+    activations as _activations,
+    attention as _attention,
+    embedding as _embedding,
+    linear as _linear,
+    loss as _loss,
+    norms as _norms,
+    optim as _optim,
+    quant as _quant,
+    rope as _rope,
+    softmax as _softmax,
+)
 
 # Where each reference module's functions live on the host side of the device.
 _MODULES = {
-    "numerics": _numerics, "linalg": _linalg, "rng": _rng, "treefold": _treefold,
-    "ops.embedding": _embedding, "ops.linear": _linear, "ops.norms": _norms,
-    "ops.activations": _activations, "ops.softmax": _softmax, "ops.rope": _rope,
-    "ops.attention": _attention, "ops.loss": _loss, "ops.optim": _optim, "ops.quant": _quant,
+    "numerics": _numerics,
+    "linalg": _linalg,
+    "rng": _rng,
+    "treefold": _treefold,
+    "ops.embedding": _embedding,
+    "ops.linear": _linear,
+    "ops.norms": _norms,
+    "ops.activations": _activations,
+    "ops.softmax": _softmax,
+    "ops.rope": _rope,
+    "ops.attention": _attention,
+    "ops.loss": _loss,
+    "ops.optim": _optim,
+    "ops.quant": _quant,
 }
 
 
 def _public(module):
     """The module's own public functions, by name."""
-    return {name: f for name, f in vars(module).items()
-            if callable(f) and not name.startswith("_") and getattr(f, "__module__", None) == module.__name__}
+    return {
+        name: f
+        for name, f in vars(module).items()
+        if callable(f) and not name.startswith("_") and getattr(f, "__module__", None) == module.__name__
+    }
 
 
 _FUNCTIONS = {name: f for module in _MODULES.values() for name, f in _public(module).items()}
@@ -47,8 +70,9 @@ globals().update(_FUNCTIONS)  # adapter.matmul, adapter.layernorm_forward, ...
 __all__ = sorted(_FUNCTIONS) + ["EXAMPLE_FUNCTIONS", "OPS", "conform_op"]
 
 # Reference function name (relative to ``refreplay``) -> device function.
-EXAMPLE_FUNCTIONS = {f"{prefix}.{name}": f for prefix, module in _MODULES.items()
-                     for name, f in _public(module).items()}
+EXAMPLE_FUNCTIONS = {
+    f"{prefix}.{name}": f for prefix, module in _MODULES.items() for name, f in _public(module).items()
+}
 EXAMPLE_FUNCTIONS.update({f"numerics.elementwise.{name}": f for name, f in _public(_numerics).items()})
 # the bf16 conversions ([bf16.round.c1]): by their full name only (``load`` is also numerics.load)
 EXAMPLE_FUNCTIONS.update({f"numerics.bf16.{name}": f for name, f in _public(_bf16).items()})
@@ -62,9 +86,30 @@ def _dot(x, y):
 # Conformance registry op name -> device function, same positional inputs and
 # outputs (inputs already loaded, [num.load.c1]).
 OPS = {
-    **{name: _FUNCTIONS[name] for name in ("add", "sub", "mul", "recip", "sqrt", "fmax", "fmin", "rint",
-                                           "exp", "log", "tanh", "sigmoid", "sin", "cos",
-                                           "matmul", "matmul_nt", "matmul_tn", "matmul_i8", "col_sum")},
+    **{
+        name: _FUNCTIONS[name]
+        for name in (
+            "add",
+            "sub",
+            "mul",
+            "recip",
+            "sqrt",
+            "fmax",
+            "fmin",
+            "rint",
+            "exp",
+            "log",
+            "tanh",
+            "sigmoid",
+            "sin",
+            "cos",
+            "matmul",
+            "matmul_nt",
+            "matmul_tn",
+            "matmul_i8",
+            "col_sum",
+        )
+    },
     "sum": _linalg.row_sum,
     "max": _linalg.row_max,
     "dot": _dot,

@@ -6,6 +6,7 @@ device.  Mirrors ``refreplay.training.arrays``.
 Element [b, h, t, d] of the heads [B, NH, T, HS] is element
 [b*T + t, col0 + h*HS + d] of the matrix [B*T, W]; one thread per element.
 """
+
 from __future__ import annotations
 
 from numba import cuda

@@ -9,6 +9,7 @@ formulas fits, so no signed/unsigned reinterpretation is needed in the
 simulator or on the device; bit patterns cross to binary32 through the
 shim's exact reinterpretations (``shim.bits``, ``shim.from_bits``).
 """
+
 from __future__ import annotations
 
 import numpy as np

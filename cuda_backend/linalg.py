@@ -13,6 +13,7 @@ over j, thread y over i.
 Reductions give each output one thread running the sequential loop of
 [red.sum.c1] / [red.rowmax.c1]: grid ``blocks(outputs)`` x ``THREADS``.
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -7,6 +7,7 @@ clause of chapter 1 can be checked on the device against
 functions directly.  All arrays are 1-D and C-contiguous, of length N;
 ``out`` is overwritten.
 """
+
 from __future__ import annotations
 
 from numba import cuda

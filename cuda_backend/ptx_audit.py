@@ -22,6 +22,7 @@ An instruction is rejected when it is
 Run ``python -m cuda_backend.ptx_audit`` (exit 1 on any finding); needs
 numba-cuda with NVVM and nvJitLink (the ``cuda`` extra), no GPU.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -153,8 +154,9 @@ def compile_kernel(pyfunc, signature, cc, path):
 
     args, _ = sigutils.normalize_signature(signature)
     with _current_device(cc):
-        cres = compile_cuda(pyfunc, nbtypes.void, args, cc=cc, lto=(path == "lto"),
-                            nvvm_options={"fastmath": False, "opt": 3})
+        cres = compile_cuda(
+            pyfunc, nbtypes.void, args, cc=cc, lto=(path == "lto"), nvvm_options={"fastmath": False, "opt": 3}
+        )
     lib = cres.library
     lib._entry_name = cres.fndesc.llvm_func_name
     kernel_fixup(lib.get_function(cres.fndesc.llvm_func_name), False)
@@ -203,8 +205,10 @@ def main(argv=None) -> int:
                 print(f"     line {f.line}: {f.instruction}  -- {'; '.join(f.rules)}")
             if r.instructions == 0:
                 print("     no instructions (kernel compiled to nothing)")
-    print(f"ptx audit: {total - bad} clean, {bad} rejected "
-          f"(kernels x signatures x cc {COMPUTE_CAPABILITIES} x paths {PATHS})")
+    print(
+        f"ptx audit: {total - bad} clean, {bad} rejected "
+        f"(kernels x signatures x cc {COMPUTE_CAPABILITIES} x paths {PATHS})"
+    )
     return 1 if bad else 0
 
 

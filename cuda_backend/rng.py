@@ -11,6 +11,7 @@ are exact.  The round function is not written here: it is
 so both backends run one source.  The word-to-float maps use the shim's ``mul``.  Bounded integers
 and permutations read a stream sequentially and stay on the host.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -26,8 +27,8 @@ U0 = np.uint64(0)
 U1 = np.uint64(1)
 U2 = np.uint64(2)
 U8 = np.uint64(8)
-TWO_M24 = np.float32(2.0 ** -24)  # 0x33800000
-TWO_M23 = np.float32(2.0 ** -23)  # 0x34000000
+TWO_M24 = np.float32(2.0**-24)  # 0x33800000
+TWO_M23 = np.float32(2.0**-23)  # 0x34000000
 TWO23 = np.int64(1 << 23)
 ROUNDS = 10
 STREAM_INIT = np.uint64(1)  # [rng.streams.c1]
@@ -56,9 +57,15 @@ def philox_k(counters, key, rounds, out):
     uint32, key: 2 uint32; out overwritten.  One thread per counter."""
     n = cuda.grid(1)
     if n < out.shape[0]:
-        x = philox_block(np.uint64(counters[n, 0]), np.uint64(counters[n, 1]),
-                         np.uint64(counters[n, 2]), np.uint64(counters[n, 3]),
-                         np.uint64(key[0]), np.uint64(key[1]), rounds)
+        x = philox_block(
+            np.uint64(counters[n, 0]),
+            np.uint64(counters[n, 1]),
+            np.uint64(counters[n, 2]),
+            np.uint64(counters[n, 3]),
+            np.uint64(key[0]),
+            np.uint64(key[1]),
+            rounds,
+        )
         for j in range(4):
             out[n, j] = np.uint32(x[j])
 

@@ -19,6 +19,7 @@ each round by IEEE, then flush ([num.flush.c1]) and canonicalise NaN
 stay plain.  Every constant is ``np.float32`` (a Python float would turn the
 arithmetic into float64, which the PTX audit rejects).
 """
+
 from __future__ import annotations
 
 import numpy as np

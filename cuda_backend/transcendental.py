@@ -8,16 +8,53 @@ flushed, NaN canonical; [num.nofma.c1]).  No CUDA ``expf``/``logf``/``sinf``
 is called: their bits differ from the spec's.  The constants are imported
 from the reference, so the two implementations cannot drift apart.
 """
+
 from __future__ import annotations
 
 import numpy as np
 from numba import cuda
 
 from refreplay.numerics.transcendental import (
-    COS_C1, COS_C2, COS_C3, COS_C4, EXP_C2, EXP_C3, EXP_C4, EXP_C5, EXP_C6, EXP_OVERFLOW,
-    EXP_UNDERFLOW, HALF, INF, INV_LN2, LN2_HI, LN2_LO, LOG_L1, LOG_L2, LOG_L3, LOG_L4,
-    MINUS_HALF, ONE, PIO2_1, PIO2_2, PIO2_3, PIO2_4, SIN_S1, SIN_S2, SIN_S3, SIN_S4, SQRT2,
-    TANH_SMALL, TANH_T1, TANH_T2, TANH_T3, TANH_T4, TANH_T5, TANH_T6, TRIG_MAX, TWO,
+    COS_C1,
+    COS_C2,
+    COS_C3,
+    COS_C4,
+    EXP_C2,
+    EXP_C3,
+    EXP_C4,
+    EXP_C5,
+    EXP_C6,
+    EXP_OVERFLOW,
+    EXP_UNDERFLOW,
+    HALF,
+    INF,
+    INV_LN2,
+    LN2_HI,
+    LN2_LO,
+    LOG_L1,
+    LOG_L2,
+    LOG_L3,
+    LOG_L4,
+    MINUS_HALF,
+    ONE,
+    PIO2_1,
+    PIO2_2,
+    PIO2_3,
+    PIO2_4,
+    SIN_S1,
+    SIN_S2,
+    SIN_S3,
+    SIN_S4,
+    SQRT2,
+    TANH_SMALL,
+    TANH_T1,
+    TANH_T2,
+    TANH_T3,
+    TANH_T4,
+    TANH_T5,
+    TANH_T6,
+    TRIG_MAX,
+    TWO,
     TWO_OVER_PI,
 )
 
@@ -90,8 +127,7 @@ def log(x):
     if e == 0:
         return shim.sub(f, shim.sub(hfsq, t))
     dk = np.float32(e)  # |e| <= 128: exact
-    return shim.sub(shim.mul(dk, LN2_HI),
-                    shim.sub(shim.sub(hfsq, shim.add(t, shim.mul(dk, LN2_LO))), f))
+    return shim.sub(shim.mul(dk, LN2_HI), shim.sub(shim.sub(hfsq, shim.add(t, shim.mul(dk, LN2_LO))), f))
 
 
 @device

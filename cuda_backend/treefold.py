@@ -8,6 +8,7 @@ stack in registers (at most 32 entries for M < 2^31): each rank's local stack
 then the top-down final fold ([fold.final.c1]).  Threads share nothing, so
 the order of every element's additions is exactly the spec's.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -28,8 +29,7 @@ def _push(values, starts, sizes, depth, start, size, value):
     starts[depth] = start
     sizes[depth] = size
     depth += 1
-    while depth >= 2 and sizes[depth - 2] == sizes[depth - 1] \
-            and starts[depth - 2] % (2 * sizes[depth - 2]) == 0:
+    while depth >= 2 and sizes[depth - 2] == sizes[depth - 1] and starts[depth - 2] % (2 * sizes[depth - 2]) == 0:
         values[depth - 2] = shim.add(values[depth - 2], values[depth - 1])
         sizes[depth - 2] = 2 * sizes[depth - 2]
         depth -= 1

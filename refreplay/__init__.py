@@ -24,6 +24,7 @@ its own (``tests/test_layering.py`` holds the code to this map).
            the command line
     8      __main__
 """
+
 from . import _env  # noqa: F401  (must run before anything imports numba)
 
 __version__ = "0.4.0"

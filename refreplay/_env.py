@@ -39,6 +39,7 @@
   kernel at a time: refreplay.torch serialises its ops across Python
   threads then (``_bridge``).  Bits never depend on threads, layer or policy.
 """
+
 from __future__ import annotations
 
 import ast
@@ -93,8 +94,12 @@ def _package_imports(path: Path) -> tuple[set[Path], bool]:
     compiles = False
     for node in ast.walk(ast.parse(path.read_bytes(), filename=str(path))):
         names: list[str] = []
-        if (isinstance(node, ast.Attribute) and node.attr in _COMPILERS
-                and isinstance(node.value, ast.Name) and node.value.id == "numba"):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr in _COMPILERS
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "numba"
+        ):
             compiles = True
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
@@ -146,8 +151,12 @@ def _without_docstrings(tree: ast.Module) -> ast.Module:
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
             body = node.body
-            if (body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
-                    and isinstance(body[0].value.value, str)):
+            if (
+                body
+                and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)
+            ):
                 node.body = body[1:] or [ast.Pass()]
     return tree
 
@@ -231,7 +240,7 @@ def _needed(path: Path) -> list[str]:
         data = path.read_bytes()
         if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
             return []
-        shoff, = struct.unpack_from("<Q", data, 0x28)
+        (shoff,) = struct.unpack_from("<Q", data, 0x28)
         shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
         sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
         out = []
@@ -242,7 +251,7 @@ def _needed(path: Path) -> list[str]:
             for j in range(0, sh[5], 16):
                 tag, val = struct.unpack_from("<qQ", data, sh[4] + j)
                 if tag == 1:  # DT_NEEDED
-                    out.append(data[stroff + val:data.index(b"\0", stroff + val)].decode())
+                    out.append(data[stroff + val : data.index(b"\0", stroff + val)].decode())
         return out
     except (OSError, struct.error, IndexError, ValueError, UnicodeDecodeError):
         return []

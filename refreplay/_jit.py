@@ -15,6 +15,7 @@ file is set aside as ``NAME.corrupt-PID`` with a warning on stderr and the
 function is compiled again (the cache only ever saves compile time; bits
 never depend on it).
 """
+
 from __future__ import annotations
 
 import os
@@ -48,8 +49,12 @@ def _set_aside(path: str, exc: BaseException) -> None:
         os.replace(path, aside)
     except OSError:
         aside = None  # gone already (another process set it aside) or not movable: a miss all the same
-    print(f"refreplay: warning: the compile cache file {path} is corrupt ({type(exc).__name__}: {exc}); "
-          + (f"set aside as {aside}; " if aside else "") + "compiling again", file=sys.stderr)
+    print(
+        f"refreplay: warning: the compile cache file {path} is corrupt ({type(exc).__name__}: {exc}); "
+        + (f"set aside as {aside}; " if aside else "")
+        + "compiling again",
+        file=sys.stderr,
+    )
 
 
 def _guard_cache() -> None:

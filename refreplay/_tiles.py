@@ -26,6 +26,7 @@ same for uint32 (per-lane minima of bit patterns).
 ``prefetch(X, i, j)`` asks the cache for the line that holds X[i, j]: a hint
 that moves no value.
 """
+
 from __future__ import annotations
 
 from llvmlite import ir
@@ -65,8 +66,15 @@ def transpose8(X, xi, xj, T, ti, tj):
 
 def _element_pointer(context, builder, arrty, arr, i, j):
     a = context.make_array(arrty)(context, builder, arr)
-    return cgutils.get_item_pointer2(context, builder, a.data, cgutils.unpack_tuple(builder, a.shape, 2),
-                                     cgutils.unpack_tuple(builder, a.strides, 2), arrty.layout, [i, j])
+    return cgutils.get_item_pointer2(
+        context,
+        builder,
+        a.data,
+        cgutils.unpack_tuple(builder, a.shape, 2),
+        cgutils.unpack_tuple(builder, a.strides, 2),
+        arrty.layout,
+        [i, j],
+    )
 
 
 def _stack_array(n, dtype, lltype):
@@ -82,8 +90,9 @@ def _stack_array(n, dtype, lltype):
         intp = lambda v: context.get_constant(types.intp, v)  # noqa: E731
         item = context.get_abi_sizeof(lltype)
         ary = context.make_array(arrty)(context, builder)
-        context.populate_array(ary, data=data, shape=[intp(size)], strides=[intp(item)], itemsize=intp(item),
-                               meminfo=None)
+        context.populate_array(
+            ary, data=data, shape=[intp(size)], strides=[intp(item)], itemsize=intp(item), meminfo=None
+        )
         return ary._getvalue()
 
     return arrty(n), codegen
@@ -140,8 +149,9 @@ def _transpose8_vectors(typingctx, X, xi, xj, T, ti, tj):
     def codegen(context, builder, signature, args):
         Xt, xit, xjt, Tt, tit, tjt = signature.args
         X_, xi_, xj_, T_, ti_, tj_ = args
-        xi_, xj_, ti_, tj_ = (context.cast(builder, v, t, types.intp)
-                              for v, t in ((xi_, xit), (xj_, xjt), (ti_, tit), (tj_, tjt)))
+        xi_, xj_, ti_, tj_ = (
+            context.cast(builder, v, t, types.intp) for v, t in ((xi_, xit), (xj_, xjt), (ti_, tit), (tj_, tjt))
+        )
         v = []
         for r in range(_N):
             p = _element_pointer(context, builder, Xt, X_, builder.add(xi_, ir.Constant(xi_.type, r)), xj_)
@@ -168,8 +178,14 @@ _transpose8_elements = kernel(transpose8)  # any layout: element by element
 
 @overload(transpose8, jit_options=dict(cache=True))
 def _transpose8_impl(X, xi, xj, T, ti, tj):
-    f32_2d = (isinstance(X, types.Array) and isinstance(T, types.Array) and X.ndim == 2 and T.ndim == 2
-              and X.dtype == types.float32 and T.dtype == types.float32)
+    f32_2d = (
+        isinstance(X, types.Array)
+        and isinstance(T, types.Array)
+        and X.ndim == 2
+        and T.ndim == 2
+        and X.dtype == types.float32
+        and T.dtype == types.float32
+    )
     if not f32_2d:
         return None
     if X.layout == "C" and T.layout == "C":  # rows of 8 adjacent elements: vector loads and stores

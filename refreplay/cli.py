@@ -4,6 +4,7 @@ Each sub-command lives in ``refreplay/commands/<name>.py`` and defines
 ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``.  Command modules
 import the library inside ``run`` so that start-up stays fast.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,8 +36,7 @@ COMMANDS = {
 def _version_text() -> str:
     from . import spec
 
-    return (f"refreplay {__version__}\n"
-            f"spec {spec.version()} sha256:{spec.spec_sha256()}")
+    return f"refreplay {__version__}\nspec {spec.version()} sha256:{spec.spec_sha256()}"
 
 
 class _VersionAction(argparse.Action):
@@ -50,8 +50,8 @@ class _VersionAction(argparse.Action):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="refreplay",
-        description="Normative reference for bitwise-reproducible training arithmetic.")
+        prog="refreplay", description="Normative reference for bitwise-reproducible training arithmetic."
+    )
     parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module in COMMANDS.items():

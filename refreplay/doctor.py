@@ -14,6 +14,7 @@ audit certificates (``fingerprint``).
 ``require_ieee`` is the cheap guard that train, replay and conform call on
 entry; ``run_checks`` is the full diagnosis behind ``refreplay doctor``.
 """
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -85,16 +86,28 @@ def _numpy_probe() -> tuple[int, int]:
 def _judge(where: str, ftz_bits: int, daz_bits: list[int]) -> list[Finding]:
     out = []
     ok = ftz_bits == HALF_MIN_BITS
-    out.append(Finding(f"flush-to-zero off ({where})", ok,
-                       "FLT_MIN * 0.5 gives the subnormal 0x00400000" if ok else
-                       f"FLT_MIN * 0.5 gives 0x{ftz_bits:08X}, not the subnormal 0x00400000: "
-                       "hardware flush-to-zero is ON (a library built with -ffast-math was "
-                       "probably loaded into this process)"))
+    out.append(
+        Finding(
+            f"flush-to-zero off ({where})",
+            ok,
+            "FLT_MIN * 0.5 gives the subnormal 0x00400000"
+            if ok
+            else f"FLT_MIN * 0.5 gives 0x{ftz_bits:08X}, not the subnormal 0x00400000: "
+            "hardware flush-to-zero is ON (a library built with -ffast-math was "
+            "probably loaded into this process)",
+        )
+    )
     bad = [b for b in daz_bits if b != FLT_MIN_BITS]
-    out.append(Finding(f"denormals-are-zero off ({where})", not bad,
-                       "a subnormal input is read as itself" if not bad else
-                       f"(FLT_MIN/2) * 2 gives 0x{bad[0]:08X}, not 0x00800000: subnormal inputs "
-                       "are read as zero, denormals-are-zero is ON"))
+    out.append(
+        Finding(
+            f"denormals-are-zero off ({where})",
+            not bad,
+            "a subnormal input is read as itself"
+            if not bad
+            else f"(FLT_MIN/2) * 2 gives 0x{bad[0]:08X}, not 0x00800000: subnormal inputs "
+            "are read as zero, denormals-are-zero is ON",
+        )
+    )
     return out
 
 
@@ -127,9 +140,11 @@ def require_ieee() -> None:
         _checked.ok = False
     bad = [f for f in check_float_environment() if not f.ok]
     if bad:
-        raise UnfitPlatform("this process cannot produce conformant bits: "
-                            + "; ".join(dict.fromkeys(f.detail for f in bad))
-                            + " (run `refreplay doctor` for a full report)")
+        raise UnfitPlatform(
+            "this process cannot produce conformant bits: "
+            + "; ".join(dict.fromkeys(f.detail for f in bad))
+            + " (run `refreplay doctor` for a full report)"
+        )
     _checked.ok = True
 
 
@@ -141,10 +156,14 @@ def check_svml() -> Finding:
     from numba.core import config
 
     using = bool(getattr(config, "USING_SVML", False))
-    return Finding("Intel SVML not used by Numba", not using,
-                   "SVML disabled" if not using else
-                   "Numba uses Intel SVML: set NUMBA_DISABLE_INTEL_SVML=1 before numba is imported "
-                   "(importing refreplay first does this)")
+    return Finding(
+        "Intel SVML not used by Numba",
+        not using,
+        "SVML disabled"
+        if not using
+        else "Numba uses Intel SVML: set NUMBA_DISABLE_INTEL_SVML=1 before numba is imported "
+        "(importing refreplay first does this)",
+    )
 
 
 def _version_tuple(text: str) -> tuple[int, int] | None:
@@ -172,9 +191,12 @@ def check_cache_dir(path: Path | None = None) -> Finding:
 
     path = Path(_env.CACHE_DIR if path is None else path)
     if path == _env.CACHE_DIR and Path(config.CACHE_DIR or ".").resolve() != path.resolve():
-        return Finding("compiled-code cache", False,
-                       f"Numba caches in {config.CACHE_DIR!r}, not the source-keyed {path}: "
-                       "numba was imported before refreplay; stale code could be reused")
+        return Finding(
+            "compiled-code cache",
+            False,
+            f"Numba caches in {config.CACHE_DIR!r}, not the source-keyed {path}: "
+            "numba was imported before refreplay; stale code could be reused",
+        )
     try:
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path, prefix=".doctor-"):
@@ -195,9 +217,26 @@ def run_checks() -> list[Finding]:
 # explains performance, and whose absence proves nothing about bits (the
 # reference never relies on them).
 _ISA_OF_INTEREST = (
-    "sse2", "sse4.2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
-    "avx512bf16", "avx512fp16", "amx-tile", "neon", "fp-armv8", "fullfp16", "bf16", "sve", "sve2",
-    "altivec", "vsx",
+    "sse2",
+    "sse4.2",
+    "avx",
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512bf16",
+    "avx512fp16",
+    "amx-tile",
+    "neon",
+    "fp-armv8",
+    "fullfp16",
+    "bf16",
+    "sve",
+    "sve2",
+    "altivec",
+    "vsx",
 )
 
 

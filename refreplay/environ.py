@@ -4,6 +4,7 @@ traceback from deep inside Numba's start-up.
 
 Bits never depend on these values; a wrong one only stops the program.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,8 +20,10 @@ _DECIMAL = re.compile(r"[0-9]{1,6}")
 def _threads(name: str, value: str) -> None:
     v = value.strip()
     if not _DECIMAL.fullmatch(v) or not 1 <= int(v) <= MAX_THREADS:
-        raise InputError(f"environment variable {name}={value!r} must be a whole number of threads "
-                         f"from 1 to {MAX_THREADS} (unset it to use every core)")
+        raise InputError(
+            f"environment variable {name}={value!r} must be a whole number of threads "
+            f"from 1 to {MAX_THREADS} (unset it to use every core)"
+        )
 
 
 def _flag(name: str, value: str) -> None:
@@ -37,14 +40,18 @@ _NEED_TBB = ("tbb", "safe")
 def _threading_layer(name: str, value: str) -> None:
     v = value.strip().lower()
     if v not in THREADING_LAYERS:
-        raise InputError(f"environment variable {name}={value!r} is not a Numba threading layer; use one of "
-                         f"{', '.join(THREADING_LAYERS)} (or unset it)")
+        raise InputError(
+            f"environment variable {name}={value!r} is not a Numba threading layer; use one of "
+            f"{', '.join(THREADING_LAYERS)} (or unset it)"
+        )
     if v in _NEED_TBB:
         import importlib.util
 
         if importlib.util.find_spec("tbb") is None:
-            raise InputError(f"environment variable {name}={value!r} needs Intel TBB, which is not installed "
-                             "(pip install tbb), or unset it to use the default layer")
+            raise InputError(
+                f"environment variable {name}={value!r} needs Intel TBB, which is not installed "
+                "(pip install tbb), or unset it to use the default layer"
+            )
 
 
 CHECKS = {
@@ -91,8 +98,10 @@ HOLD_S = 1.0  # a core counts as free only when it was free in every sample of t
 def _threads_or_auto(name: str, value: str) -> None:
     v = value.strip()
     if v.lower() != "auto" and (not _DECIMAL.fullmatch(v) or not 1 <= int(v) <= MAX_THREADS):
-        raise InputError(f"environment variable {name}={value!r} must be auto or a whole number of threads "
-                         f"from 1 to {MAX_THREADS} (auto, or unset: the cores other processes leave free)")
+        raise InputError(
+            f"environment variable {name}={value!r} must be auto or a whole number of threads "
+            f"from 1 to {MAX_THREADS} (auto, or unset: the cores other processes leave free)"
+        )
 
 
 CHECKS[THREADS_ENV] = _threads_or_auto

@@ -21,6 +21,7 @@ Temporaries are named ``.NAME.XXXXXXXX.tmp``; ``is_temporary(name)`` lets
 readers and listings skip leftovers of a killed writer, and
 ``remove_temporaries(directory)`` cleans them up.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -9,6 +9,7 @@ backends therefore execute the same source, and the Random123 known answers
 (``tests/test_cuda_sim.py``) check the one round.  Only integer arithmetic:
 the 64-bit products of two 32-bit values are exact in uint64.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -36,6 +37,5 @@ def philox_block(c0, c1, c2, c3, k0, k1, rounds):
             k1 = (k1 + W1) & MASK32
         p0 = M0 * c0
         p1 = M1 * c2
-        c0, c1, c2, c3 = ((p1 >> U32) ^ c1 ^ k0, p1 & MASK32,
-                          (p0 >> U32) ^ c3 ^ k1, p0 & MASK32)
+        c0, c1, c2, c3 = ((p1 >> U32) ^ c1 ^ k0, p1 & MASK32, (p0 >> U32) ^ c3 ^ k1, p0 & MASK32)
     return c0, c1, c2, c3

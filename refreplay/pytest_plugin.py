@@ -17,6 +17,7 @@ fails the test with the report ``refreplay conform`` prints::
     def test_my_matmul(refreplay_conformance):
         refreplay_conformance("mypkg.kernels", ops=["matmul"])
 """
+
 from __future__ import annotations
 
 import pytest
@@ -24,14 +25,21 @@ import pytest
 
 def pytest_addoption(parser):
     g = parser.getgroup("refreplay", "refreplay conformance (golden vectors)")
-    g.addoption("--refreplay-kernel", action="append", default=[], metavar="KERNEL",
-                help="run the golden vectors against KERNEL (as for `refreplay conform`), one test per case")
-    g.addoption("--refreplay-op", action="append", default=[], metavar="OP",
-                help="only this op (repeatable; default: every op)")
+    g.addoption(
+        "--refreplay-kernel",
+        action="append",
+        default=[],
+        metavar="KERNEL",
+        help="run the golden vectors against KERNEL (as for `refreplay conform`), one test per case",
+    )
+    g.addoption(
+        "--refreplay-op", action="append", default=[], metavar="OP", help="only this op (repeatable; default: every op)"
+    )
     g.addoption("--refreplay-xfail", metavar="FILE", help="expected failures: lines 'PATTERN  REASON'")
     g.addoption("--refreplay-vectors", metavar="DIR", help="vector directory (default: the installed vectors)")
-    g.addoption("--refreplay-timeout", type=float, metavar="SECONDS",
-                help="exec: kernels: seconds per case (default 120)")
+    g.addoption(
+        "--refreplay-timeout", type=float, metavar="SECONDS", help="exec: kernels: seconds per case (default 120)"
+    )
 
 
 @pytest.fixture
@@ -56,9 +64,12 @@ def pytest_collection_modifyitems(session, config, items):
         return
     for name in kernels_:
         suite = _Suite(config, name)
-        items.extend(CaseItem.from_parent(session, name=f"{name}::{case.id}", nodeid=f"{name}::{case.id}",
-                                          suite=suite, case=case)
-                     for case in suite.cases)
+        items.extend(
+            CaseItem.from_parent(
+                session, name=f"{name}::{case.id}", nodeid=f"{name}::{case.id}", suite=suite, case=case
+            )
+            for case in suite.cases
+        )
 
 
 class _Suite:
@@ -73,8 +84,9 @@ class _Suite:
         try:
             ops = config.getoption("refreplay_op") or None
             directory = config.getoption("refreplay_vectors")
-            self.manifest, self.cases = store.load_cases(store.VECTOR_DIR if directory is None else directory,
-                                                         set(ops) if ops else None)
+            self.manifest, self.cases = store.load_cases(
+                store.VECTOR_DIR if directory is None else directory, set(ops) if ops else None
+            )
             missing = sorted(set(ops or ()) - {c.op for c in self.cases})
             if missing:
                 raise InputError(f"no vectors for op {', '.join(missing)}")
@@ -120,8 +132,10 @@ class CaseItem(pytest.Item):
         if r.status == "xfail":
             pytest.xfail(r.xfail_reason)
         if r.status == "xpass":
-            raise CaseFailure(f"unexpected pass: {self.case.id} is listed as an expected failure "
-                              f"({r.xfail_reason}); remove it from the xfail file")
+            raise CaseFailure(
+                f"unexpected pass: {self.case.id} is listed as an expected failure "
+                f"({r.xfail_reason}); remove it from the xfail file"
+            )
         if r.status in ("fail", "error"):
             raise CaseFailure(text)
 

@@ -6,6 +6,7 @@ source of truth).  A wheel or sdist build copies them into the package as
 installed refreplay works from any directory.  A source checkout has no
 ``_data`` and reads the top-level directories directly.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

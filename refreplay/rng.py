@@ -17,6 +17,7 @@ Layers, bottom up:
 * the purposes: parameter initialisation [rng.init.c1] and the data
   permutation [rng.data.c1], each with its stream id [rng.streams.c1].
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -35,8 +36,8 @@ U1 = np.uint64(1)
 U2 = np.uint64(2)
 U3 = np.uint64(3)
 U8 = np.uint64(8)
-TWO_M24 = F32(2.0 ** -24)  # 0x33800000
-TWO_M23 = F32(2.0 ** -23)  # 0x34000000
+TWO_M24 = F32(2.0**-24)  # 0x33800000
+TWO_M23 = F32(2.0**-23)  # 0x34000000
 TWO23 = np.int64(1 << 23)
 
 # [rng.streams.c1] counter word 3 of each purpose.
@@ -349,8 +350,9 @@ def init_tags(names) -> dict[str, int]:
     for name in names:
         t = name_tag(name)
         if t in seen and seen[t] != name:
-            raise ValueError(f"tensor names {seen[t]!r} and {name!r} share the "
-                             f"initialisation stream tag 0x{t:08X}; rename one")
+            raise ValueError(
+                f"tensor names {seen[t]!r} and {name!r} share the initialisation stream tag 0x{t:08X}; rename one"
+            )
         seen[t] = name
         tags[name] = t
     return tags

@@ -5,6 +5,7 @@ it into clauses, evaluates the worked examples, and checks that code, tests and
 vectors cite only labels that exist and that every normative clause is cited
 by code and by a test.
 """
+
 from __future__ import annotations
 
 import ast
@@ -109,9 +110,17 @@ def parse(spec_dir: Path = SPEC_DIR) -> dict[str, Clause]:
 
 # ---- worked examples ---------------------------------------------------------
 
-_DTYPES = {"f32": np.float32, "i8": np.int8, "i32": np.int32, "i64": np.int64,
-           "u32": np.uint32, "u64": np.uint64, "u8": np.uint8, "u16": np.uint16,
-           "bf16": np.uint16}
+_DTYPES = {
+    "f32": np.float32,
+    "i8": np.int8,
+    "i32": np.int32,
+    "i64": np.int64,
+    "u32": np.uint32,
+    "u64": np.uint64,
+    "u8": np.uint8,
+    "u16": np.uint16,
+    "bf16": np.uint16,
+}
 _BITS = {"f32": np.uint32}
 
 
@@ -178,8 +187,11 @@ def _coerce(expected, actual):
 
 def _same(expected, actual) -> bool:
     if isinstance(expected, tuple):
-        return isinstance(actual, tuple) and len(actual) == len(expected) and all(
-            _same(e, a) for e, a in zip(expected, actual))
+        return (
+            isinstance(actual, tuple)
+            and len(actual) == len(expected)
+            and all(_same(e, a) for e, a in zip(expected, actual))
+        )
     e, a = np.asarray(expected), np.asarray(actual)
     if e.shape != a.shape or e.dtype != a.dtype:
         return False

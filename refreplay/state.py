@@ -11,6 +11,7 @@ that differ (``diff``).
 Chunks are hashed with ``hashlib``, which releases the GIL while hashing a
 large buffer, so a thread pool over chunks scales with cores.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -77,8 +78,7 @@ def _merkle(hashes: list[bytes], node_prefix: bytes) -> bytes:
     up unchanged.  ``hashes`` must be non-empty."""
     level = hashes
     while len(level) > 1:
-        nxt = [hashlib.sha256(node_prefix + level[i] + level[i + 1]).digest()
-               for i in range(0, len(level) - 1, 2)]
+        nxt = [hashlib.sha256(node_prefix + level[i] + level[i + 1]).digest() for i in range(0, len(level) - 1, 2)]
         if len(level) % 2:
             nxt.append(level[-1])
         level = nxt
@@ -90,7 +90,7 @@ def _chunk_views(arr: np.ndarray) -> list[memoryview]:
     has one empty chunk."""
     mv = memoryview(arr.reshape(-1).view(np.uint8))
     n = len(mv)
-    return [mv[i:i + CHUNK_SIZE] for i in range(0, n, CHUNK_SIZE)] or [mv]
+    return [mv[i : i + CHUNK_SIZE] for i in range(0, n, CHUNK_SIZE)] or [mv]
 
 
 def _chunk_leaf(chunk) -> bytes:
@@ -104,9 +104,13 @@ def _tensor_leaf(name: str, dtype: str, shape: tuple[int, ...], chunk_root: byte
     raw = name.encode("utf-8")
     if len(shape) > 255:
         raise ValueError(f"tensor {name!r} has {len(shape)} dimensions (at most 255)")
-    head = (TENSOR_LEAF + struct.pack("<I", len(raw)) + raw
-            + struct.pack("<BB", DTYPES[dtype][0], len(shape))
-            + b"".join(struct.pack("<Q", d) for d in shape))
+    head = (
+        TENSOR_LEAF
+        + struct.pack("<I", len(raw))
+        + raw
+        + struct.pack("<BB", DTYPES[dtype][0], len(shape))
+        + b"".join(struct.pack("<Q", d) for d in shape)
+    )
     return hashlib.sha256(head + chunk_root).digest()
 
 
@@ -119,6 +123,7 @@ def _state_root(tensor_leaves: list[bytes]) -> bytes:
 @dataclass(frozen=True)
 class TensorDigest:
     """Hashes of one tensor: its leaf (``root``) and each chunk's leaf hash."""
+
     name: str
     dtype: str
     shape: tuple[int, ...]
@@ -130,14 +135,26 @@ class TensorDigest:
 @dataclass(frozen=True)
 class StateDigest:
     """The state root and, per tensor (sorted by name), its digest."""
+
     root: str
     tensors: dict[str, TensorDigest] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         """JSON-ready form: {"root": hex, "tensors": {name: {...}}}."""
-        return {"root": self.root, "chunk_size": CHUNK_SIZE, "tensors": {
-            n: {"dtype": t.dtype, "shape": list(t.shape), "nbytes": t.nbytes,
-                "root": t.root, "chunks": list(t.chunks)} for n, t in self.tensors.items()}}
+        return {
+            "root": self.root,
+            "chunk_size": CHUNK_SIZE,
+            "tensors": {
+                n: {
+                    "dtype": t.dtype,
+                    "shape": list(t.shape),
+                    "nbytes": t.nbytes,
+                    "root": t.root,
+                    "chunks": list(t.chunks),
+                }
+                for n, t in self.tensors.items()
+            },
+        }
 
     @classmethod
     def from_dict(cls, d) -> "StateDigest":
@@ -151,13 +168,23 @@ class StateDigest:
             for n, t in d["tensors"].items():
                 if not (isinstance(t["dtype"], str) and t["dtype"] in DTYPES):
                     raise InputError(f"state digest: tensor {n!r} has unknown dtype {t['dtype']!r}")
-                if not (isinstance(t["shape"], list) and isinstance(t["chunks"], list)
-                        and all(_count(x) for x in t["shape"]) and _count(t["nbytes"])):
-                    raise InputError(f"state digest: tensor {n!r} needs a shape of integers, an integer "
-                                     "nbytes and a list of chunks")
-                tensors[n] = TensorDigest(n, t["dtype"], tuple(t["shape"]), t["nbytes"],
-                                          _hex32(t["root"], "tensor root"),
-                                          tuple(_hex32(c, "chunk hash") for c in t["chunks"]))
+                if not (
+                    isinstance(t["shape"], list)
+                    and isinstance(t["chunks"], list)
+                    and all(_count(x) for x in t["shape"])
+                    and _count(t["nbytes"])
+                ):
+                    raise InputError(
+                        f"state digest: tensor {n!r} needs a shape of integers, an integer nbytes and a list of chunks"
+                    )
+                tensors[n] = TensorDigest(
+                    n,
+                    t["dtype"],
+                    tuple(t["shape"]),
+                    t["nbytes"],
+                    _hex32(t["root"], "tensor root"),
+                    tuple(_hex32(c, "chunk hash") for c in t["chunks"]),
+                )
             return cls(_hex32(d["root"], "state root"), dict(sorted(tensors.items())))
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
             if isinstance(exc, InputError):
@@ -174,6 +201,7 @@ def default_threads() -> int:
     thread count (``NUMBA_NUM_THREADS``, or ``train --threads``) when Numba is
     loaded, else 1.  It never changes a hash ([state.root.c1])."""
     import sys
+
     numba = sys.modules.get("numba")
     try:
         return max(1, int(numba.get_num_threads())) if numba is not None else 1
@@ -246,13 +274,14 @@ def state_hash(tensors: dict, threads: int = 1) -> StateDigest:
         leaves = _hash_in_threads(flat, workers)
     digests, tensor_leaves, pos = {}, [], 0
     for name, arr, vs in zip(names, arrays, views):
-        chunk_leaves = leaves[pos:pos + len(vs)]
+        chunk_leaves = leaves[pos : pos + len(vs)]
         pos += len(vs)
         dtype = dtype_name(arr.dtype)
         leaf = _tensor_leaf(name, dtype, arr.shape, _merkle(chunk_leaves, CHUNK_NODE))
         tensor_leaves.append(leaf)
-        digests[name] = TensorDigest(name, dtype, tuple(arr.shape), arr.nbytes, leaf.hex(),
-                                     tuple(c.hex() for c in chunk_leaves))
+        digests[name] = TensorDigest(
+            name, dtype, tuple(arr.shape), arr.nbytes, leaf.hex(), tuple(c.hex() for c in chunk_leaves)
+        )
     return StateDigest(_state_root(tensor_leaves).hex(), digests)
 
 
@@ -278,6 +307,7 @@ def root_of(*names_and_values) -> str:
 @dataclass(frozen=True)
 class TensorChange:
     """One tensor present in both states whose hash differs."""
+
     name: str
     dtype: tuple[str, str]
     shape: tuple[tuple[int, ...], tuple[int, ...]]
@@ -332,9 +362,12 @@ def diff(a: StateDigest, b: StateDigest) -> StateDiff:
                 chunks.append((i, i * CHUNK_SIZE, min((i + 1) * CHUNK_SIZE, nbytes)))
         changed.append(TensorChange(name, (ta.dtype, tb.dtype), (ta.shape, tb.shape), tuple(chunks)))
     key = lambda n: n.encode("utf-8")  # noqa: E731
-    return StateDiff(tuple(sorted(set(b.tensors) - set(a.tensors), key=key)),
-                     tuple(sorted(set(a.tensors) - set(b.tensors), key=key)),
-                     tuple(changed), a.root != b.root)
+    return StateDiff(
+        tuple(sorted(set(b.tensors) - set(a.tensors), key=key)),
+        tuple(sorted(set(a.tensors) - set(b.tensors), key=key)),
+        tuple(changed),
+        a.root != b.root,
+    )
 
 
 # ---- chain -------------------------------------------------------------------------
@@ -355,10 +388,19 @@ def chain_link(prev_link: str, state_root: str, data_hash: str, recipe_hash: str
     data hash || recipe hash || u32(loss bits)), the hashes as 32 raw bytes
     each and the step's binary32 loss, given as "0x" and 8 upper-case hex
     digits, as its 4 bytes little-endian; link_0 = GENESIS."""
-    parts = [_hex32(prev_link, "previous link"), _hex32(state_root, "state root"),
-             _hex32(data_hash, "data hash"), _hex32(recipe_hash, "recipe hash")]
-    if not (isinstance(loss, str) and len(loss) == 10 and loss.startswith("0x")
-            and all(c in "0123456789ABCDEF" for c in loss[2:])):
+    parts = [
+        _hex32(prev_link, "previous link"),
+        _hex32(state_root, "state root"),
+        _hex32(data_hash, "data hash"),
+        _hex32(recipe_hash, "recipe hash"),
+    ]
+    if not (
+        isinstance(loss, str)
+        and len(loss) == 10
+        and loss.startswith("0x")
+        and all(c in "0123456789ABCDEF" for c in loss[2:])
+    ):
         raise InputError(f"loss must be 0x and 8 upper-case hex digits (its binary32 bits), got {loss!r}")
-    return hashlib.sha256(CHAIN_LINK + b"".join(bytes.fromhex(p) for p in parts)
-                          + struct.pack("<I", int(loss, 16))).hexdigest()
+    return hashlib.sha256(
+        CHAIN_LINK + b"".join(bytes.fromhex(p) for p in parts) + struct.pack("<I", int(loss, 16))
+    ).hexdigest()

@@ -11,6 +11,7 @@ A file on disk is untrusted input: every field is checked against the file's
 real size before a byte is allocated for it, and every failure raises
 ``InputError`` naming the file.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,8 +40,7 @@ def _header_bytes(entries: dict, metadata: str | None) -> bytes:
     obj = dict(entries)
     if metadata is not None:
         obj[METADATA] = {METADATA_KEY: metadata}
-    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
-                      allow_nan=False).encode("ascii")
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode("ascii")
     return text + b" " * (-len(text) % 8)
 
 
@@ -62,8 +62,7 @@ def _layout(tensors: dict, metadata: str | None, bf16=frozenset()) -> tuple[byte
             if dtype != "U16":
                 raise TypeError(f"tensor {name!r}: bf16 is carried as uint16 bits, got {arr.dtype}")
             dtype = BF16
-        entries[name] = {"dtype": dtype, "shape": list(arr.shape),
-                         "data_offsets": [offset, offset + arr.nbytes]}
+        entries[name] = {"dtype": dtype, "shape": list(arr.shape), "data_offsets": [offset, offset + arr.nbytes]}
         offset += arr.nbytes
     header = _header_bytes(entries, metadata)
     return struct.pack("<Q", len(header)) + header, arrays
@@ -113,8 +112,7 @@ def _parse_header(raw: bytes, fail, bf16: bool = False) -> tuple[dict, str | Non
     metadata = None
     if METADATA in obj:
         meta = obj.pop(METADATA)
-        if not (isinstance(meta, dict) and set(meta) == {METADATA_KEY}
-                and isinstance(meta[METADATA_KEY], str)):
+        if not (isinstance(meta, dict) and set(meta) == {METADATA_KEY} and isinstance(meta[METADATA_KEY], str)):
             fail(f"{METADATA} must be {{{METADATA_KEY!r}: string}}, got {json.dumps(meta)[:200]}")
         metadata = meta[METADATA_KEY]
     entries = {}
@@ -130,16 +128,19 @@ def _parse_header(raw: bytes, fail, bf16: bool = False) -> tuple[dict, str | Non
             fail(f"{where}: unknown dtype {dtype!r}{hint}; known: {', '.join(dtypes)}")
         if not (isinstance(shape, list) and len(shape) <= 255 and all(_is_int(d) and d >= 0 for d in shape)):
             fail(f"{where}: shape must be a list of at most 255 non-negative integers, got {shape!r}")
-        if not (isinstance(offs, list) and len(offs) == 2 and all(_is_int(o) for o in offs)
-                and 0 <= offs[0] <= offs[1]):
+        if not (
+            isinstance(offs, list) and len(offs) == 2 and all(_is_int(o) for o in offs) and 0 <= offs[0] <= offs[1]
+        ):
             fail(f"{where}: data_offsets must be [begin, end] with 0 <= begin <= end, got {offs!r}")
         count = 1
         for d in shape:
             count *= d
         nbytes = count * dtypes[dtype][1].itemsize
         if offs[1] - offs[0] != nbytes:
-            fail(f"{where}: shape {shape} of {dtype} needs {nbytes} bytes but data_offsets "
-                 f"{offs} span {offs[1] - offs[0]}")
+            fail(
+                f"{where}: shape {shape} of {dtype} needs {nbytes} bytes but data_offsets "
+                f"{offs} span {offs[1] - offs[0]}"
+            )
         entries[name] = (dtype, tuple(shape), offs[0], offs[1])
     return entries, metadata
 
@@ -151,8 +152,7 @@ def _check_layout(entries: dict, data_len: int, fail) -> None:
     pos, prev = 0, None
     for name, (_, _, begin, end) in sorted(entries.items(), key=lambda kv: (kv[1][2], kv[1][3])):
         if end > data_len:
-            fail(f"tensor {name!r}: data_offsets [{begin}, {end}] run past the data section "
-                 f"({data_len} bytes)")
+            fail(f"tensor {name!r}: data_offsets [{begin}, {end}] run past the data section ({data_len} bytes)")
         if begin < pos:
             fail(f"tensor {name!r}: bytes [{begin}, {end}) overlap tensor {prev!r} (which ends at {pos})")
         if begin > pos:

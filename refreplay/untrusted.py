@@ -17,6 +17,7 @@ directory comes through here, so that the same limits hold everywhere:
 Every failure is an ``InputError`` naming the file and, where there is one,
 the field.
 """
+
 from __future__ import annotations
 
 import errno
@@ -100,7 +101,7 @@ def nesting_depth(raw: bytes) -> int:
     b = np.frombuffer(bare, np.uint8)
     if b.size == 0:
         return 0
-    step = (np.isin(b, (0x5B, 0x7B)).astype(np.int64) - np.isin(b, (0x5D, 0x7D)).astype(np.int64))
+    step = np.isin(b, (0x5B, 0x7B)).astype(np.int64) - np.isin(b, (0x5D, 0x7D)).astype(np.int64)
     return int(np.cumsum(step).max(initial=0))
 
 

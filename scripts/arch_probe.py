@@ -5,6 +5,7 @@ The reference's checks must hash identically on every architecture; the
 negative controls (NumPy's own matmul and exp) are expected to differ between
 x86-64 and AArch64, which proves the comparison can fail.
 """
+
 import hashlib
 import json
 import sys
@@ -41,7 +42,7 @@ def reference_checks():
     for name in ("exp", "log", "tanh", "sigmoid", "sin", "cos"):
         fn = getattr(ew, name)
         arg = np.abs(x) if name == "log" else x
-        out[f"reference {name}"] = (lambda fn=fn, arg=arg: fn(arg))
+        out[f"reference {name}"] = lambda fn=fn, arg=arg: fn(arg)
     return out
 
 

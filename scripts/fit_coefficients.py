@@ -18,6 +18,7 @@ mpmath on a dense sweep (an even grid over the domain plus random points);
 binary64 libm (its own error, < 1 binary64 ulp, is far below 0.001 binary32
 ulp), compiled with Numba so that ~10^9 points take minutes.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,6 +33,7 @@ F32 = np.float32
 
 
 # ---- fitting --------------------------------------------------------------------
+
 
 def lawson_fit(func, lo, hi, degree, weight=None, nodes=400, iterations=60):
     """Coefficients (low to high) of a near-minimax polynomial of ``degree`` for
@@ -59,24 +61,45 @@ def _series_at_zero(f, z0):
 FITS = {
     # name: (function of the polynomial variable, interval, degree, weight, first index)
     "exp C2..C6 (q(r) = (e^r - 1 - r) / r^2)": (
-        _series_at_zero(lambda r: (mpmath.exp(r) - 1 - r) / r ** 2, 0.5),
-        (-0.3467, 0.3467), 4, lambda r: r * r / math.exp(r), 2),
+        _series_at_zero(lambda r: (mpmath.exp(r) - 1 - r) / r**2, 0.5),
+        (-0.3467, 0.3467),
+        4,
+        lambda r: r * r / math.exp(r),
+        2,
+    ),
     "log L1..L4 (R(z)/z, z = s^2)": (
-        _series_at_zero(lambda z: (mpmath.log((1 + mpmath.sqrt(z)) / (1 - mpmath.sqrt(z)))
-                                   - 2 * mpmath.sqrt(z)) / mpmath.sqrt(z) / z, mpmath.mpf(2) / 3),
-        (0.0, 0.1716 ** 2), 3, None, 1),
+        _series_at_zero(
+            lambda z: (
+                (mpmath.log((1 + mpmath.sqrt(z)) / (1 - mpmath.sqrt(z))) - 2 * mpmath.sqrt(z)) / mpmath.sqrt(z) / z
+            ),
+            mpmath.mpf(2) / 3,
+        ),
+        (0.0, 0.1716**2),
+        3,
+        None,
+        1,
+    ),
     "tanh T1..T6 ((tanh(a)/a - 1) / z, a < 0.75)": (
-        _series_at_zero(lambda z: (mpmath.tanh(mpmath.sqrt(z)) / mpmath.sqrt(z) - 1) / z,
-                        -mpmath.mpf(1) / 3),
-        (0.0, 0.75 ** 2), 5, lambda z: z, 1),
+        _series_at_zero(lambda z: (mpmath.tanh(mpmath.sqrt(z)) / mpmath.sqrt(z) - 1) / z, -mpmath.mpf(1) / 3),
+        (0.0, 0.75**2),
+        5,
+        lambda z: z,
+        1,
+    ),
     "sin S1..S4 ((sin(r)/r - 1) / z)": (
-        _series_at_zero(lambda z: (mpmath.sin(mpmath.sqrt(z)) / mpmath.sqrt(z) - 1) / z,
-                        -mpmath.mpf(1) / 6),
-        (0.0, (math.pi / 4) ** 2 * 1.0001), 3, lambda z: z, 1),
+        _series_at_zero(lambda z: (mpmath.sin(mpmath.sqrt(z)) / mpmath.sqrt(z) - 1) / z, -mpmath.mpf(1) / 6),
+        (0.0, (math.pi / 4) ** 2 * 1.0001),
+        3,
+        lambda z: z,
+        1,
+    ),
     "cos C1..C4 ((cos(r) - 1 + z/2) / z^2)": (
-        _series_at_zero(lambda z: (mpmath.cos(mpmath.sqrt(z)) - 1 + z / 2) / z / z,
-                        mpmath.mpf(1) / 24),
-        (0.0, (math.pi / 4) ** 2 * 1.0001), 3, lambda z: z * z / math.cos(math.sqrt(z)), 1),
+        _series_at_zero(lambda z: (mpmath.cos(mpmath.sqrt(z)) - 1 + z / 2) / z / z, mpmath.mpf(1) / 24),
+        (0.0, (math.pi / 4) ** 2 * 1.0001),
+        3,
+        lambda z: z * z / math.cos(math.sqrt(z)),
+        1,
+    ),
 }
 
 
@@ -96,13 +119,24 @@ def cmd_fit(_args) -> int:
 # ---- measuring --------------------------------------------------------------------
 
 FUNCTIONS = ["exp", "log", "tanh", "sigmoid", "sin", "cos"]
-SWEEP = {"exp": (-87.3, 88.72), "log": (0.25, 4.0), "tanh": (-9.5, 9.5),
-         "sigmoid": (-87.0, 30.0), "sin": (-16384.0, 16384.0), "cos": (-16384.0, 16384.0)}
+SWEEP = {
+    "exp": (-87.3, 88.72),
+    "log": (0.25, 4.0),
+    "tanh": (-9.5, 9.5),
+    "sigmoid": (-87.0, 30.0),
+    "sin": (-16384.0, 16384.0),
+    "cos": (-16384.0, 16384.0),
+}
 # Exhaustive ranges (bit-pattern ranges are taken of |x| with the sign given);
 # outside them the result is exact, trivially accurate (tiny |x|) or flushed.
-EXHAUSTIVE = {"exp": [(0.0, 88.8), (-0.0, -88.0)], "log": [(0.125, 8.0)],
-              "tanh": [(2.0 ** -12, 9.2)], "sigmoid": [(2.0 ** -12, 88.8), (-2.0 ** -12, -88.0)],
-              "sin": [(2.0 ** -12, 16384.0)], "cos": [(2.0 ** -12, 16384.0)]}
+EXHAUSTIVE = {
+    "exp": [(0.0, 88.8), (-0.0, -88.0)],
+    "log": [(0.125, 8.0)],
+    "tanh": [(2.0**-12, 9.2)],
+    "sigmoid": [(2.0**-12, 88.8), (-(2.0**-12), -88.0)],
+    "sin": [(2.0**-12, 16384.0)],
+    "cos": [(2.0**-12, 16384.0)],
+}
 
 
 def exact(name, x):
@@ -136,9 +170,9 @@ def _exhaustive_runner(name):
     from refreplay.numerics._bits import bits_f32
 
     fn = getattr(tr, name)
-    ref = {"exp": math.exp, "log": math.log, "tanh": math.tanh, "sin": math.sin,
-           "cos": math.cos}.get(name)
+    ref = {"exp": math.exp, "log": math.log, "tanh": math.tanh, "sin": math.sin, "cos": math.cos}.get(name)
     if name == "sigmoid":
+
         @numba.njit
         def ref(x):
             return 1.0 / (1.0 + math.exp(-x))
@@ -157,7 +191,7 @@ def _exhaustive_runner(name):
                 x = bits_f32(np.uint32(b))
                 v = ref(np.float64(x))
                 a = abs(v)
-                if a < 2.0 ** -126 or a > 3.4028234663852886e38:
+                if a < 2.0**-126 or a > 3.4028234663852886e38:
                     continue
                 m, e = math.frexp(a)
                 err = abs(np.float64(fn(x)) - v) / 2.0 ** (e - 24)
@@ -165,6 +199,7 @@ def _exhaustive_runner(name):
                     worst[c], where[c] = err, b
         i = np.argmax(worst)
         return worst[i], where[i]
+
     return run
 
 
@@ -173,15 +208,22 @@ def cmd_measure(args) -> int:
     for name in FUNCTIONS:
         t0 = time.time()
         lo, hi = SWEEP[name]
-        x = np.concatenate([np.linspace(lo, hi, args.points // 2, dtype=np.float32),
-                            rng.uniform(lo, hi, args.points // 2).astype(np.float32)])
+        x = np.concatenate(
+            [
+                np.linspace(lo, hi, args.points // 2, dtype=np.float32),
+                rng.uniform(lo, hi, args.points // 2).astype(np.float32),
+            ]
+        )
         if name == "log":  # half of the points anywhere among the positive normals
-            x[args.points // 2:] = rng.integers(0x00800000, 0x7F800000, x.size - args.points // 2,
-                                                dtype=np.uint32).view(np.float32)
+            x[args.points // 2 :] = rng.integers(
+                0x00800000, 0x7F800000, x.size - args.points // 2, dtype=np.uint32
+            ).view(np.float32)
         err, at = mpmath_max_ulp(name, x)
         where = f"[{lo}, {hi}]" + (" and all positive normals" if name == "log" else "")
-        print(f"{name:8s} mpmath, {x.size} points in {where}: max {err:.4f} ulp "
-              f"at x = {at!r} ({time.time() - t0:.0f}s)", flush=True)
+        print(
+            f"{name:8s} mpmath, {x.size} points in {where}: max {err:.4f} ulp at x = {at!r} ({time.time() - t0:.0f}s)",
+            flush=True,
+        )
         if not args.exhaustive:
             continue
         run = _exhaustive_runner(name)
@@ -190,8 +232,11 @@ def cmd_measure(args) -> int:
             b0, b1 = sorted(int(np.array([F32(v)]).view(np.uint32)[0]) for v in (lo, hi))
             err, where = run(b0, b1 + 1)
             at = float(np.array([where], dtype=np.uint32).view(np.float32)[0])
-            print(f"{name:8s} every binary32 in [{lo}, {hi}] vs binary64 libm: max {err:.4f} ulp "
-                  f"at x = {at!r} ({time.time() - t0:.0f}s)", flush=True)
+            print(
+                f"{name:8s} every binary32 in [{lo}, {hi}] vs binary64 libm: max {err:.4f} ulp "
+                f"at x = {at!r} ({time.time() - t0:.0f}s)",
+                flush=True,
+            )
     return 0
 
 
@@ -201,8 +246,9 @@ def main(argv=None) -> int:
     sub.add_parser("fit", help="print fitted coefficients in hex")
     m = sub.add_parser("measure", help="measure max ulp error of each function")
     m.add_argument("--points", type=int, default=100_000, help="mpmath sweep size per function")
-    m.add_argument("--exhaustive", action="store_true",
-                   help="also every binary32 in each range, against binary64 libm (slow)")
+    m.add_argument(
+        "--exhaustive", action="store_true", help="also every binary32 in each range, against binary64 libm (slow)"
+    )
     args = p.parse_args(argv)
     return {"fit": cmd_fit, "measure": cmd_measure}[args.cmd](args)
 

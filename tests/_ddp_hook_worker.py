@@ -2,6 +2,7 @@
 DistributedDataParallel with ``fold_hook``, one micro-batch per rank, must
 give every rank the gradient bits that GradFold gives on one process over
 all M = R micro-batches; exit 0 when they are equal, 1 when not."""
+
 from __future__ import annotations
 
 import datetime
@@ -47,8 +48,11 @@ def main() -> int:
     loss = ddp(xs[q], ys[q])
     loss.backward()
     got_loss = fold_loss(loss, R)
-    bad = [k for k in sorted(named) if not torch.equal(named[k].grad.view(torch.int32),
-                                                        ref_named[k].grad.view(torch.int32))]
+    bad = [
+        k
+        for k in sorted(named)
+        if not torch.equal(named[k].grad.view(torch.int32), ref_named[k].grad.view(torch.int32))
+    ]
     try:  # M != R: refused before any collective
         fold_hook(HookState(2 * R), None)
         refused = False

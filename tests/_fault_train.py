@@ -17,6 +17,7 @@ The hooks wrap os functions and ``refreplay.files.atomic_file`` in this
 process only, so the normative code path is the one that runs.  Without a
 kill (N beyond the run's events) the command finishes normally.
 """
+
 import contextlib
 import os
 import signal

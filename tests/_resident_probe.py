@@ -7,6 +7,7 @@ host), ``copy_to_device`` from a host array, and a host array handed to a
 kernel (the implicit copy in and back that numba.cuda makes).  Prints JSON:
 per layer count, the records of both devices and the counts of every step.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,7 @@ COUNTS = {"h2d": 0, "d2h": 0, "implicit": 0}
 
 
 def _counting():
-    to_device, copy_to_host, copy_to_device = cuda.to_device, FakeCUDAArray.copy_to_host, \
-        FakeCUDAArray.copy_to_device
+    to_device, copy_to_host, copy_to_device = cuda.to_device, FakeCUDAArray.copy_to_host, FakeCUDAArray.copy_to_device
     in_out = simkernel.InOut
 
     def h2d(*a, **k):
@@ -87,22 +87,28 @@ def api_checks() -> dict:
     g = np.random.default_rng(3)
     a, b = (g.standard_normal(6).astype(np.float32) for _ in range(2))
     host, dev = numerics.add(a, b), numerics.add(cuda.to_device(a), b)
-    out = {"numpy_in_numpy_out": isinstance(host, np.ndarray),
-           "device_in_device_out": is_device(dev),
-           "same_bits": dev.copy_to_host().tobytes() == host.tobytes()}
+    out = {
+        "numpy_in_numpy_out": isinstance(host, np.ndarray),
+        "device_in_device_out": is_device(dev),
+        "same_bits": dev.copy_to_host().tobytes() == host.tobytes(),
+    }
     ref = {"a": np.full(4, 10, np.float32), "b": np.full(4, -3, np.float32)}
     mixed = {"a": ref["a"].copy(), "b": cuda.to_device(ref["b"])}
     cpu_optim.clip_grad_norm(ref, np.float32(1.0))
     optim.clip_grad_norm(mixed, np.float32(1.0))
-    out["mixed_clip"] = (mixed["a"].tobytes() == ref["a"].tobytes()
-                         and mixed["b"].copy_to_host().tobytes() == ref["b"].tobytes())
+    out["mixed_clip"] = (
+        mixed["a"].tobytes() == ref["a"].tobytes() and mixed["b"].copy_to_host().tobytes() == ref["b"].tobytes()
+    )
     B, T, NH, HS = 2, 3, 2, 2
     qkv = g.standard_normal((B * T, 3 * NH * HS)).astype(np.float32)
     parts = [cpu_arrays.split_heads(qkv, j, B, T, NH, HS) for j in range(3)]
     dparts = [arrays.split_heads(cuda.to_device(qkv), j, B, T, NH, HS) for j in range(3)]
     out["split_heads"] = all(p.tobytes() == d.copy_to_host().tobytes() for p, d in zip(parts, dparts))
-    out["merge_heads"] = (arrays.merge_heads(dparts, B, T, NH, HS).copy_to_host().tobytes()
-                          == cpu_arrays.merge_heads(parts, B, T, NH, HS).tobytes() == qkv.tobytes())
+    out["merge_heads"] = (
+        arrays.merge_heads(dparts, B, T, NH, HS).copy_to_host().tobytes()
+        == cpu_arrays.merge_heads(parts, B, T, NH, HS).tobytes()
+        == qkv.tobytes()
+    )
     return out
 
 
@@ -114,6 +120,7 @@ def main(argv):
     # the attention scale recip(sqrt(HS)) is computed on the device once per process and
     # head size (cached), like the rotary tables at model construction: not per step
     from cuda_backend.host.ops.attention import attention_scale
+
     attention_scale(2)
     _counting()
     out = []
@@ -122,8 +129,16 @@ def main(argv):
         dev, counts = run(layers, "cuda", steps, ranks, M, linear)
         cfg = ModelConfig(width=4, layers=layers, heads=2, seq_len=2, mlp_hidden=4, linear=linear)
         hashed = len(linear_names(cfg)) if linear == "int8" else 0  # + the re-pinned quantizer steps
-        out.append({"layers": layers, "param_tensors": len(param_shapes(cfg)), "quant_steps": hashed,
-                    "cpu": cpu, "cuda": dev, "counts": counts})
+        out.append(
+            {
+                "layers": layers,
+                "param_tensors": len(param_shapes(cfg)),
+                "quant_steps": hashed,
+                "cpu": cpu,
+                "cuda": dev,
+                "counts": counts,
+            }
+        )
     print(json.dumps({"runs": out, "api": api_checks()}))
 
 

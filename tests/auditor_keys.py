@@ -1,5 +1,6 @@
 """Auditor key pairs for tests: generated once per process (2048 bits, the
 smallest accepted, to keep tests fast) and written to key files on demand."""
+
 from __future__ import annotations
 
 import functools

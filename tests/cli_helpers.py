@@ -1,4 +1,5 @@
 """Running the command line inside the test process (compiled code already loaded)."""
+
 import contextlib
 import io
 import subprocess

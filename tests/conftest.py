@@ -1,4 +1,5 @@
 """Fixtures shared by several test modules."""
+
 import numba
 import pytest
 
@@ -27,8 +28,7 @@ SUBPROCESS_THREADS = 2
 
 
 def needs_thread_subprocess(item) -> bool:
-    return (item.get_closest_marker("threads") is not None
-            and numba.config.NUMBA_NUM_THREADS < SUBPROCESS_THREADS)
+    return item.get_closest_marker("threads") is not None and numba.config.NUMBA_NUM_THREADS < SUBPROCESS_THREADS
 
 
 def pytest_pyfunc_call(pyfuncitem):
@@ -37,18 +37,19 @@ def pytest_pyfunc_call(pyfuncitem):
     import os
     import subprocess
     import sys
+
     env = dict(os.environ, NUMBA_NUM_THREADS=str(SUBPROCESS_THREADS), REFREPLAY_THREADS=str(SUBPROCESS_THREADS))
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "threads",
-           pyfuncitem.nodeid]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "threads", pyfuncitem.nodeid]
     try:
-        r = subprocess.run(cmd, cwd=pyfuncitem.config.rootpath, env=env, capture_output=True,
-                           text=True, timeout=1200)
+        r = subprocess.run(cmd, cwd=pyfuncitem.config.rootpath, env=env, capture_output=True, text=True, timeout=1200)
     except subprocess.TimeoutExpired:
         pytest.fail(f"{pyfuncitem.nodeid} with {SUBPROCESS_THREADS} threads: no result in 1200 s")
     if r.returncode != 0 or " passed" not in r.stdout:
-        pytest.fail(f"{pyfuncitem.nodeid} with NUMBA_NUM_THREADS={SUBPROCESS_THREADS} "
-                    f"(subprocess, exit {r.returncode}):\n{r.stdout[-6000:]}\n{r.stderr[-2000:]}",
-                    pytrace=False)
+        pytest.fail(
+            f"{pyfuncitem.nodeid} with NUMBA_NUM_THREADS={SUBPROCESS_THREADS} "
+            f"(subprocess, exit {r.returncode}):\n{r.stdout[-6000:]}\n{r.stderr[-2000:]}",
+            pytrace=False,
+        )
     return True
 
 
@@ -62,6 +63,7 @@ def _threads_tests_fix_the_count(request):
         yield
         return
     from refreplay import environ
+
     environ.set_threads(many_threads())
     try:
         yield

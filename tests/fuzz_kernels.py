@@ -5,6 +5,7 @@ Below the threshold each calls the reference itself, so it is exact on
 every input there; above it, it changes only the summation structure, with
 the spec's own rounded primitives ([num.add.c1], [num.exp.c1], ...).
 """
+
 import numpy as np
 
 from refreplay import linalg

@@ -1,16 +1,20 @@
 """Hypothesis strategies for damaged JSON, shared by the loader fuzz tests and
 the certificate fuzz tests: any value at any depth replaced, deleted, or a key
 added."""
+
 import copy
 import json
 
 from hypothesis import strategies as st
 
-json_scalars = st.one_of(st.none(), st.booleans(), st.integers(-(1 << 70), 1 << 70),
-                         st.floats(allow_nan=False), st.text(max_size=12))
-json_values = st.recursive(json_scalars, lambda c: st.one_of(st.lists(c, max_size=3),
-                                                             st.dictionaries(st.text(max_size=6), c, max_size=3)),
-                           max_leaves=6)
+json_scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(-(1 << 70), 1 << 70), st.floats(allow_nan=False), st.text(max_size=12)
+)
+json_values = st.recursive(
+    json_scalars,
+    lambda c: st.one_of(st.lists(c, max_size=3), st.dictionaries(st.text(max_size=6), c, max_size=3)),
+    max_leaves=6,
+)
 deep = st.integers(60, 3000).map(lambda d: "[" * d + "]" * d)
 deep_value = st.integers(60, 400).map(lambda d: json.loads("[" * d + "]" * d))  # json.dumps can write it
 

@@ -17,6 +17,7 @@ transcendental primitives of chapter 2 come from ``naive_numerics`` (an
 independent transcription) where a mutant changes them, and from
 refreplay's own primitives where an op of chapters 10-16 merely uses them.
 """
+
 from __future__ import annotations
 
 import functools
@@ -26,11 +27,12 @@ import numpy as np
 import naive_numerics as nn
 
 F32 = np.float32
-FLT_MIN = F32(2.0 ** -126)
+FLT_MIN = F32(2.0**-126)
 CANON = np.array([0x7FC00000], np.uint32).view(F32)[0]
 
 
 # ---- binary32 arithmetic with the spec's flush and NaN rule ([num.flush.c1], [num.nan.c1]) ----
+
 
 def bits(x):
     return np.asarray(x, F32).view(np.uint32)
@@ -125,7 +127,7 @@ def pairwise_rows(X):
     n = X.shape[-1]
     if n <= 1:
         return seq_rows(X)
-    return add(pairwise_rows(X[..., :n // 2]), pairwise_rows(X[..., n // 2:]))
+    return add(pairwise_rows(X[..., : n // 2]), pairwise_rows(X[..., n // 2 :]))
 
 
 def elementwise(fn, *xs):
@@ -149,12 +151,13 @@ exp_, log_, tanh_, sigmoid_ = (spec(n) for n in ("exp", "log", "tanh", "sigmoid"
 
 # ---- chapter 1 and 3: primitives and sums --------------------------------------------------
 
+
 def k_mul(a, b, flush=True, before_rounding=False):
     a, b = load(a), load(b)
     out = mul(a, b, flush=flush)
     if before_rounding:  # ARM FZ: tininess judged on the exact product
         exact = np.abs(a.astype(np.float64) * b.astype(np.float64))
-        out = np.where((exact < 2.0 ** -126) & (exact > 0), from_bits(bits(out) & 0x80000000), out)
+        out = np.where((exact < 2.0**-126) & (exact > 0), from_bits(bits(out) & 0x80000000), out)
     return out
 
 
@@ -203,8 +206,7 @@ def k_matmul(A, B, fused=False, split_above=None, start=F32(-0.0), fused_tail=No
         first_fused = 0 if fused else K - K % fused_tail
         acc = np.full((I, J), start, F32)
         for k in range(K):
-            acc = (fma(A[:, k, None], B[None, k, :], acc) if k >= first_fused
-                   else add(acc, P[:, k, :]))
+            acc = fma(A[:, k, None], B[None, k, :], acc) if k >= first_fused else add(acc, P[:, k, :])
         return acc
     return seq_rows(np.moveaxis(P, 1, 2), start)
 
@@ -215,8 +217,9 @@ def k_rint(x, half_away=False):
             return nn.rint(v)
         if v != v:
             return CANON
-        r = F32(np.floor(abs(v) + F32(0.5))) if abs(v) < F32(2 ** 23) else abs(v)
+        r = F32(np.floor(abs(v) + F32(0.5))) if abs(v) < F32(2**23) else abs(v)
         return nn.neg(r) if nn.bits(v) & 0x80000000 else r
+
     return elementwise(one, load(x))
 
 
@@ -235,6 +238,7 @@ def exp_variant(ge_overflow=False, inv_ln2=nn.INV_LN2, le_underflow=False):
         p = nn.add(nn.ONE, nn.add(hi, nn.sub(nn.mul(nn.mul(r, r), nn.horner(nn.EXP_C, r)), lo)))
         k1 = int(k) // 2
         return nn.mul(nn.mul(p, nn.pow2(k1)), nn.pow2(int(k) - k1))
+
     return lambda x: elementwise(nn.quiet(one), load(x))
 
 
@@ -262,6 +266,7 @@ def log_variant(ge_sqrt2=False, sqrt2=nn.SQRT2):
             return nn.sub(f, nn.sub(hfsq, t))
         d = F32(e)
         return nn.sub(nn.mul(d, nn.LN2_HI), nn.sub(nn.sub(hfsq, nn.add(t, nn.mul(d, nn.LN2_LO))), f))
+
     return lambda x: elementwise(nn.quiet(one), load(x))
 
 
@@ -277,6 +282,7 @@ def tanh_variant(le_branch=False, sign_by_compare=False, small=nn.TANH_SMALL):
             y = nn.sub(nn.ONE, nn.mul(nn.TWO, nn.recip(nn.add(nn.exp(nn.add(a, a)), nn.ONE))))
         negative = x < 0 if sign_by_compare else nn.bits(x) & 0x80000000
         return nn.neg(y) if negative else y
+
     return lambda x: elementwise(nn.quiet(one), load(x))
 
 
@@ -288,6 +294,7 @@ def sigmoid_variant(one_branch=False, branch_at_positive=False):
             return nn.recip(nn.add(nn.ONE, nn.exp(nn.neg(x))))
         t = nn.exp(x)
         return nn.sub(t, nn.mul(t, nn.mul(t, nn.recip(nn.add(nn.ONE, t)))))
+
     return lambda x: elementwise(nn.quiet(one), load(x))
 
 
@@ -296,6 +303,7 @@ def sin_variant(closed_domain=False):
         if x != x or abs(x) > nn.TRIG_MAX or (closed_domain and abs(x) == nn.TRIG_MAX):
             return CANON
         return nn.sin(x)
+
     return lambda x: elementwise(nn.quiet(one), load(x))
 
 
@@ -307,6 +315,7 @@ def cos_variant(k_sign_magnitude=False):
         if k_sign_magnitude:
             n = abs(int(nn.rint(nn.mul(x, nn.TWO_OVER_PI)))) & 3
         return (cr, nn.neg(sr), nn.neg(cr), sr)[n]
+
     return lambda x: elementwise(nn.quiet(one), load(x))
 
 
@@ -322,6 +331,7 @@ def k_sqrt_f64(x):
 
 
 # ---- chapters 10-13: linear, norms, activations, softmax, attention ----------------------------
+
 
 def k_linear_forward(x, W, b, bias_first=False, empty=F32(0.0)):
     x, W, b = load(x), load(W), load(b)
@@ -462,8 +472,9 @@ def _ce_losses(lg, targets, negated=False, count_ignored=False, max_from=None):
     return np.where(counted, loss, F32(0)).astype(F32), counted
 
 
-def k_cross_entropy_forward(logits, targets, negated=False, count_ignored=False, empty_nan=False, mean_over_n=False,
-                            max_from=None):
+def k_cross_entropy_forward(
+    logits, targets, negated=False, count_ignored=False, empty_nan=False, mean_over_n=False, max_from=None
+):
     lg = load(logits)
     losses, counted = _ce_losses(lg, targets, negated, count_ignored, max_from)
     count = lg.shape[0] if mean_over_n else int(counted.sum())
@@ -501,19 +512,20 @@ def k_attention_forward(q, k, v, scale_q=False, mask_bias=False, mask_fill=None)
                 if mask_fill is not None:  # the whole row, s > t replaced by a finite fill
                     row = np.where(np.arange(T) > t, F32(mask_fill), z[t]).astype(F32)
                     p = _softmax_rows(row[None, :])[0]
-                    p[t + 1:] = F32(0)
+                    p[t + 1 :] = F32(0)
                 elif mask_bias:  # the whole row with -inf added at s > t
                     row = add(z[t], np.where(np.arange(T) > t, F32(-np.inf), F32(0)))
                     p = _softmax_rows(row[None, :])[0]
-                    p[t + 1:] = F32(0)
+                    p[t + 1 :] = F32(0)
                 else:
-                    p = np.concatenate([_softmax_rows(z[t, :t + 1][None, :])[0], np.zeros(T - t - 1, F32)])
+                    p = np.concatenate([_softmax_rows(z[t, : t + 1][None, :])[0], np.zeros(T - t - 1, F32)])
                 att[b, h, t] = p
-                out[b, h, t] = seq_rows(mul(p[:t + 1, None], v[b, h, :t + 1]).T)
+                out[b, h, t] = seq_rows(mul(p[: t + 1, None], v[b, h, : t + 1]).T)
     return out, att
 
 
 # ---- chapters 10, 14-16: embedding, loss, quantization, optimizer ------------------------------
+
 
 def k_embedding_forward(wte, tokens, raw=False):
     return (np.asarray(wte) if raw else load(wte))[tokens]
@@ -628,8 +640,8 @@ def k_words(key, ids, start, count, swap_ids=False):
 def k_unit(w, scale_32=False):
     w = np.asarray(w, np.uint32)
     if scale_32:  # f32(w) * 2^-32: the conversion rounds
-        return mul(w.astype(F32), F32(2.0 ** -32))
-    return mul((w >> 8).astype(F32), F32(2.0 ** -24))
+        return mul(w.astype(F32), F32(2.0**-32))
+    return mul((w >> 8).astype(F32), F32(2.0**-24))
 
 
 def k_symmetric_via_unit(w, a):
@@ -670,7 +682,7 @@ def k_permutation(key, ids, start, n, ascending=False):
     N = int(n[0])
     p = list(range(N))
     q = int(start[0])
-    for i in (range(N - 1) if ascending else range(N - 1, 0, -1)):
+    for i in range(N - 1) if ascending else range(N - 1, 0, -1):
         if ascending:  # draws in [i, N)
             (j,), q = draws(key, ids, q, [N - i])
             j += i
@@ -685,25 +697,54 @@ def k_permutation(key, ids, start, n, ascending=False):
 P = functools.partial
 
 CORRECT = {
-    "mul": k_mul, "add": k_add, "fmax": k_fmax, "sum": k_sum, "max": k_max, "matmul": k_matmul,
-    "rint": k_rint, "exp": exp_variant(), "log": log_variant(), "tanh": tanh_variant(),
-    "sigmoid": sigmoid_variant(), "sin": sin_variant(), "cos": cos_variant(),
-    "linear_forward": k_linear_forward, "layernorm_forward": k_layernorm_forward,
-    "rmsnorm_forward": k_rmsnorm_forward, "gelu_forward": k_gelu_forward, "gelu_backward": k_gelu_backward,
-    "silu_forward": k_silu_forward, "swiglu_backward": k_swiglu_backward, "softmax_forward": k_softmax_forward,
-    "log_softmax_forward": k_log_softmax_forward, "cross_entropy_forward": k_cross_entropy_forward,
-    "cross_entropy_backward": k_cross_entropy_backward, "attention_forward": k_attention_forward,
-    "embedding_forward": k_embedding_forward, "embedding_backward": k_embedding_backward,
-    "quant_step_size": k_step, "fake_quantize": k_fake_quantize, "fake_quantize_backward": k_fake_quantize_backward,
-    "adamw_update": k_adamw, "rng_philox": k_philox, "rng_words": k_words, "rng_unit": k_unit,
-    "rng_symmetric": k_symmetric, "rng_bounded": k_bounded, "rng_permutation": k_permutation,
+    "mul": k_mul,
+    "add": k_add,
+    "fmax": k_fmax,
+    "sum": k_sum,
+    "max": k_max,
+    "matmul": k_matmul,
+    "rint": k_rint,
+    "exp": exp_variant(),
+    "log": log_variant(),
+    "tanh": tanh_variant(),
+    "sigmoid": sigmoid_variant(),
+    "sin": sin_variant(),
+    "cos": cos_variant(),
+    "linear_forward": k_linear_forward,
+    "layernorm_forward": k_layernorm_forward,
+    "rmsnorm_forward": k_rmsnorm_forward,
+    "gelu_forward": k_gelu_forward,
+    "gelu_backward": k_gelu_backward,
+    "silu_forward": k_silu_forward,
+    "swiglu_backward": k_swiglu_backward,
+    "softmax_forward": k_softmax_forward,
+    "log_softmax_forward": k_log_softmax_forward,
+    "cross_entropy_forward": k_cross_entropy_forward,
+    "cross_entropy_backward": k_cross_entropy_backward,
+    "attention_forward": k_attention_forward,
+    "embedding_forward": k_embedding_forward,
+    "embedding_backward": k_embedding_backward,
+    "quant_step_size": k_step,
+    "fake_quantize": k_fake_quantize,
+    "fake_quantize_backward": k_fake_quantize_backward,
+    "adamw_update": k_adamw,
+    "rng_philox": k_philox,
+    "rng_words": k_words,
+    "rng_unit": k_unit,
+    "rng_symmetric": k_symmetric,
+    "rng_bounded": k_bounded,
+    "rng_permutation": k_permutation,
 }
 
 # name: (op, kernel, clause misread, what it does)
 MUTANTS = {
     "mul, no flush": ("mul", P(k_mul, flush=False), "num.flush.c1", "keeps subnormal products"),
-    "mul, flush before rounding": ("mul", P(k_mul, before_rounding=True), "num.flush.c1",
-                                   "flushes when the exact product is below 2^-126 (ARM FZ)"),
+    "mul, flush before rounding": (
+        "mul",
+        P(k_mul, before_rounding=True),
+        "num.flush.c1",
+        "flushes when the exact product is below 2^-126 (ARM FZ)",
+    ),
     "add, no input zeroing": ("add", P(k_add, zero_inputs=False), "num.load.c1", "keeps subnormal inputs"),
     "add, NaN payload kept": ("add", P(k_add, canon=False), "num.nan.c1", "lets NumPy's NaN out"),
     "fmax(-0, +0) is the first": ("fmax", P(k_fmax, zero_rule=False), "num.minmax.c1", "a > b ? a : b only"),
@@ -711,142 +752,306 @@ MUTANTS = {
     "sum from +0": ("sum", P(k_sum, start=F32(0.0)), "red.sum.c1", "starts every sum from +0"),
     "empty sum is -0": ("sum", P(k_sum, empty=F32(-0.0)), "red.sum.c1", "returns the -0 start for N = 0"),
     "sum pairwise": ("sum", P(k_sum, order=pairwise_rows), "red.sum.c1", "recursive halves"),
-    "sum split above 8192": ("sum", P(k_sum, order=lambda X: seq_rows(X) if X.shape[1] <= 8192 else split_rows(X)),
-                             "red.sum.c1", "sequential up to 8192 terms, two halves above"),
+    "sum split above 8192": (
+        "sum",
+        P(k_sum, order=lambda X: seq_rows(X) if X.shape[1] <= 8192 else split_rows(X)),
+        "red.sum.c1",
+        "sequential up to 8192 terms, two halves above",
+    ),
     "empty max is +0": ("max", P(k_max, empty=F32(0.0)), "red.rowmax.c1", "an empty row gives +0"),
     "matmul fused": ("matmul", P(k_matmul, fused=True), "num.nofma.c1", "acc = fma(a, b, acc)"),
-    "matmul fused in the K mod 8 tail": ("matmul", P(k_matmul, fused_tail=8), "num.nofma.c1",
-                                         "8-wide blocks unfused, the scalar tail fused, for K >= 64"),
-    "matmul split-K above 4096": ("matmul", P(k_matmul, split_above=4096), "mm.nn.c1",
-                                  "exact up to K = 4096, split-K in two above"),
+    "matmul fused in the K mod 8 tail": (
+        "matmul",
+        P(k_matmul, fused_tail=8),
+        "num.nofma.c1",
+        "8-wide blocks unfused, the scalar tail fused, for K >= 64",
+    ),
+    "matmul split-K above 4096": (
+        "matmul",
+        P(k_matmul, split_above=4096),
+        "mm.nn.c1",
+        "exact up to K = 4096, split-K in two above",
+    ),
     "rint half away": ("rint", P(k_rint, half_away=True), "num.rint.c1", "round half away from zero"),
     "exp overflows at >=": ("exp", exp_variant(ge_overflow=True), "num.exp.c1", "x >= 0x42B17217 gives +inf"),
-    "exp INV_LN2 one ulp up": ("exp", exp_variant(inv_ln2=nn.f32(0x3FB8AA3C)), "num.exp.c1",
-                               "INV_LN2 = 0x3FB8AA3C"),
+    "exp INV_LN2 one ulp up": ("exp", exp_variant(inv_ln2=nn.f32(0x3FB8AA3C)), "num.exp.c1", "INV_LN2 = 0x3FB8AA3C"),
     "log halves at m >= SQRT2": ("log", log_variant(ge_sqrt2=True), "num.log.c1", "m >= SQRT2 instead of >"),
-    "tanh branch at 0.74999": ("tanh", tanh_variant(small=nn.f32(0x3F3FFF58)), "num.tanh.c1",
-                               "the threshold written 0.74999 (0x3F3FFF58, 168 ulps low)"),
-    "log halves at m > 1.4142": ("log", log_variant(sqrt2=nn.f32(0x3FB50481)), "num.log.c1",
-                                 "SQRT2 written 1.4142 (0x3FB50481, 114 ulps low)"),
+    "tanh branch at 0.74999": (
+        "tanh",
+        tanh_variant(small=nn.f32(0x3F3FFF58)),
+        "num.tanh.c1",
+        "the threshold written 0.74999 (0x3F3FFF58, 168 ulps low)",
+    ),
+    "log halves at m > 1.4142": (
+        "log",
+        log_variant(sqrt2=nn.f32(0x3FB50481)),
+        "num.log.c1",
+        "SQRT2 written 1.4142 (0x3FB50481, 114 ulps low)",
+    ),
     "tanh sign by x < 0": ("tanh", tanh_variant(sign_by_compare=True), "num.tanh.c1", "tanh(-0) = +0"),
-    "sigmoid one branch": ("sigmoid", sigmoid_variant(one_branch=True), "num.sigmoid.c1",
-                           "recip(1 + exp(-x)) for every x"),
+    "sigmoid one branch": (
+        "sigmoid",
+        sigmoid_variant(one_branch=True),
+        "num.sigmoid.c1",
+        "recip(1 + exp(-x)) for every x",
+    ),
     "sin domain closed": ("sin", sin_variant(closed_domain=True), "num.sincos.c1", "NaN at |x| = 2^14"),
     "cos quadrant of |k|": ("cos", cos_variant(k_sign_magnitude=True), "num.sincos.c1", "n = |k| mod 4"),
-    "linear bias first": ("linear_forward", P(k_linear_forward, bias_first=True), "mm.bias.c1",
-                          "the bias is the sum's starting value"),
-    "linear empty sum -0": ("linear_forward", P(k_linear_forward, empty=F32(-0.0)), "red.sum.c1",
-                            "C = 0 gives -0 + b"),
-    "layernorm eps outside sqrt": ("layernorm_forward", P(k_layernorm_forward, eps_outside=True),
-                                   "norm.layer.fwd.c1", "recip(sqrt(var)) + eps"),
-    "layernorm unbiased variance": ("layernorm_forward", P(k_layernorm_forward, unbiased=True),
-                                    "norm.layer.fwd.c1", "divides by C - 1"),
-    "layernorm mean by division": ("layernorm_forward", P(k_layernorm_forward, divide=True),
-                                   "norm.meanop.c1", "sum / C"),
-    "rmsnorm eps outside sqrt": ("rmsnorm_forward", P(k_rmsnorm_forward, eps_outside=True), "norm.rms.fwd.c1",
-                                 "recip(sqrt(ms)) + eps"),
-    "rmsnorm x*(rrms*w)": ("rmsnorm_forward", P(k_rmsnorm_forward, weight_first=True), "norm.rms.fwd.c1",
-                           "x * (rrms * w)"),
+    "linear bias first": (
+        "linear_forward",
+        P(k_linear_forward, bias_first=True),
+        "mm.bias.c1",
+        "the bias is the sum's starting value",
+    ),
+    "linear empty sum -0": ("linear_forward", P(k_linear_forward, empty=F32(-0.0)), "red.sum.c1", "C = 0 gives -0 + b"),
+    "layernorm eps outside sqrt": (
+        "layernorm_forward",
+        P(k_layernorm_forward, eps_outside=True),
+        "norm.layer.fwd.c1",
+        "recip(sqrt(var)) + eps",
+    ),
+    "layernorm unbiased variance": (
+        "layernorm_forward",
+        P(k_layernorm_forward, unbiased=True),
+        "norm.layer.fwd.c1",
+        "divides by C - 1",
+    ),
+    "layernorm mean by division": (
+        "layernorm_forward",
+        P(k_layernorm_forward, divide=True),
+        "norm.meanop.c1",
+        "sum / C",
+    ),
+    "rmsnorm eps outside sqrt": (
+        "rmsnorm_forward",
+        P(k_rmsnorm_forward, eps_outside=True),
+        "norm.rms.fwd.c1",
+        "recip(sqrt(ms)) + eps",
+    ),
+    "rmsnorm x*(rrms*w)": (
+        "rmsnorm_forward",
+        P(k_rmsnorm_forward, weight_first=True),
+        "norm.rms.fwd.c1",
+        "x * (rrms * w)",
+    ),
     "gelu cube as K*(x*x*x)": ("gelu_forward", P(k_gelu_forward, cube_last=True), "act.gelu.fwd.c1", "K*(x^3)"),
-    "gelu 0.5*(x*(1+th))": ("gelu_forward", P(k_gelu_forward, half_last=True), "act.gelu.fwd.c1",
-                            "halves last"),
-    "gelu K3 = 3*K": ("gelu_backward", P(k_gelu_backward, k3=F32(mul(F32(3), GELU_K))), "act.gelu.bwd.c1",
-                      "K3 = 0x3E095D4E"),
+    "gelu 0.5*(x*(1+th))": ("gelu_forward", P(k_gelu_forward, half_last=True), "act.gelu.fwd.c1", "halves last"),
+    "gelu K3 = 3*K": (
+        "gelu_backward",
+        P(k_gelu_backward, k3=F32(mul(F32(3), GELU_K))),
+        "act.gelu.bwd.c1",
+        "K3 = 0x3E095D4E",
+    ),
     "silu by division": ("silu_forward", P(k_silu_forward, division=True), "act.silu.fwd.c1", "x / (1 + exp(-x))"),
-    "swiglu gradient times s first": ("swiglu_backward", P(k_swiglu_backward, s_first=True), "act.swiglu.bwd.c1",
-                                      "((dout*b)*s)*(1 + a(1 - s))"),
+    "swiglu gradient times s first": (
+        "swiglu_backward",
+        P(k_swiglu_backward, s_first=True),
+        "act.swiglu.bwd.c1",
+        "((dout*b)*s)*(1 + a(1 - s))",
+    ),
     "softmax no max shift": ("softmax_forward", P(k_softmax_forward, shift=False), "softmax.fwd.c1", "exp(x)"),
-    "softmax max from -10000": ("softmax_forward", P(k_softmax_forward, max_from=-10000.0), "softmax.fwd.c1",
-                                "running maximum started at -10,000 (a C library's)"),
+    "softmax max from -10000": (
+        "softmax_forward",
+        P(k_softmax_forward, max_from=-10000.0),
+        "softmax.fwd.c1",
+        "running maximum started at -10,000 (a C library's)",
+    ),
     "softmax divides": ("softmax_forward", P(k_softmax_forward, divide=True), "softmax.fwd.c1", "e / s"),
-    "softmax masked rows zero": ("softmax_forward", P(k_softmax_forward, masked_zero=True), "softmax.fwd.c1",
-                                 "an all -inf row gives 0, not NaN"),
-    "softmax online above V=4096": ("softmax_forward", P(k_softmax_forward, blocked_above=4096), "softmax.fwd.c1",
-                                    "two-block online softmax above V = 4096"),
-    "log-softmax x - (m + log s)": ("log_softmax_forward", P(k_log_softmax_forward, lse_first=True),
-                                    "softmax.log.c1", "log-sum-exp first"),
-    "loss negated log-softmax": ("cross_entropy_forward", P(k_cross_entropy_forward, negated=True),
-                                 "loss.token.c1", "-((x - m) - log s): an exact zero is -0"),
-    "ignore index not ignored": ("cross_entropy_forward", P(k_cross_entropy_forward, count_ignored=True),
-                                 "loss.mean.c1", "target -1 counted (as the last class)"),
-    "loss max from -10000": ("cross_entropy_forward", P(k_cross_entropy_forward, max_from=-10000.0),
-                             "loss.token.c1", "running maximum started at -10,000"),
-    "loss mean over N": ("cross_entropy_forward", P(k_cross_entropy_forward, mean_over_n=True), "loss.mean.c1",
-                         "divides by every token, ignored included"),
-    "empty loss mean NaN": ("cross_entropy_forward", P(k_cross_entropy_forward, empty_nan=True), "loss.mean.c1",
-                            "count 0 gives 0 * recip(0)"),
-    "loss gradient on ignored rows": ("cross_entropy_backward", P(k_cross_entropy_backward, keep_ignored=True),
-                                      "loss.bwd.c1", "ignored rows keep softmax * c"),
-    "attention q scaled first": ("attention_forward", P(k_attention_forward, scale_q=True), "attn.scores.c1",
-                                 "dot(q * scale, k)"),
-    "attention mask as -inf bias": ("attention_forward", P(k_attention_forward, mask_bias=True), "attn.mask.c1",
-                                    "z + (-inf) at s > t over the whole row"),
-    "attention mask filled with -1e9": ("attention_forward", P(k_attention_forward, mask_fill=-1e9), "attn.mask.c1",
-                                        "z[s] = -1e9 at s > t over the whole row"),
-    "embedding raw copy": ("embedding_forward", P(k_embedding_forward, raw=True), "num.load.c1",
-                           "copies NaN payloads and subnormals"),
-    "embedding absent ids -0": ("embedding_backward", P(k_embedding_backward, absent_plus_zero=False),
-                                "emb.bwd.c1", "absent ids keep the -0 start"),
+    "softmax masked rows zero": (
+        "softmax_forward",
+        P(k_softmax_forward, masked_zero=True),
+        "softmax.fwd.c1",
+        "an all -inf row gives 0, not NaN",
+    ),
+    "softmax online above V=4096": (
+        "softmax_forward",
+        P(k_softmax_forward, blocked_above=4096),
+        "softmax.fwd.c1",
+        "two-block online softmax above V = 4096",
+    ),
+    "log-softmax x - (m + log s)": (
+        "log_softmax_forward",
+        P(k_log_softmax_forward, lse_first=True),
+        "softmax.log.c1",
+        "log-sum-exp first",
+    ),
+    "loss negated log-softmax": (
+        "cross_entropy_forward",
+        P(k_cross_entropy_forward, negated=True),
+        "loss.token.c1",
+        "-((x - m) - log s): an exact zero is -0",
+    ),
+    "ignore index not ignored": (
+        "cross_entropy_forward",
+        P(k_cross_entropy_forward, count_ignored=True),
+        "loss.mean.c1",
+        "target -1 counted (as the last class)",
+    ),
+    "loss max from -10000": (
+        "cross_entropy_forward",
+        P(k_cross_entropy_forward, max_from=-10000.0),
+        "loss.token.c1",
+        "running maximum started at -10,000",
+    ),
+    "loss mean over N": (
+        "cross_entropy_forward",
+        P(k_cross_entropy_forward, mean_over_n=True),
+        "loss.mean.c1",
+        "divides by every token, ignored included",
+    ),
+    "empty loss mean NaN": (
+        "cross_entropy_forward",
+        P(k_cross_entropy_forward, empty_nan=True),
+        "loss.mean.c1",
+        "count 0 gives 0 * recip(0)",
+    ),
+    "loss gradient on ignored rows": (
+        "cross_entropy_backward",
+        P(k_cross_entropy_backward, keep_ignored=True),
+        "loss.bwd.c1",
+        "ignored rows keep softmax * c",
+    ),
+    "attention q scaled first": (
+        "attention_forward",
+        P(k_attention_forward, scale_q=True),
+        "attn.scores.c1",
+        "dot(q * scale, k)",
+    ),
+    "attention mask as -inf bias": (
+        "attention_forward",
+        P(k_attention_forward, mask_bias=True),
+        "attn.mask.c1",
+        "z + (-inf) at s > t over the whole row",
+    ),
+    "attention mask filled with -1e9": (
+        "attention_forward",
+        P(k_attention_forward, mask_fill=-1e9),
+        "attn.mask.c1",
+        "z[s] = -1e9 at s > t over the whole row",
+    ),
+    "embedding raw copy": (
+        "embedding_forward",
+        P(k_embedding_forward, raw=True),
+        "num.load.c1",
+        "copies NaN payloads and subnormals",
+    ),
+    "embedding absent ids -0": (
+        "embedding_backward",
+        P(k_embedding_backward, absent_plus_zero=False),
+        "emb.bwd.c1",
+        "absent ids keep the -0 start",
+    ),
     "step without floor": ("quant_step_size", P(k_step, floor=False), "quant.step.c1", "s = a * RQ"),
-    "step floor only for zero input": ("quant_step_size", P(k_step, floor_only_zero=True), "quant.step.c1",
-                                       "floors a = 0 but not a flushed a * RQ"),
+    "step floor only for zero input": (
+        "quant_step_size",
+        P(k_step, floor_only_zero=True),
+        "quant.step.c1",
+        "floors a = 0 but not a flushed a * RQ",
+    ),
     "step a / 127": ("quant_step_size", P(k_step, divide=True), "quant.step.c1", "divides by 127"),
-    "quantize half away": ("fake_quantize", P(k_fake_quantize, half_away=True), "quant.quantize.c1",
-                           "round half away from zero"),
-    "quantize clamp at -127": ("fake_quantize", P(k_fake_quantize, lo=-127), "quant.quantize.c1",
-                               "symmetric clamp [-127, 127]"),
-    "quantize code kept as a float": ("fake_quantize", P(k_fake_quantize, float_code=True), "quant.quantize.c1",
-                                      "rint's -0 survives: -0.4 comes back as -0, not +0"),
+    "quantize half away": (
+        "fake_quantize",
+        P(k_fake_quantize, half_away=True),
+        "quant.quantize.c1",
+        "round half away from zero",
+    ),
+    "quantize clamp at -127": (
+        "fake_quantize",
+        P(k_fake_quantize, lo=-127),
+        "quant.quantize.c1",
+        "symmetric clamp [-127, 127]",
+    ),
+    "quantize code kept as a float": (
+        "fake_quantize",
+        P(k_fake_quantize, float_code=True),
+        "quant.quantize.c1",
+        "rint's -0 survives: -0.4 comes back as -0, not +0",
+    ),
     "quantize x / s": ("fake_quantize", P(k_fake_quantize, divide=True), "quant.quantize.c1", "x / s"),
-    "STE range [-127, 127]": ("fake_quantize_backward", P(k_fake_quantize_backward, lo=-127), "quant.ste.c1",
-                              "blocks code -128"),
+    "STE range [-127, 127]": (
+        "fake_quantize_backward",
+        P(k_fake_quantize_backward, lo=-127),
+        "quant.ste.c1",
+        "blocks code -128",
+    ),
     "AdamW bias powers t + 1": ("adamw_update", P(k_adamw, powers=1), "optim.adamw.bias.c1", "beta^(t+1)"),
     "AdamW bias powers t - 1": ("adamw_update", P(k_adamw, powers=-1), "optim.adamw.bias.c1", "beta^(t-1)"),
     "AdamW eps inside sqrt": ("adamw_update", P(k_adamw, eps_inside=True), "optim.adamw.c1", "sqrt(v_hat + eps)"),
     "AdamW coupled decay": ("adamw_update", P(k_adamw, coupled=True), "optim.adamw.c1", "L2: wd*p in the gradient"),
     "Philox 7 rounds": ("rng_philox", P(k_philox, rounds=7), "rng.philox.c1", "Philox4x32-7"),
-    "Philox key bumped first": ("rng_philox", P(k_philox, bump_first=True), "rng.philox.c1",
-                                "the key is bumped before round 1"),
-    "stream and sub swapped": ("rng_words", P(k_words, swap_ids=True), "rng.counter.c1",
-                               "counter = (.., stream, sub)"),
+    "Philox key bumped first": (
+        "rng_philox",
+        P(k_philox, bump_first=True),
+        "rng.philox.c1",
+        "the key is bumped before round 1",
+    ),
+    "stream and sub swapped": ("rng_words", P(k_words, swap_ids=True), "rng.counter.c1", "counter = (.., stream, sub)"),
     "unit as f32(w) * 2^-32": ("rng_unit", P(k_unit, scale_32=True), "rng.unit.c1", "all 32 bits, rounded"),
-    "symmetric from 23 bits": ("rng_symmetric", P(k_symmetric, shift9=True), "rng.symmetric.c1",
-                               "(w >> 9) - 2^22, times 2^-22"),
+    "symmetric from 23 bits": (
+        "rng_symmetric",
+        P(k_symmetric, shift9=True),
+        "rng.symmetric.c1",
+        "(w >> 9) - 2^22, times 2^-22",
+    ),
     "bounded by modulo": ("rng_bounded", P(k_bounded, modulo=True), "rng.bounded.c1", "w mod n, no rejection"),
-    "bounded n = 1 is free": ("rng_bounded", P(k_bounded, n1_free=True), "rng.bounded.c1",
-                              "n = 1 consumes no word"),
-    "permutation ascending": ("rng_permutation", P(k_permutation, ascending=True), "rng.permutation.c1",
-                              "for i = 0 .. N-2, j in [i, N)"),
+    "bounded n = 1 is free": ("rng_bounded", P(k_bounded, n1_free=True), "rng.bounded.c1", "n = 1 consumes no word"),
+    "permutation ascending": (
+        "rng_permutation",
+        P(k_permutation, ascending=True),
+        "rng.permutation.c1",
+        "for i = 0 .. N-2, j in [i, N)",
+    ),
 }
 
 # Readings that differ in the text but not in the bits: (op, kernel, the argument).
 EQUIVALENT = {
-    "exp underflows at x <= -88": ("exp", exp_variant(le_underflow=True),
-                                   "[num.exp.c1] e^-88 < 2^-126, so the algorithm's result at x = -88 is "
-                                   "subnormal and flushes to +0: both branches give +0"),
-    "tanh polynomial at a <= 0.75": ("tanh", tanh_variant(le_branch=True),
-                                     "[num.tanh.c1] the branches differ only at a = 0.75 exactly, where the "
-                                     "polynomial and 1 - 2 recip(exp(1.5) + 1) both give f32(0x3F22991F)"),
-    "tanh branch one ulp low": ("tanh", tanh_variant(small=nn.f32(0x3F3FFFFF)),
-                                "[num.tanh.c1] a < 0x3F3FFFFF moves one input, a = 0x3F3FFFFF, to the exp form, "
-                                "which gives the polynomial's bits there"),
-    "sigmoid branch at x > 0": ("sigmoid", sigmoid_variant(branch_at_positive=True),
-                                "[num.sigmoid.c1] the branches differ only at x = +-0, where recip(1 + exp(-0)) "
-                                "and 1 - 1*(1*recip(2)) are both exactly 0.5"),
-    "recip via float64": ("recip", k_recip_f64,
-                          "[num.recip.c1] 1/x rounded to binary64 then to binary32 is correctly rounded: double "
-                          "rounding of a quotient is innocuous when 53 >= 2*24 + 2 (Figueroa 1995)"),
+    "exp underflows at x <= -88": (
+        "exp",
+        exp_variant(le_underflow=True),
+        "[num.exp.c1] e^-88 < 2^-126, so the algorithm's result at x = -88 is "
+        "subnormal and flushes to +0: both branches give +0",
+    ),
+    "tanh polynomial at a <= 0.75": (
+        "tanh",
+        tanh_variant(le_branch=True),
+        "[num.tanh.c1] the branches differ only at a = 0.75 exactly, where the "
+        "polynomial and 1 - 2 recip(exp(1.5) + 1) both give f32(0x3F22991F)",
+    ),
+    "tanh branch one ulp low": (
+        "tanh",
+        tanh_variant(small=nn.f32(0x3F3FFFFF)),
+        "[num.tanh.c1] a < 0x3F3FFFFF moves one input, a = 0x3F3FFFFF, to the exp form, "
+        "which gives the polynomial's bits there",
+    ),
+    "sigmoid branch at x > 0": (
+        "sigmoid",
+        sigmoid_variant(branch_at_positive=True),
+        "[num.sigmoid.c1] the branches differ only at x = +-0, where recip(1 + exp(-0)) "
+        "and 1 - 1*(1*recip(2)) are both exactly 0.5",
+    ),
+    "recip via float64": (
+        "recip",
+        k_recip_f64,
+        "[num.recip.c1] 1/x rounded to binary64 then to binary32 is correctly rounded: double "
+        "rounding of a quotient is innocuous when 53 >= 2*24 + 2 (Figueroa 1995)",
+    ),
     "sqrt via float64": ("sqrt", k_sqrt_f64, "[num.sqrt.c1] the same double-rounding argument for square roots"),
-    "symmetric as (2 unit(w) - 1) a": ("rng_symmetric", k_symmetric_via_unit,
-                                       "[rng.symmetric.c1] 2 unit(w) = (w >> 8) 2^-23 and the subtraction of 1 "
-                                       "are exact (24-bit integers times 2^-23), so only the product by a rounds"),
-    "STE passes dy * 1": ("fake_quantize_backward", P(k_fake_quantize_backward, times_one=True),
-                          "[quant.ste.c1] dy * 1 is exact for every loaded dy (-0, inf, canonical NaN; "
-                          "subnormals are zeroed on loading)"),
+    "symmetric as (2 unit(w) - 1) a": (
+        "rng_symmetric",
+        k_symmetric_via_unit,
+        "[rng.symmetric.c1] 2 unit(w) = (w >> 8) 2^-23 and the subtraction of 1 "
+        "are exact (24-bit integers times 2^-23), so only the product by a rounds",
+    ),
+    "STE passes dy * 1": (
+        "fake_quantize_backward",
+        P(k_fake_quantize_backward, times_one=True),
+        "[quant.ste.c1] dy * 1 is exact for every loaded dy (-0, inf, canonical NaN; subnormals are zeroed on loading)",
+    ),
 }
 
 
 # ---- the bf16 profile (spec/08-bf16.txt): transcriptions and wrong readings ------------------------
+
 
 def h_load(h, zero=True, canon=True):
     """[bf16.load.c1] [bf16.widen.c1] bf16 bits -> binary32: subnormals zeroed, NaN canonical."""
@@ -889,7 +1094,7 @@ def k_bf16_matmul(A, B, acc_bf16=False, zero=True, fused=False):
     A, B = h_load(A, zero), h_load(B, zero)  # not k_matmul: its [num.load.c1] would zero them again
     acc = np.full((A.shape[0], B.shape[1]), F32(-0.0))
     for k in range(A.shape[1]):
-        a, b = A[:, k:k + 1], B[k:k + 1, :]
+        a, b = A[:, k : k + 1], B[k : k + 1, :]
         acc = fma(a, b, acc) if fused else add(acc, mul(a, b))
         acc = h_load(h_round(acc)) if acc_bf16 else acc
     return np.where(np.asarray(A.shape[1] == 0), F32(0), acc).astype(F32)
@@ -924,8 +1129,9 @@ def k_bf16_attention_forward(q, k, v, round_p=False):
         p = h_load(h_round(att))
         T = att.shape[-1]
         for t in range(T):
-            out[..., t, :] = seq_rows(np.swapaxes(mul(p[..., t, :t + 1, None], v[..., :t + 1, :]), -1, -2)
-                                      .reshape(-1, t + 1)).reshape(out[..., t, :].shape)
+            out[..., t, :] = seq_rows(
+                np.swapaxes(mul(p[..., t, : t + 1, None], v[..., : t + 1, :]), -1, -2).reshape(-1, t + 1)
+            ).reshape(out[..., t, :].shape)
     return h_round(out), att
 
 
@@ -939,44 +1145,108 @@ def k_bf16_linear_backward(dy, x, W, dw_bf16=False):
     return h_round(dx), (h_load(h_round(dW)) if dw_bf16 else dW), db
 
 
-CORRECT.update({
-    "bf16_encode": k_bf16_encode, "bf16_decode": k_bf16_decode, "bf16_add": k_bf16_add,
-    "bf16_matmul": k_bf16_matmul, "bf16_linear_forward": k_bf16_linear_forward,
-    "bf16_softmax_forward": k_bf16_softmax_forward, "bf16_attention_forward": k_bf16_attention_forward,
-    "bf16_linear_backward": k_bf16_linear_backward,
-})
-MUTANTS.update({
-    "bf16 encode by truncation": ("bf16_encode", P(k_bf16_encode, mode="trunc"), "bf16.round.c1",
-                                  "drops the low 16 bits"),
-    "bf16 encode ties away": ("bf16_encode", P(k_bf16_encode, mode="away"), "bf16.round.c1",
-                              "rounds half away from zero"),
-    "bf16 encode NaN 0xFFC0": ("bf16_encode", P(k_bf16_encode, nan=0xFFC0), "bf16.round.c1",
-                               "x86's default NaN, upper half"),
-    "bf16 encode NaN payload kept": ("bf16_encode", P(k_bf16_encode, nan=None), "bf16.round.c1",
-                                     "the upper half of the NaN's bits"),
-    "bf16 decode keeps subnormals": ("bf16_decode", P(k_bf16_decode, zero=False), "bf16.load.c1",
-                                     "no input zeroing"),
-    "bf16 decode keeps NaN payloads": ("bf16_decode", P(k_bf16_decode, canon=False), "bf16.load.c1",
-                                       "NaN inputs widened as they are"),
-    "bf16 add by truncation": ("bf16_add", P(k_bf16_add, mode="trunc"), "bf16.round.c1", "drops the low 16 bits"),
-    "bf16 add ties away": ("bf16_add", P(k_bf16_add, mode="away"), "bf16.round.c1", "rounds half away from zero"),
-    "bf16 matmul keeps subnormals": ("bf16_matmul", P(k_bf16_matmul, zero=False), "bf16.load.c1",
-                                     "bf16 subnormal inputs not zeroed"),
-    "bf16 matmul fused multiply-add": ("bf16_matmul", P(k_bf16_matmul, fused=True), "num.nofma.c1",
-                                       "exact bf16 products, but a product below 2^-126 is added unflushed"),
-    "bf16 matmul accumulates in bf16": ("bf16_matmul", P(k_bf16_matmul, acc_bf16=True), "bf16.matmul.c1",
-                                        "the accumulator rounded to bf16 after every addition"),
-    "bf16 linear rounds x·Wᵀ before the bias": ("bf16_linear_forward", P(k_bf16_linear_forward, round_product=True),
-                                                "bf16.ops.c1", "two roundings: the product, then the sum"),
-    "bf16 linear ties away": ("bf16_linear_forward", P(k_bf16_linear_forward, mode="away"), "bf16.round.c1",
-                              "rounds half away from zero"),
-    "bf16 softmax rounds exponentials": ("bf16_softmax_forward", P(k_bf16_softmax_forward, round_exp=True),
-                                         "bf16.ops.c1", "exp(x - m) stored in bf16 before the sum"),
-    "bf16 attention rounds probabilities": ("bf16_attention_forward", P(k_bf16_attention_forward, round_p=True),
-                                            "bf16.ops.c1", "att rounded to bf16 before att·v"),
-    "bf16 linear backward keeps dW in bf16": ("bf16_linear_backward", P(k_bf16_linear_backward, dw_bf16=True),
-                                              "bf16.tensors.c1", "dW rounded to bf16"),
-})
+CORRECT.update(
+    {
+        "bf16_encode": k_bf16_encode,
+        "bf16_decode": k_bf16_decode,
+        "bf16_add": k_bf16_add,
+        "bf16_matmul": k_bf16_matmul,
+        "bf16_linear_forward": k_bf16_linear_forward,
+        "bf16_softmax_forward": k_bf16_softmax_forward,
+        "bf16_attention_forward": k_bf16_attention_forward,
+        "bf16_linear_backward": k_bf16_linear_backward,
+    }
+)
+MUTANTS.update(
+    {
+        "bf16 encode by truncation": (
+            "bf16_encode",
+            P(k_bf16_encode, mode="trunc"),
+            "bf16.round.c1",
+            "drops the low 16 bits",
+        ),
+        "bf16 encode ties away": (
+            "bf16_encode",
+            P(k_bf16_encode, mode="away"),
+            "bf16.round.c1",
+            "rounds half away from zero",
+        ),
+        "bf16 encode NaN 0xFFC0": (
+            "bf16_encode",
+            P(k_bf16_encode, nan=0xFFC0),
+            "bf16.round.c1",
+            "x86's default NaN, upper half",
+        ),
+        "bf16 encode NaN payload kept": (
+            "bf16_encode",
+            P(k_bf16_encode, nan=None),
+            "bf16.round.c1",
+            "the upper half of the NaN's bits",
+        ),
+        "bf16 decode keeps subnormals": (
+            "bf16_decode",
+            P(k_bf16_decode, zero=False),
+            "bf16.load.c1",
+            "no input zeroing",
+        ),
+        "bf16 decode keeps NaN payloads": (
+            "bf16_decode",
+            P(k_bf16_decode, canon=False),
+            "bf16.load.c1",
+            "NaN inputs widened as they are",
+        ),
+        "bf16 add by truncation": ("bf16_add", P(k_bf16_add, mode="trunc"), "bf16.round.c1", "drops the low 16 bits"),
+        "bf16 add ties away": ("bf16_add", P(k_bf16_add, mode="away"), "bf16.round.c1", "rounds half away from zero"),
+        "bf16 matmul keeps subnormals": (
+            "bf16_matmul",
+            P(k_bf16_matmul, zero=False),
+            "bf16.load.c1",
+            "bf16 subnormal inputs not zeroed",
+        ),
+        "bf16 matmul fused multiply-add": (
+            "bf16_matmul",
+            P(k_bf16_matmul, fused=True),
+            "num.nofma.c1",
+            "exact bf16 products, but a product below 2^-126 is added unflushed",
+        ),
+        "bf16 matmul accumulates in bf16": (
+            "bf16_matmul",
+            P(k_bf16_matmul, acc_bf16=True),
+            "bf16.matmul.c1",
+            "the accumulator rounded to bf16 after every addition",
+        ),
+        "bf16 linear rounds x·Wᵀ before the bias": (
+            "bf16_linear_forward",
+            P(k_bf16_linear_forward, round_product=True),
+            "bf16.ops.c1",
+            "two roundings: the product, then the sum",
+        ),
+        "bf16 linear ties away": (
+            "bf16_linear_forward",
+            P(k_bf16_linear_forward, mode="away"),
+            "bf16.round.c1",
+            "rounds half away from zero",
+        ),
+        "bf16 softmax rounds exponentials": (
+            "bf16_softmax_forward",
+            P(k_bf16_softmax_forward, round_exp=True),
+            "bf16.ops.c1",
+            "exp(x - m) stored in bf16 before the sum",
+        ),
+        "bf16 attention rounds probabilities": (
+            "bf16_attention_forward",
+            P(k_bf16_attention_forward, round_p=True),
+            "bf16.ops.c1",
+            "att rounded to bf16 before att·v",
+        ),
+        "bf16 linear backward keeps dW in bf16": (
+            "bf16_linear_backward",
+            P(k_bf16_linear_backward, dw_bf16=True),
+            "bf16.tensors.c1",
+            "dW rounded to bf16",
+        ),
+    }
+)
 
 
 # ---- wrong readings of the step clauses (chapters 15, 22, 23) ---------------------------------
@@ -1067,23 +1337,43 @@ def s_clip_one_sum(grads, max_norm):
 
 # name: (patches [(module, attribute path, replacement)], clause misread, what it does)
 STEP_MUTANTS = {
-    "bottom-up final fold": ([("refreplay.training.treefold", "FoldStack.result", s_bottom_up)],
-                             "fold.final.c1", "the stack of blocks folded from the bottom up"),
-    "division by M": ([("refreplay.training.treefold", "scale", s_divide)],
-                      "fold.scale.c1", "the folded sum divided by M"),
-    "mean per micro-batch": ([("refreplay.training.launch.inproc", "InProcess.fold", s_fold_scaled_leaves),
-                              ("refreplay.training.treefold", "scale", s_identity_scale)],
-                             "fold.scale.c1", "each micro-batch times recip(M) before the fold"),
-    "loss summed in order": ([("refreplay.training.launch.inproc", "InProcess.fold", s_loss_in_order)],
-                             "step.loss.c1", "the loss summed left to right, not folded by the tree"),
-    "no clipping": ([("refreplay.ops.optim", "clip_grad_norm", s_no_clip)],
-                    "optim.clip.c1", "gradients never clipped"),
-    "clip without the 1e-6": ([("refreplay.ops.optim", "clip_coefficient", s_clip_coefficient_no_eps)],
-                              "optim.clip.c1", "coef = max_norm * recip(norm)"),
-    "clip norm as one sum": ([("refreplay.ops.optim", "clip_grad_norm", s_clip_one_sum)],
-                             "optim.clip.c1", "one sequential sum of squares over every element"),
+    "bottom-up final fold": (
+        [("refreplay.training.treefold", "FoldStack.result", s_bottom_up)],
+        "fold.final.c1",
+        "the stack of blocks folded from the bottom up",
+    ),
+    "division by M": (
+        [("refreplay.training.treefold", "scale", s_divide)],
+        "fold.scale.c1",
+        "the folded sum divided by M",
+    ),
+    "mean per micro-batch": (
+        [
+            ("refreplay.training.launch.inproc", "InProcess.fold", s_fold_scaled_leaves),
+            ("refreplay.training.treefold", "scale", s_identity_scale),
+        ],
+        "fold.scale.c1",
+        "each micro-batch times recip(M) before the fold",
+    ),
+    "loss summed in order": (
+        [("refreplay.training.launch.inproc", "InProcess.fold", s_loss_in_order)],
+        "step.loss.c1",
+        "the loss summed left to right, not folded by the tree",
+    ),
+    "no clipping": ([("refreplay.ops.optim", "clip_grad_norm", s_no_clip)], "optim.clip.c1", "gradients never clipped"),
+    "clip without the 1e-6": (
+        [("refreplay.ops.optim", "clip_coefficient", s_clip_coefficient_no_eps)],
+        "optim.clip.c1",
+        "coef = max_norm * recip(norm)",
+    ),
+    "clip norm as one sum": (
+        [("refreplay.ops.optim", "clip_grad_norm", s_clip_one_sum)],
+        "optim.clip.c1",
+        "one sequential sum of squares over every element",
+    ),
 }
 # ---- issue 31: readings that passed every vector, and the bf16 twins of every reading ---------------
+
 
 def k_linear_forward_mm(x, W, b, start=F32(-0.0), fused_tail=None):
     """[linear.fwd.c1] y = (x·Wᵀ, [mm.nt.c1] through k_matmul) + b ([mm.bias.c1]);
@@ -1103,12 +1393,14 @@ def plus_zero_sums(fn, which):
     """A kernel whose sums giving the outputs ``which`` (indices) start from
     +0: a sum from +0 differs from one from -0 only where every term is -0,
     so exactly the -0 results of those outputs become +0 ([red.sum.c1])."""
+
     def kernel(*xs):
         out = list(fn(*(load(x) for x in xs)))
         for i in which:
             o = np.asarray(out[i], F32)
             out[i] = np.where((o == 0) & np.signbit(o), F32(0.0), o).astype(F32)
         return tuple(out)
+
     return kernel
 
 
@@ -1117,6 +1409,7 @@ def _ref_op(module, name):
         import importlib
 
         return getattr(importlib.import_module(f"refreplay.ops.{module}"), name)(*xs)
+
     return fn
 
 
@@ -1166,46 +1459,89 @@ def k_cross_entropy_plus_zero_terms(logits, targets):
 _layernorm_backward = _ref_op("norms", "layernorm_backward")
 _rmsnorm_backward = _ref_op("norms", "rmsnorm_backward")
 
-CORRECT.update({
-    "linear_backward": k_linear_backward, "attention_backward": k_attention_backward_recomputed,
-    "layernorm_backward": lambda *xs: _layernorm_backward(*(load(x) for x in xs)),
-    "rmsnorm_backward": lambda *xs: _rmsnorm_backward(*(load(x) for x in xs)),
-})
+CORRECT.update(
+    {
+        "linear_backward": k_linear_backward,
+        "attention_backward": k_attention_backward_recomputed,
+        "layernorm_backward": lambda *xs: _layernorm_backward(*(load(x) for x in xs)),
+        "rmsnorm_backward": lambda *xs: _rmsnorm_backward(*(load(x) for x in xs)),
+    }
+)
 
 # name: (op, kernel, clause, what); the readings of issue 31 (items 3 and 6) that passed every vector
 EDGE_MUTANTS = {
-    "linear sums from +0": ("linear_forward", P(k_linear_forward_mm, start=F32(0.0)), "red.sum.c1",
-                            "y = (+0 + x·Wᵀ) + b: x = -0, W > 0, b = -0 gives +0"),
-    "linear fused in the C mod 8 tail": ("linear_forward", P(k_linear_forward_mm, fused_tail=8), "num.nofma.c1",
-                                         "8-wide blocks unfused, the scalar tail fused, for C >= 64"),
-    "linear backward sums from +0": ("linear_backward", P(k_linear_backward, start=F32(0.0)), "red.sum.c1",
-                                     "dx, dW, db from +0"),
-    "linear backward fused in the K mod 8 tail": ("linear_backward", P(k_linear_backward, fused_tail=8),
-                                                  "num.nofma.c1", "dx and dW fuse their K mod 8 tail, K >= 64"),
-    "layernorm backward dw, db from +0": ("layernorm_backward", plus_zero_sums(_layernorm_backward, (1, 2)),
-                                          "red.sum.c1", "the column sums dw and db start from +0"),
-    "rmsnorm backward dw from +0": ("rmsnorm_backward", plus_zero_sums(_rmsnorm_backward, (1,)), "red.sum.c1",
-                                    "the column sum dw starts from +0"),
-    "log-softmax max from -10000": ("log_softmax_forward", P(k_log_softmax_from, max_from=-10000.0),
-                                    "softmax.log.c1", "running maximum started at -10,000"),
-    "AdamW bias powers in float64": ("adamw_update", k_adamw_f64_powers, "optim.adamw.bias.c1",
-                                     "beta^t in float64, rounded once"),
-    "attention backward recomputes att, mask -1e9": ("attention_backward",
-                                                     P(k_attention_backward_recomputed, mask_fill=-1e9),
-                                                     "attn.mask.c1", "flash-style: att recomputed with a -1e9 fill"),
+    "linear sums from +0": (
+        "linear_forward",
+        P(k_linear_forward_mm, start=F32(0.0)),
+        "red.sum.c1",
+        "y = (+0 + x·Wᵀ) + b: x = -0, W > 0, b = -0 gives +0",
+    ),
+    "linear fused in the C mod 8 tail": (
+        "linear_forward",
+        P(k_linear_forward_mm, fused_tail=8),
+        "num.nofma.c1",
+        "8-wide blocks unfused, the scalar tail fused, for C >= 64",
+    ),
+    "linear backward sums from +0": (
+        "linear_backward",
+        P(k_linear_backward, start=F32(0.0)),
+        "red.sum.c1",
+        "dx, dW, db from +0",
+    ),
+    "linear backward fused in the K mod 8 tail": (
+        "linear_backward",
+        P(k_linear_backward, fused_tail=8),
+        "num.nofma.c1",
+        "dx and dW fuse their K mod 8 tail, K >= 64",
+    ),
+    "layernorm backward dw, db from +0": (
+        "layernorm_backward",
+        plus_zero_sums(_layernorm_backward, (1, 2)),
+        "red.sum.c1",
+        "the column sums dw and db start from +0",
+    ),
+    "rmsnorm backward dw from +0": (
+        "rmsnorm_backward",
+        plus_zero_sums(_rmsnorm_backward, (1,)),
+        "red.sum.c1",
+        "the column sum dw starts from +0",
+    ),
+    "log-softmax max from -10000": (
+        "log_softmax_forward",
+        P(k_log_softmax_from, max_from=-10000.0),
+        "softmax.log.c1",
+        "running maximum started at -10,000",
+    ),
+    "AdamW bias powers in float64": (
+        "adamw_update",
+        k_adamw_f64_powers,
+        "optim.adamw.bias.c1",
+        "beta^t in float64, rounded once",
+    ),
+    "attention backward recomputes att, mask -1e9": (
+        "attention_backward",
+        P(k_attention_backward_recomputed, mask_fill=-1e9),
+        "attn.mask.c1",
+        "flash-style: att recomputed with a -1e9 fill",
+    ),
 }
 MUTANTS.update(EDGE_MUTANTS)
-EQUIVALENT.update({
-    "loss ignored tokens as +0 terms": (
-        "cross_entropy_forward", k_cross_entropy_plus_zero_terms,
-        "[loss.mean.c1] a counted loss is never -0 ([loss.token.c1]: log(s) - a with log(s) >= +0 and a <= 0; "
-        "an exact zero is +0, a subnormal difference flushes to +0, and a = -0 only when another element "
-        "holds the maximum, so s >= 2), hence every partial sum after the first counted term is not -0 and "
-        "adding +0 changes nothing; before it, -0 + +0 = +0 and +0 + loss = -0 + loss"),
-})
+EQUIVALENT.update(
+    {
+        "loss ignored tokens as +0 terms": (
+            "cross_entropy_forward",
+            k_cross_entropy_plus_zero_terms,
+            "[loss.mean.c1] a counted loss is never -0 ([loss.token.c1]: log(s) - a with log(s) >= +0 and a <= 0; "
+            "an exact zero is +0, a subnormal difference flushes to +0, and a = -0 only when another element "
+            "holds the maximum, so s >= 2), hence every partial sum after the first counted term is not -0 and "
+            "adding +0 changes nothing; before it, -0 + +0 = +0 and +0 + loss = -0 + loss",
+        ),
+    }
+)
 
 
 # ---- the bf16 twin of every reading ([bf16.ops.c1]: the binary32 op between the conversions) --------
+
 
 def bf16_twin(op, fn):
     """``fn`` (a kernel of the binary32 ``op``) as the bf16 op: h inputs

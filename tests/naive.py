@@ -6,12 +6,13 @@ nearest-even), followed by the explicit flush of [num.flush.c1]; the
 canonical NaN of [num.nan.c1] is applied to each result.  Nothing here
 imports refreplay, so these share no code with the library.
 """
+
 from __future__ import annotations
 
 import numpy as np
 
 F32 = np.float32
-FLT_MIN = F32(2.0 ** -126)
+FLT_MIN = F32(2.0**-126)
 CANON_NAN = np.array([0x7FC00000], dtype=np.uint32).view(np.float32)[0]
 
 
@@ -97,8 +98,9 @@ def matmul_i8(A, B):
     """Exact integers (Python int), returned as int64 for comparison."""
     I, K = A.shape
     J = B.shape[1]
-    return np.array([[sum(int(A[i, k]) * int(B[k, j]) for k in range(K)) for j in range(J)]
-                     for i in range(I)], dtype=np.int64)
+    return np.array(
+        [[sum(int(A[i, k]) * int(B[k, j]) for k in range(K)) for j in range(J)] for i in range(I)], dtype=np.int64
+    )
 
 
 def bits(x):

@@ -8,6 +8,7 @@ operation followed by the spec's flush and NaN rule, spelled out in Python.
 It is slow and obvious on purpose; the tests compare the compiled library with
 it bit for bit.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -34,9 +35,11 @@ def quiet(fn):
     are expected values here, not accidents.  (Only the chapter-2 functions
     are wrapped; entering errstate for every primitive would triple the
     time.)"""
+
     def wrapper(*args):
         with np.errstate(all="ignore"):
             return fn(*args)
+
     wrapper.__name__ = fn.__name__
     wrapper.__doc__ = fn.__doc__
     return wrapper
@@ -111,8 +114,7 @@ EXP_C = [f32(b) for b in (0x3AB511F7, 0x3C091D06, 0x3D2AAC79, 0x3E2AAA49, 0x3EFF
 SQRT2 = f32(0x3FB504F3)
 LOG_L = [f32(b) for b in (0x3E6EED18, 0x3E922E03, 0x3ECCCCF6, 0x3F2AAAAB)]  # L4..L1
 TANH_SMALL = f32(0x3F400000)
-TANH_T = [f32(b) for b in (0x3AE49BBD, 0xBBFB4E28, 0x3CAFCBB4, 0xBD5CC0CC, 0x3E0886ED,
-                           0xBEAAAAA5)]  # T6..T1
+TANH_T = [f32(b) for b in (0x3AE49BBD, 0xBBFB4E28, 0x3CAFCBB4, 0xBD5CC0CC, 0x3E0886ED, 0xBEAAAAA5)]  # T6..T1
 TRIG_MAX, TWO_OVER_PI = f32(0x46800000), f32(0x3F22F983)
 PIO2 = [f32(b) for b in (0x3FC90000, 0x39FD8000, 0x34A88000, 0x2E85A309)]
 SIN_S = [f32(b) for b in (0x36366C2C, 0xB95007CF, 0x3C088884, 0xBE2AAAAB)]  # S4..S1

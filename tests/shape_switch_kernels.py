@@ -18,6 +18,7 @@ because ``matmul`` is taken.
 - softmax_backward: the sum of dy·y in two blocks above V = 8192
 - bf16_matmul_nt: partial sums rounded to bf16 between two K blocks above K = 8192
 """
+
 import numpy as np
 
 from refreplay import linalg, numerics
@@ -26,9 +27,16 @@ from refreplay.numerics import bf16 as B16, elementwise as E
 from refreplay.ops import loss, norms, optim, softmax as S
 
 THRESHOLD = 4096
-SWITCH = {"aligned_matmul": 128, "rmsnorm_forward": 8192, "layernorm_backward": 512,
-          "cross_entropy_forward": 1024, "embedding_backward": 4096, "adamw_update": 1 << 20,
-          "softmax_backward": 8192, "bf16_matmul_nt": 8192}
+SWITCH = {
+    "aligned_matmul": 128,
+    "rmsnorm_forward": 8192,
+    "layernorm_backward": 512,
+    "cross_entropy_forward": 1024,
+    "embedding_backward": 4096,
+    "adamw_update": 1 << 20,
+    "softmax_backward": 8192,
+    "bf16_matmul_nt": 8192,
+}
 
 
 def _c(x):
@@ -113,7 +121,7 @@ def cross_entropy_forward(logits, targets):
         return losses, np.array([mean], np.float32)
     kept = losses[targets != loss.IGNORE_INDEX]
     h = N // 2
-    a, b = kept[:int((targets[:h] != loss.IGNORE_INDEX).sum())], kept[int((targets[:h] != loss.IGNORE_INDEX).sum()):]
+    a, b = kept[: int((targets[:h] != loss.IGNORE_INDEX).sum())], kept[int((targets[:h] != loss.IGNORE_INDEX).sum()) :]
     halves = [linalg.row_sum(_c(t[None, :]))[0] if t.size else np.float32(-0.0) for t in (a, b)]
     total = E.add(np.float32([halves[0]]), np.float32([halves[1]]))
     return losses, E.mul(total, E.recip(np.float32([count])))

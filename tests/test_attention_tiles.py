@@ -10,6 +10,7 @@ including the future (s > t) of earlier rows, with tiny inputs that force
 the flushing tiles and normal ones that allow the flush-free tile
 ([mm.flush.r1]), and at every thread count.
 """
+
 from __future__ import annotations
 
 import numba
@@ -40,8 +41,10 @@ def bits(a):
 def assert_same_bits(got, want, what=""):
     g, w = bits(got), bits(want)
     bad = np.flatnonzero(g != w)
-    assert bad.size == 0, (f"{what}: {bad.size} of {g.size} differ; first at "
-                           f"{np.unravel_index(bad[0], g.shape)}: {g.flat[bad[0]]:#010x} vs {w.flat[bad[0]]:#010x}")
+    assert bad.size == 0, (
+        f"{what}: {bad.size} of {g.size} differ; first at "
+        f"{np.unravel_index(bad[0], g.shape)}: {g.flat[bad[0]]:#010x} vs {w.flat[bad[0]]:#010x}"
+    )
 
 
 # ---- the oracle: the kernels before the tiles ------------------------------------
@@ -176,8 +179,21 @@ def check(q, k, v, dout, att_in=None):
 
 # ---- inputs ----------------------------------------------------------------------
 
-SPECIALS = np.array([0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000,
-                     0x7F7FFFFF, 0xFF7FFFFF, 0x00800000, 0x80800000, 0x1E3CE508], np.uint32).view(F32)
+SPECIALS = np.array(
+    [
+        0x00000000,
+        0x80000000,
+        0x7F800000,
+        0xFF800000,
+        0x7FC00000,
+        0x7F7FFFFF,
+        0xFF7FFFFF,
+        0x00800000,
+        0x80800000,
+        0x1E3CE508,
+    ],
+    np.uint32,
+).view(F32)
 
 
 def randn(rng, shape, scale):
@@ -262,18 +278,18 @@ def test_tiles_equal_rows_on_the_flush_path(T):
     normal magnitudes make only some tiles flush-free."""
     rng = np.random.default_rng(5 + T)
     for HS in (3, NR, NR + 1):
-        for scale in (F32(2.0 ** -64), F32(2.0 ** -55)):
+        for scale in (F32(2.0**-64), F32(2.0**-55)):
             q, k, v, dout = (randn(rng, (1, 2, T, HS), scale) for _ in range(4))
             check(q, k, v, dout)
             # a head of normal values beside a head of tiny ones
-            q[:, 0] *= F32(2.0 ** 60)
-            k[:, 0] *= F32(2.0 ** 60)
-            dout[:, 1] *= F32(2.0 ** 60)
+            q[:, 0] *= F32(2.0**60)
+            k[:, 0] *= F32(2.0**60)
+            dout[:, 1] *= F32(2.0**60)
             check(q, k, v, dout)
         # products of exactly 2^-126 and just below: the bound's edges
-        q, k, v, dout = (np.full((1, 1, T, HS), F32(2.0 ** -63), F32) for _ in range(4))
+        q, k, v, dout = (np.full((1, 1, T, HS), F32(2.0**-63), F32) for _ in range(4))
         check(q, k, v, dout)
-        q *= F32(2.0 ** -1) if HS > 1 else F32(1.0)
+        q *= F32(2.0**-1) if HS > 1 else F32(1.0)
         check(q, k, v, dout)
 
 

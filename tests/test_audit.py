@@ -1,5 +1,6 @@
 """Audit sampling, certificates and coverage arithmetic (no replay here; the
 end-to-end replay/audit tests are in test_replay.py)."""
+
 import itertools
 import math
 from fractions import Fraction
@@ -20,6 +21,7 @@ def _pkcs1_hex(key):
 
     return key.public.key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.PKCS1).hex()
 
+
 HEAD = "ab" * 32
 BEACON = "00112233445566778899aabbccddeeff"
 
@@ -30,8 +32,10 @@ def test_sampling_is_a_pure_function_and_depends_on_every_input():
     assert a == audit.draw_sample(KEY, HEAD, BEACON, 30, 4)
     assert a.steps == audit.verify_sample(KEY.public, HEAD, BEACON, a.proof, 30, 4)
     assert len(set(a.steps)) == 4 and all(1 <= s <= 30 for s in a.steps) and a.steps == sorted(a.steps)
-    others = {tuple(audit.draw_sample(k, h, b, 30, 4).steps) for k, h, b in [
-        (KEY, "cd" * 32, BEACON), (KEY, HEAD, "ff" + BEACON[2:]), (BOB, HEAD, BEACON)]}
+    others = {
+        tuple(audit.draw_sample(k, h, b, 30, 4).steps)
+        for k, h, b in [(KEY, "cd" * 32, BEACON), (KEY, HEAD, "ff" + BEACON[2:]), (BOB, HEAD, BEACON)]
+    }
     assert tuple(a.steps) not in others
 
 
@@ -80,28 +84,58 @@ def _cert(beacon=BEACON, step=None, key=None, **over):
     step = sample.steps[0] if step is None else step
     hashes = {"state_root": f"{step:064x}", "data_hash": "d" * 64, "chain_link": "c" * 64}
     start = max(k for k in CHECKPOINTS if k < step)
-    ckpts = [{"file": f"checkpoints/step-{k:07d}.safetensors", "step": k, "state_root": f"{k:064x}",
-              "role": "start" if k == start else "recomputed"} for k in CHECKPOINTS if start <= k <= step]
-    fields = dict(run={"chain_head": HEAD, "recipe_sha256": RECIPE, "steps": 20}, step=step,
-                  verdict="verified", replayed=dict(hashes), published=hashes, sample=sample, key=key,
-                  auditor="alice", spec_version="0.1.0", spec_sha256="5" * 64,
-                  refreplay_version="0.1.0", platform=dict(PLATFORM),
-                  checked={"replayed_from": start, "steps": list(range(start + 1, step + 1)),
-                           "checkpoints": ckpts}, warnings=[])
+    ckpts = [
+        {
+            "file": f"checkpoints/step-{k:07d}.safetensors",
+            "step": k,
+            "state_root": f"{k:064x}",
+            "role": "start" if k == start else "recomputed",
+        }
+        for k in CHECKPOINTS
+        if start <= k <= step
+    ]
+    fields = dict(
+        run={"chain_head": HEAD, "recipe_sha256": RECIPE, "steps": 20},
+        step=step,
+        verdict="verified",
+        replayed=dict(hashes),
+        published=hashes,
+        sample=sample,
+        key=key,
+        auditor="alice",
+        spec_version="0.1.0",
+        spec_sha256="5" * 64,
+        refreplay_version="0.1.0",
+        platform=dict(PLATFORM),
+        checked={"replayed_from": start, "steps": list(range(start + 1, step + 1)), "checkpoints": ckpts},
+        warnings=[],
+    )
     fields.update(over)
     return audit.make_certificate(**fields)
 
 
-PLATFORM = {"cpu_model": "AMD EPYC 9B45", "cpu_llvm_name": "znver5", "isa": ["avx", "avx2", "sse2"],
-            "machine": "x86_64", "os": "Linux-6.8.0-x86_64-with-glibc2.39", "cpu_count": 2,
-            "python": "CPython 3.12.3", "numpy": "2.3.1", "numba": "0.62.1", "llvmlite": "0.45.1",
-            "numba_threads": 2, "refreplay": "0.1.0", "source_sha256": "a" * 64, "spec_version": "0.1.0",
-            "spec_sha256": "5" * 64, "device": "cpu"}
+PLATFORM = {
+    "cpu_model": "AMD EPYC 9B45",
+    "cpu_llvm_name": "znver5",
+    "isa": ["avx", "avx2", "sse2"],
+    "machine": "x86_64",
+    "os": "Linux-6.8.0-x86_64-with-glibc2.39",
+    "cpu_count": 2,
+    "python": "CPython 3.12.3",
+    "numpy": "2.3.1",
+    "numba": "0.62.1",
+    "llvmlite": "0.45.1",
+    "numba_threads": 2,
+    "refreplay": "0.1.0",
+    "source_sha256": "a" * 64,
+    "spec_version": "0.1.0",
+    "spec_sha256": "5" * 64,
+    "device": "cpu",
+}
 TRUST = {k.public.fingerprint: k.public for k in (KEY, BOB)}
 
 
-PUBLISHED = {s: {"state_root": f"{s:064x}", "data_hash": "d" * 64, "chain_link": "c" * 64}
-             for s in range(0, 21)}
+PUBLISHED = {s: {"state_root": f"{s:064x}", "data_hash": "d" * 64, "chain_link": "c" * 64} for s in range(0, 21)}
 CHECKPOINTS = (0, 5, 10, 15, 20)
 FACTS = audit.RunFacts(HEAD, 20, PUBLISHED, RECIPE, "0.1.0", frozenset(CHECKPOINTS))
 
@@ -117,8 +151,11 @@ def test_certificates_from_two_auditors_combine():
     assert set(cov.certified) == {c1["step"], c2["step"]}
     # each key certified one of its three sampled steps: both samples are incomplete
     assert cov.sample_sizes == [] and len(cov.incomplete) == 2
-    full = [(f"{k.public.fingerprint}-{s}", _cert(key=k, step=s))
-            for k in (KEY, BOB) for s in audit.draw_sample(k, HEAD, BEACON, 20, 3).steps]
+    full = [
+        (f"{k.public.fingerprint}-{s}", _cert(key=k, step=s))
+        for k in (KEY, BOB)
+        for s in audit.draw_sample(k, HEAD, BEACON, 20, 3).steps
+    ]
     cov = audit.coverage(full, FACTS, TRUST)
     assert not cov.rejected and cov.sample_sizes == [3, 3] and not cov.incomplete, cov.rejected
 
@@ -143,8 +180,15 @@ def test_disagreeing_auditors_are_reported():
     step = c1["step"]
     bob_beacon = next(f"{i:02x}" for i in range(256) if step in audit.draw_sample(BOB, HEAD, f"{i:02x}", 20, 3).steps)
     bad = {"state_root": "0" * 64, "data_hash": "d" * 64, "chain_link": "c" * 64}
-    c2 = _cert(bob_beacon, step=step, key=BOB, verdict="mismatch", replayed=bad, auditor="bob",
-               mismatch={"step": step, "kind": "state", "lines": ["differs"]})
+    c2 = _cert(
+        bob_beacon,
+        step=step,
+        key=BOB,
+        verdict="mismatch",
+        replayed=bad,
+        auditor="bob",
+        mismatch={"step": step, "kind": "state", "lines": ["differs"]},
+    )
     cov = audit.coverage([("a", c1), ("b", c2)], FACTS, TRUST)
     assert not cov.rejected, cov.rejected
     assert step in cov.disagreements and cov.mismatched_steps == [step]
@@ -245,8 +289,9 @@ def test_this_platform_passes_the_platform_check():
 
     fp = dict(doctor.fingerprint(), device="cpu")
     assert set(fp) == set(audit.PLATFORM_FIELDS)
-    cert = _cert(platform=fp, spec_version=spec.version(), spec_sha256=spec.spec_sha256(),
-                 refreplay_version=fp["refreplay"])
+    cert = _cert(
+        platform=fp, spec_version=spec.version(), spec_sha256=spec.spec_sha256(), refreplay_version=fp["refreplay"]
+    )
     facts = audit.RunFacts(HEAD, 20, PUBLISHED, RECIPE, spec.version(), frozenset(CHECKPOINTS), spec.spec_sha256())
     assert _check(cert, facts).ok, _check(cert, facts).problems
 
@@ -272,8 +317,12 @@ def test_a_later_version_that_replays_the_run_may_certify_it():
 
     facts = dataclasses.replace(FACTS, later=(("0.3.0", "7" * 64),))
     later = _cert()
-    for path, value in ((("spec", "version"), "0.3.0"), (("spec", "sha256"), "7" * 64),
-                        (("platform", "spec_version"), "0.3.0"), (("platform", "spec_sha256"), "7" * 64)):
+    for path, value in (
+        (("spec", "version"), "0.3.0"),
+        (("spec", "sha256"), "7" * 64),
+        (("platform", "spec_version"), "0.3.0"),
+        (("platform", "spec_sha256"), "7" * 64),
+    ):
         later = _resigned(later, path, value)
     assert _check(later, facts).ok
     assert not _check(later).ok  # no later version replays the run

@@ -2,6 +2,7 @@
 always wins over faults of localisation aids, hostile input is a clear
 refusal, and damage is attributed to the steps that read it
 ([step.verified.c1], [state.untrusted.c1])."""
+
 import contextlib
 import dataclasses
 import json
@@ -43,8 +44,16 @@ def _cfg():
 def run0(tmp_path_factory):
     path = tmp_path_factory.mktemp("runs") / "r"
     model, tcfg = _cfg()
-    train.train(model, tcfg, steps=STEPS, checkpoint_every=EVERY, out=path, launcher=InProcess(1),
-                byte_cap=SAMPLES * (SEQ + 1), progress=None)
+    train.train(
+        model,
+        tcfg,
+        steps=STEPS,
+        checkpoint_every=EVERY,
+        out=path,
+        launcher=InProcess(1),
+        byte_cap=SAMPLES * (SEQ + 1),
+        progress=None,
+    )
     return path
 
 
@@ -55,7 +64,6 @@ def copy(run0, tmp_path):
     return dst
 
 
-
 def _beacon_for(path, step):
     """A beacon under which the test key's one-step sample is ``step``."""
     head = open_run(path, strict=False).head["chain_link"]
@@ -64,8 +72,20 @@ def _beacon_for(path, step):
 
 def _audit(path, step, out):
     key = auditor_keys.key_files(out.parent / "keys")[0]
-    res = _cli("audit", path, "--sample", 1, "--beacon", _beacon_for(path, step), "--key", key,
-               "--auditor", "eve", "--out", out)
+    res = _cli(
+        "audit",
+        path,
+        "--sample",
+        1,
+        "--beacon",
+        _beacon_for(path, step),
+        "--key",
+        key,
+        "--auditor",
+        "eve",
+        "--out",
+        out,
+    )
     certs = {json.loads(p.read_text())["step"]: json.loads(p.read_text()) for p in out.glob("*.json")}
     return res, certs
 
@@ -77,7 +97,7 @@ def _ckpt(path, k):
 def _flip_bit(ck, name, byte=2):
     raw = bytearray(ck.read_bytes())
     hlen = int.from_bytes(raw[:8], "little")
-    start = json.loads(raw[8:8 + hlen])[name]["data_offsets"][0] + 8 + hlen
+    start = json.loads(raw[8 : 8 + hlen])[name]["data_offsets"][0] + 8 + hlen
     raw[start + byte] ^= 0x10
     ck.write_bytes(bytes(raw))
 
@@ -153,8 +173,13 @@ def _republish_with_edited_root(path, step):
     head = json.loads((path / "head.json").read_text())
     recs[step]["state_root"] = "ab" * 32
     for i in range(step, len(recs)):
-        recs[i]["chain_link"] = sh.chain_link(recs[i - 1]["chain_link"], recs[i]["state_root"],
-                                              recs[i]["data_hash"], head["recipe_sha256"], recs[i]["loss"])
+        recs[i]["chain_link"] = sh.chain_link(
+            recs[i - 1]["chain_link"],
+            recs[i]["state_root"],
+            recs[i]["data_hash"],
+            head["recipe_sha256"],
+            recs[i]["loss"],
+        )
     p.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in recs))
     head["chain_link"] = recs[-1]["chain_link"]
     (path / "head.json").write_text(json.dumps(head))
@@ -163,10 +188,18 @@ def _republish_with_edited_root(path, step):
 SLOW = pytest.mark.slow  # more variants of a case the default run already has
 
 
-@pytest.mark.parametrize("aid", ["trace-garbage", pytest.param("trace-deep", marks=SLOW),
-                                 pytest.param("trace-symlink-out", marks=SLOW), "trace-directory",
-                                 pytest.param("digests-undecodable", marks=SLOW), "digests-symlink-out",
-                                 pytest.param("digests-deep", marks=SLOW)])
+@pytest.mark.parametrize(
+    "aid",
+    [
+        "trace-garbage",
+        pytest.param("trace-deep", marks=SLOW),
+        pytest.param("trace-symlink-out", marks=SLOW),
+        "trace-directory",
+        pytest.param("digests-undecodable", marks=SLOW),
+        "digests-symlink-out",
+        pytest.param("digests-deep", marks=SLOW),
+    ],
+)
 def test_mismatch_wins_over_broken_localisation_aids(copy, aid, tmp_path):
     step = 2
     _republish_with_edited_root(copy, step)
@@ -230,8 +263,10 @@ def test_stream_reader_caps_an_honest_frame_that_expands_too_far(tmp_path):
         untrusted.zstd_frame(_zstd_bomb(), 100, "f")
 
 
-@pytest.mark.parametrize("where,depth", [("recipe.json", 100_000), ("data/manifest.json", 100_000),
-                                         ("steps.jsonl", 2000), ("head.json", 2000)])
+@pytest.mark.parametrize(
+    "where,depth",
+    [("recipe.json", 100_000), ("data/manifest.json", 100_000), ("steps.jsonl", 2000), ("head.json", 2000)],
+)
 def test_deep_json_anywhere_in_a_run_is_refused(copy, where, depth):
     p = copy / where  # (steps.jsonl and head.json have small size limits: a shallower bomb)
     deep = "[" * depth + "]" * depth
@@ -253,8 +288,9 @@ def test_deep_or_odd_certificates_are_rejected_not_crashed(run0, tmp_path):
     (certs / "x.json").mkdir()  # a directory named like a certificate
     (tmp_path / "elsewhere.json").write_text("{}")
     (certs / "link.json").symlink_to(tmp_path / "elsewhere.json")  # leads out of the directory
-    (certs / "types.json").write_text(json.dumps({"format": audit.CERT_FORMAT, "run": [], "step": "1",
-                                                  "verdict": 1, "digest": 5}))
+    (certs / "types.json").write_text(
+        json.dumps({"format": audit.CERT_FORMAT, "run": [], "step": "1", "verdict": 1, "digest": 5})
+    )
     res = _cli("coverage", run0, certs, "--trust", auditor_keys.key_files(tmp_path / "keys")[1])
     _no_trace(res)
     assert res.returncode == 1 and res.stdout.count("REJECTED") == 4, res.stdout
@@ -266,9 +302,9 @@ def test_checkpoint_header_with_a_list_dtype_is_refused(copy):
     ck = _ckpt(copy, 0)
     raw = ck.read_bytes()
     hlen = int.from_bytes(raw[:8], "little")
-    header = raw[8:8 + hlen].replace(b'"dtype":"F32"', b'"dtype":["F32"]', 1)
+    header = raw[8 : 8 + hlen].replace(b'"dtype":"F32"', b'"dtype":["F32"]', 1)
     header += b" " * (-len(header) % 8)
-    ck.write_bytes(len(header).to_bytes(8, "little") + header + raw[8 + hlen:])
+    ck.write_bytes(len(header).to_bytes(8, "little") + header + raw[8 + hlen :])
     res = _cli("trace", copy, "--step", 1)  # reads checkpoint 0 as its input
     assert res.returncode == 2 and "unknown dtype ['F32']" in res.stderr, res.stdout + res.stderr
     _no_trace(res)
@@ -279,8 +315,9 @@ def test_checkpoint_header_with_a_list_dtype_is_refused(copy):
 
 def test_bad_thread_count_in_the_environment_is_a_clear_error(run0):
     env = dict(os.environ, NUMBA_NUM_THREADS="0")
-    out = subprocess.run([sys.executable, "-m", "refreplay", "replay", str(run0), "--step", "1"],
-                         capture_output=True, text=True, env=env)
+    out = subprocess.run(
+        [sys.executable, "-m", "refreplay", "replay", str(run0), "--step", "1"], capture_output=True, text=True, env=env
+    )
     assert out.returncode == 2, out.stdout + out.stderr
     assert "NUMBA_NUM_THREADS='0'" in out.stderr and "Traceback" not in out.stderr, out.stderr
 
@@ -317,6 +354,7 @@ def test_data_tamper_is_reported_at_the_first_step_that_draws_it(copy):
 
     def flip(samples):
         samples[sid, 3] ^= 1
+
     _rewrite_shard(copy, 0, flip)
     res = _cli("replay", copy, "--step", STEPS)  # steps 4..6 never draw the sample
     assert res.returncode == 0 and "VERIFIED" in res.stdout, res.stdout
@@ -416,8 +454,20 @@ def test_vectors_manifest_traversal_is_refused_before_any_read(tmp_path):
     assert not any("secret" in p for p in seen), seen
 
 
-@pytest.mark.parametrize("value,ok", [("1", True), (" 2 ", True), ("4096", True), ("0", False), ("-1", False),
-                                      ("abc", False), ("", False), ("4097", False), ("1e3", False)])
+@pytest.mark.parametrize(
+    "value,ok",
+    [
+        ("1", True),
+        (" 2 ", True),
+        ("4096", True),
+        ("0", False),
+        ("-1", False),
+        ("abc", False),
+        ("", False),
+        ("4097", False),
+        ("1e3", False),
+    ],
+)
 def test_thread_count_values(value, ok):
     from refreplay import environ
     from refreplay.errors import InputError

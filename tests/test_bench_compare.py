@@ -1,4 +1,5 @@
 """benchmarks/compare.py: a row more than 10 % slower relative to its yardstick fails the check."""
+
 import json
 import subprocess
 import sys
@@ -8,8 +9,10 @@ SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "compare.py"
 
 
 def matmul(of_peak_512, of_peak_1024, peak=100.0):
-    rows = [dict(name="square 512", of_peak=of_peak_512, refreplay_gflops=of_peak_512 * peak),
-            dict(name="square 1024", of_peak=of_peak_1024, refreplay_gflops=of_peak_1024 * peak)]
+    rows = [
+        dict(name="square 512", of_peak=of_peak_512, refreplay_gflops=of_peak_512 * peak),
+        dict(name="square 1024", of_peak=of_peak_1024, refreplay_gflops=of_peak_1024 * peak),
+    ]
     return dict(runs=[dict(threads=1, peak_gflops=peak, rows=rows)])
 
 
@@ -20,8 +23,12 @@ def ops(ms, peak):
 def run(tmp_path, old, new, *extra):
     (tmp_path / "old.json").write_text(json.dumps(old))
     (tmp_path / "new.json").write_text(json.dumps(new))
-    return subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "old.json"), str(tmp_path / "new.json"),
-                           *extra], capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), str(tmp_path / "old.json"), str(tmp_path / "new.json"), *extra],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_regressed_row_fails(tmp_path):
@@ -60,8 +67,12 @@ def test_bench_result_against_machine_file(tmp_path):
 def test_bad_input_is_exit_2(tmp_path):
     assert run(tmp_path, {"rows": []}, {"rows": []}).returncode == 2  # nothing comparable
     (tmp_path / "junk.json").write_text("{not json")
-    out = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "junk.json"), str(tmp_path / "junk.json")],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), str(tmp_path / "junk.json"), str(tmp_path / "junk.json")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2 and "Traceback" not in out.stderr
     out = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2

@@ -4,6 +4,7 @@ reference passing every bf16 vector, and wrong kernels failing with the
 diagnosis that names their misreading: PyTorch's native bf16 ops, a
 truncating kernel, a bf16-accumulating kernel, one that keeps bf16
 subnormals and one that rounds an intermediate."""
+
 import json
 import sys
 import textwrap
@@ -30,6 +31,7 @@ def _diagnosis(report, op=None):
 
 # ---- storage ------------------------------------------------------------------------------------
 
+
 def test_vectors_store_bf16_as_BF16_with_manifest_dtype_bf16():
     """[bf16.format.c1] bf16 tensors are BF16 in the file, uint16 bits in
     memory, dtype bf16 in the manifest; the binary32 outputs of
@@ -38,7 +40,7 @@ def test_vectors_store_bf16_as_BF16_with_manifest_dtype_bf16():
     cases = [c for c in m["cases"] if c["op"] == "bf16_add"]
     assert cases and all(t["dtype"] == "bf16" for c in cases for t in c["inputs"] + c["outputs"])
     raw = (store.VECTOR_DIR / "bf16_add.safetensors").read_bytes()
-    header = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
+    header = json.loads(raw[8 : 8 + int.from_bytes(raw[:8], "little")])
     dtypes = {e["dtype"] for k, e in header.items() if k != "__metadata__"}
     assert dtypes == {"BF16"}
     _, loaded = store.load_cases(store.VECTOR_DIR, {"bf16_linear_backward"})
@@ -73,6 +75,7 @@ def test_manifest_dtype_must_match_the_file(tmp_path):
 
 
 # ---- the reference and the adapters -------------------------------------------------------------
+
 
 def test_reference_passes_every_bf16_vector():
     report = rc.check("reference", ops=BF16_OPS)
@@ -112,7 +115,9 @@ def test_python_dispatcher_gets_uint16_and_may_return_ml_dtypes():
 def test_exec_program_reads_and_writes_bf16(tmp_path):
     """[conf.exec.c1] dtype bf16: 2 bytes per element, little-endian bits."""
     prog = tmp_path / "conv"
-    prog.write_text(f"#!{sys.executable}\n" + textwrap.dedent("""
+    prog.write_text(
+        f"#!{sys.executable}\n"
+        + textwrap.dedent("""
         import sys, json, numpy as np
         d = sys.argv[1]
         c = json.load(open(d + "/case.json"))
@@ -124,7 +129,8 @@ def test_exec_program_reads_and_writes_bf16(tmp_path):
         e, f = h & 0x7F80, h & 0x7F
         h = np.where(e == 0, h & 0x8000, np.where((e == 0x7F80) & (f != 0), 0x7FC0, h)).astype(np.uint32)
         (h << 16).astype("<u4").tofile(d + "/out_out.bin")
-    """))
+    """)
+    )
     prog.chmod(0o755)
     report = rc.check(f"exec:{prog}", ops=["bf16_decode", "bf16_encode"])
     n = {op: sum(c["op"] == op for c in store.read_manifest()["cases"]) for op in ("bf16_decode", "bf16_encode")}
@@ -147,24 +153,33 @@ def test_live_and_fuzz_accept_bf16_ops():
 
 # ---- wrong kernels and their diagnosis ------------------------------------------------------------
 
+
 def _misreading(fn):
     def kernel(op, *inputs):
         got = fn(OPS[op], [np.ascontiguousarray(x) for x in inputs])
         if got is None:
             return _reference_dispatch(op, *inputs)
         return got if len(got) > 1 else got[0]
+
     kernel.__name__ = fn.__name__
     return kernel
 
 
-@pytest.mark.parametrize("fn, ops, words, family", [
-    (BV.truncating, ["bf16_encode", "bf16_add", "bf16_linear_forward"], "by truncation", "bf16_rounding"),
-    (BV.rounding_ties_away, ["bf16_encode", "bf16_add"], "ties away from zero", "bf16_rounding"),
-    (BV.accumulating_in_bf16, ["bf16_matmul", "bf16_matmul_nt"], "accumulates in bf16", "bf16_accumulation"),
-    (BV.keeping_subnormals, ["bf16_decode", "bf16_matmul"], "subnormal inputs not zeroed", "bf16_input_zeroing"),
-    (BV.rounding_an_intermediate, ["bf16_softmax_forward", "bf16_attention_forward"], "rounds an intermediate",
-     "bf16_intermediate"),
-])
+@pytest.mark.parametrize(
+    "fn, ops, words, family",
+    [
+        (BV.truncating, ["bf16_encode", "bf16_add", "bf16_linear_forward"], "by truncation", "bf16_rounding"),
+        (BV.rounding_ties_away, ["bf16_encode", "bf16_add"], "ties away from zero", "bf16_rounding"),
+        (BV.accumulating_in_bf16, ["bf16_matmul", "bf16_matmul_nt"], "accumulates in bf16", "bf16_accumulation"),
+        (BV.keeping_subnormals, ["bf16_decode", "bf16_matmul"], "subnormal inputs not zeroed", "bf16_input_zeroing"),
+        (
+            BV.rounding_an_intermediate,
+            ["bf16_softmax_forward", "bf16_attention_forward"],
+            "rounds an intermediate",
+            "bf16_intermediate",
+        ),
+    ],
+)
 def test_a_misreading_fails_its_probes_and_is_named(fn, ops, words, family):
     report = rc.check(_misreading(fn), ops=ops)
     assert not report.conformant
@@ -179,8 +194,17 @@ def test_torch_native_bf16_ops_fail_with_their_cause():
     result (the binary32 accumulator rounded), its ops keep bf16 subnormals
     and NaN payloads and use its own exp/tanh."""
     pytest.importorskip("torch")
-    ops = ["bf16_matmul", "bf16_add", "bf16_gelu_forward", "bf16_layernorm_forward", "bf16_softmax_forward",
-           "bf16_cross_entropy_forward", "bf16_attention_forward", "bf16_encode", "bf16_embedding_forward"]
+    ops = [
+        "bf16_matmul",
+        "bf16_add",
+        "bf16_gelu_forward",
+        "bf16_layernorm_forward",
+        "bf16_softmax_forward",
+        "bf16_cross_entropy_forward",
+        "bf16_attention_forward",
+        "bf16_encode",
+        "bf16_embedding_forward",
+    ]
     report = rc.check("torch", ops=ops)
     assert not report.conformant
     for op in ops:
@@ -211,8 +235,11 @@ def test_a_probe_that_does_not_isolate_is_refused():
     with pytest.raises(ProbeError, match="truncation"):
         check("bf16_add", "bf16_rounding", {"a": ones, "b": ones})  # 1 + 1 = 2: nothing to round
     with pytest.raises(ProbeError, match="accumulates in bf16"):
-        check("bf16_matmul", "bf16_accumulation", {"A": np.full((1, 4), 0x3F80, np.uint16),
-                                                   "B": np.full((4, 1), 0x3F80, np.uint16)})  # 1+1+1+1
+        check(
+            "bf16_matmul",
+            "bf16_accumulation",
+            {"A": np.full((1, 4), 0x3F80, np.uint16), "B": np.full((4, 1), 0x3F80, np.uint16)},
+        )  # 1+1+1+1
     with pytest.raises(ProbeError, match="rounds an intermediate"):
         check("bf16_softmax_forward", "bf16_intermediate", {"x": np.zeros((1, 4), np.uint16)})  # e = 1: exact
 
@@ -220,15 +247,19 @@ def test_a_probe_that_does_not_isolate_is_refused():
 def test_exec_output_of_the_wrong_width_fails_the_case(tmp_path):
     """A bf16 output written as 4-byte floats is the wrong size: the case errs, never passes."""
     prog = tmp_path / "wide"
-    prog.write_text(f"#!{sys.executable}\n" + textwrap.dedent("""
+    prog.write_text(
+        f"#!{sys.executable}\n"
+        + textwrap.dedent("""
         import sys, numpy as np
         d = sys.argv[1]
         np.fromfile(d + "/in_x.bin", "<f4").tofile(d + "/out_out.bin")
-    """))
+    """)
+    )
     prog.chmod(0o755)
     report = rc.check(f"exec:{prog}", ops=["bf16_encode"])
-    assert not report.conformant and report.counts["error"] == sum(c["op"] == "bf16_encode"
-                                                                   for c in store.read_manifest()["cases"])
+    assert not report.conformant and report.counts["error"] == sum(
+        c["op"] == "bf16_encode" for c in store.read_manifest()["cases"]
+    )
     assert "bytes, expected" in report.cases[0]["message"]
 
 
@@ -261,7 +292,8 @@ def test_pytest_plugin_runs_bf16_cases(tmp_path):
     import subprocess
     from pathlib import Path
 
-    (tmp_path / "bf16k.py").write_text(textwrap.dedent("""
+    (tmp_path / "bf16k.py").write_text(
+        textwrap.dedent("""
         import numpy as np
 
         def bf16_decode(x):
@@ -274,13 +306,37 @@ def test_pytest_plugin_runs_bf16_cases(tmp_path):
             sub = (u & 0x7F800000) == 0
             nan = np.isnan(x)
             return np.where(nan, 0x7FC0, np.where(sub, (u >> 16) & 0x8000, u >> 16)).astype(np.uint16)
-    """))
-    env = dict(os.environ, PYTHONPATH=f"{Path(__file__).resolve().parent.parent}{os.pathsep}{tmp_path}",
-               PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
-    p = subprocess.run([sys.executable, "-m", "pytest", "-p", "refreplay.pytest_plugin", "-q", "-rA",
-                        "-p", "no:cacheprovider", "--refreplay-kernel", "bf16k", "--refreplay-op", "bf16_decode",
-                        "--refreplay-op", "bf16_encode"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                       timeout=300)
+    """)
+    )
+    env = dict(
+        os.environ,
+        PYTHONPATH=f"{Path(__file__).resolve().parent.parent}{os.pathsep}{tmp_path}",
+        PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
+    )
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "refreplay.pytest_plugin",
+            "-q",
+            "-rA",
+            "-p",
+            "no:cacheprovider",
+            "--refreplay-kernel",
+            "bf16k",
+            "--refreplay-op",
+            "bf16_decode",
+            "--refreplay-op",
+            "bf16_encode",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 1, p.stdout[-3000:]
     assert "PASSED bf16k::bf16_decode-bf16_input_zeroing-00" in p.stdout
     assert "FAILED bf16k::bf16_encode-bf16_rounding-00" in p.stdout

@@ -8,6 +8,7 @@ Here: that check can fail (a truncating encode is caught), and one bf16
 micro step trained with every op on the device has the CPU's bits
 ([bf16.tensors.c1], [bf16.round.c1]).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -23,8 +24,10 @@ if importlib.util.find_spec("numba_cuda") is None:
     pytest.skip("numba-cuda is not installed (pip install -e '.[cuda]')", allow_module_level=True)
 
 ROOT = Path(__file__).resolve().parents[1]
-MICRO = {"model": {"width": 8, "layers": 1, "heads": 2, "seq_len": 4, "mlp_hidden": 16, "precision": "bf16"},
-         "train": {"micro_batches": 2, "micro_batch_size": 1}}
+MICRO = {
+    "model": {"width": 8, "layers": 1, "heads": 2, "seq_len": 4, "mlp_hidden": 16, "precision": "bf16"},
+    "train": {"micro_batches": 2, "micro_batch_size": 1},
+}
 
 
 def _run(args, sim):
@@ -32,18 +35,19 @@ def _run(args, sim):
     env.pop("NUMBA_ENABLE_CUDASIM", None)
     if sim:
         env["NUMBA_ENABLE_CUDASIM"] = "1"
-    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=900)
+    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
 
 
 def test_device_bf16_check_fails_on_a_truncating_encode():
     """[bf16.round.c1] with the device encode truncating (no rounding), the check fails."""
-    code = ("import sys, numpy as np\n"
-            "from cuda_backend import bf16\n"
-            "from refreplay.testing import cuda_selfcheck as selfcheck\n"
-            "bf16.encode1 = lambda x: np.uint16((np.int64(bf16.shim.bits(bf16.shim.finish(x))) "
-            "& 0xFFFFFFFF) >> 16)\n"
-            "sys.exit(selfcheck.main(['--only', 'bf16']))\n")
+    code = (
+        "import sys, numpy as np\n"
+        "from cuda_backend import bf16\n"
+        "from refreplay.testing import cuda_selfcheck as selfcheck\n"
+        "bf16.encode1 = lambda x: np.uint16((np.int64(bf16.shim.bits(bf16.shim.finish(x))) "
+        "& 0xFFFFFFFF) >> 16)\n"
+        "sys.exit(selfcheck.main(['--only', 'bf16']))\n"
+    )
     proc = _run(["-c", code], sim=True)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "encode bf16 rounding grid" in proc.stdout and "FAIL" in proc.stdout
@@ -60,8 +64,25 @@ def test_bf16_step_on_the_device_has_the_cpu_bits(tmp_path):
     heads = {}
     for device, sim in (("cuda", True), ("cpu", False)):
         out = tmp_path / device
-        proc = _run(["-m", "refreplay", "train", "--config", str(cfg), "--steps", "1", "--out", str(out),
-                     "--byte-cap", "4096", "--quiet", "--device", device], sim)
+        proc = _run(
+            [
+                "-m",
+                "refreplay",
+                "train",
+                "--config",
+                str(cfg),
+                "--steps",
+                "1",
+                "--out",
+                str(out),
+                "--byte-cap",
+                "4096",
+                "--quiet",
+                "--device",
+                device,
+            ],
+            sim,
+        )
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
         heads[device] = json.loads((out / "head.json").read_text())["chain_link"]
     assert heads["cuda"] == heads["cpu"]

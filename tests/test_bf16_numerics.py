@@ -13,14 +13,15 @@ The exhaustive check over all 2^32 binary32 inputs is marked slow: 512
 blocks of 2^23 (one per sign and exponent field), about 0.3 s each on one
 idle core; measured 496 s on the shared 2-core machine at load 3.
 """
+
 import numpy as np
 import pytest
 
 from refreplay.numerics import bf16 as B
 from refreplay.ops import bf16 as OB
 
-TWO128 = 2.0 ** 128
-FLT_MIN = 2.0 ** -126
+TWO128 = 2.0**128
+FLT_MIN = 2.0**-126
 
 
 # ---- the oracle --------------------------------------------------------------------
@@ -37,7 +38,7 @@ def oracle_encode(u: np.ndarray) -> np.ndarray:
     out = np.empty(u.shape, np.uint16)
     nan = np.isnan(x)
     inf = np.isinf(x)
-    sub = (np.abs(x) < FLT_MIN)  # zeros and subnormals: both give a signed zero
+    sub = np.abs(x) < FLT_MIN  # zeros and subnormals: both give a signed zero
     fin = ~(nan | inf | sub)
     m, e = np.frexp(np.abs(x[fin]))  # |x| = m * 2^e, 0.5 <= m < 1
     out[fin] = _round_binade(np.ldexp(m, 8), e - 8, neg[fin])
@@ -114,8 +115,12 @@ def edge_grid() -> np.ndarray:
     kept = np.array([0x00, 0x01, 0x2A, 0x40, 0x7E, 0x7F], np.uint32)
     low = np.array([0x0000, 0x0001, 0x7FFF, 0x8000, 0x8001, 0xFFFF], np.uint32)
     sign = np.array([0, 1], np.uint32)
-    g = (sign[:, None, None, None] << 31) | (exps[None, :, None, None] << 23) \
-        | (kept[None, None, :, None] << 16) | low[None, None, None, :]
+    g = (
+        (sign[:, None, None, None] << 31)
+        | (exps[None, :, None, None] << 23)
+        | (kept[None, None, :, None] << 16)
+        | low[None, None, None, :]
+    )
     return g.reshape(-1)
 
 
@@ -128,10 +133,23 @@ def random_bits(n: int, seed: int) -> np.ndarray:
 
 def test_oracle_on_the_spec_examples():
     """[bf16.round.c1] the worked examples, through the oracle and the library."""
-    x = np.array([0x3F808000, 0x3F818000, 0x3F808001, 0xBF80FFFF, 0x7F7FFFFF, 0x7F7F7FFF,
-                  0xFF800000, 0xFFC12345, 0x00800000, 0x00000001, 0x80000001], np.uint32)
-    want = np.array([0x3F80, 0x3F82, 0x3F81, 0xBF81, 0x7F80, 0x7F7F, 0xFF80, 0x7FC0, 0x0080,
-                     0x0000, 0x8000], np.uint16)
+    x = np.array(
+        [
+            0x3F808000,
+            0x3F818000,
+            0x3F808001,
+            0xBF80FFFF,
+            0x7F7FFFFF,
+            0x7F7F7FFF,
+            0xFF800000,
+            0xFFC12345,
+            0x00800000,
+            0x00000001,
+            0x80000001,
+        ],
+        np.uint32,
+    )
+    want = np.array([0x3F80, 0x3F82, 0x3F81, 0xBF81, 0x7F80, 0x7F7F, 0xFF80, 0x7FC0, 0x0080, 0x0000, 0x8000], np.uint16)
     assert np.array_equal(oracle_encode(x), want)
     assert np.array_equal(B.encode(f32(x)), want)
 
@@ -155,8 +173,7 @@ def _check_encode(u):
     got = B.encode(f32(u))
     want = oracle_encode(u)
     bad = np.flatnonzero(got != want)
-    assert bad.size == 0, [f"0x{int(u[i]):08X} -> 0x{int(got[i]):04X}, oracle 0x{int(want[i]):04X}"
-                           for i in bad[:5]]
+    assert bad.size == 0, [f"0x{int(u[i]):08X} -> 0x{int(got[i]):04X}, oracle 0x{int(want[i]):04X}" for i in bad[:5]]
     # [bf16.round.c1] never a bf16 subnormal
     assert not np.any(((got & 0x7F80) == 0) & ((got & 0x7F) != 0))
 
@@ -170,8 +187,21 @@ def test_encode_random_bits():
 
 
 def test_encode_nan_payloads_and_infinities():
-    payloads = np.array([0x7F800001, 0x7F808000, 0x7FBFFFFF, 0x7FC00000, 0x7FFFFFFF, 0xFF800001,
-                         0xFFC00001, 0xFFFFFFFF, 0x7F800000, 0xFF800000], np.uint32)
+    payloads = np.array(
+        [
+            0x7F800001,
+            0x7F808000,
+            0x7FBFFFFF,
+            0x7FC00000,
+            0x7FFFFFFF,
+            0xFF800001,
+            0xFFC00001,
+            0xFFFFFFFF,
+            0x7F800000,
+            0xFF800000,
+        ],
+        np.uint32,
+    )
     got = B.encode(f32(payloads))
     assert np.array_equal(got[:8], np.full(8, 0x7FC0, np.uint16))
     assert list(got[8:]) == [0x7F80, 0xFF80]
@@ -213,12 +243,20 @@ def test_decode_then_encode_is_the_identity_on_loaded_values():
 # ---- the array forms' contracts ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("fn, bad", [
-    (B.encode, np.zeros(3, np.float64)), (B.encode, np.zeros(3, np.uint32)),
-    (B.encode, [1.0, 2.0]), (B.decode, np.zeros(3, np.int16)), (B.decode, np.zeros(3, np.float32)),
-    (B.load, np.zeros(3, np.uint32)), (B.round_f32, np.zeros(3, np.float16)),
-    (B.round_inplace, np.zeros(3, np.float64)), (B.round_inplace, np.zeros((3, 4), np.float32)[:, ::2]),
-])
+@pytest.mark.parametrize(
+    "fn, bad",
+    [
+        (B.encode, np.zeros(3, np.float64)),
+        (B.encode, np.zeros(3, np.uint32)),
+        (B.encode, [1.0, 2.0]),
+        (B.decode, np.zeros(3, np.int16)),
+        (B.decode, np.zeros(3, np.float32)),
+        (B.load, np.zeros(3, np.uint32)),
+        (B.round_f32, np.zeros(3, np.float16)),
+        (B.round_inplace, np.zeros(3, np.float64)),
+        (B.round_inplace, np.zeros((3, 4), np.float32)[:, ::2]),
+    ],
+)
 def test_array_forms_reject_wrong_dtypes(fn, bad):
     with pytest.raises(TypeError):
         fn(bad)
@@ -287,8 +325,26 @@ def test_bf16_products_are_exact_random_pairs():
     a = g.integers(0, 1 << 16, 512, dtype=np.uint32).astype(np.uint16)
     b = g.integers(0, 1 << 16, 256, dtype=np.uint32).astype(np.uint16)
     # plus values whose products straddle 2^-126 and 2^128
-    edges = np.array([0x0080, 0x0081, 0x3F80, 0x3F81, 0x3FFF, 0x7F7F, 0x7F00, 0x2000, 0x1F80, 0x1FFF,
-                      0x8080, 0xBF81, 0xFF7F, 0x0000, 0x8000], np.uint16)
+    edges = np.array(
+        [
+            0x0080,
+            0x0081,
+            0x3F80,
+            0x3F81,
+            0x3FFF,
+            0x7F7F,
+            0x7F00,
+            0x2000,
+            0x1F80,
+            0x1FFF,
+            0x8080,
+            0xBF81,
+            0xFF7F,
+            0x0000,
+            0x8000,
+        ],
+        np.uint16,
+    )
     assert _check_products(np.concatenate([a, edges]), np.concatenate([b, edges])) > 100_000
 
 
@@ -310,8 +366,9 @@ def test_bf16_products_are_exact_all_patterns_times_slices():
 
 def test_the_binade_oracle_is_the_general_one():
     for sign, field in ((0, 1), (1, 127), (0, 254), (1, 200)):
-        u = (np.uint32(sign << 31) | np.uint32(field << 23)
-             | random_bits(1 << 14, field) & np.uint32(0x7FFFFF)).astype(np.uint32)
+        u = (np.uint32(sign << 31) | np.uint32(field << 23) | random_bits(1 << 14, field) & np.uint32(0x7FFFFF)).astype(
+            np.uint32
+        )
         assert np.array_equal(oracle_encode_binade(u, sign, field), oracle_encode(u))
 
 

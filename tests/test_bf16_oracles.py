@@ -28,6 +28,7 @@ binary32 results sit next to bf16 ties.  Each oracle has wrong readings
 summation order, subnormal inputs kept): each must disagree with the
 reference on these inputs, so the comparison can fail.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -39,7 +40,7 @@ from refreplay.ops import bf16 as OB
 from test_bf16_numerics import oracle_encode
 
 F32 = np.float32
-FLT_MIN = F32(2.0 ** -126)
+FLT_MIN = F32(2.0**-126)
 CANON = np.array([0x7FC00000], np.uint32).view(F32)[0]
 
 
@@ -138,7 +139,7 @@ def o_matmul_nt(A, B, reverse=False, zero=True):
     if K == 0:
         return np.zeros((a.shape[0], b.shape[0]), F32)
     s = np.full((a.shape[0], b.shape[0]), F32(-0.0))
-    for k in (range(K - 1, -1, -1) if reverse else range(K)):
+    for k in range(K - 1, -1, -1) if reverse else range(K):
         s = add(s, mul(a[:, k][:, None], b[:, k][None, :]))
     return s
 
@@ -150,7 +151,7 @@ def o_matmul_tn(A, B, reverse=False, zero=True):
     if K == 0:
         return np.zeros((a.shape[1], b.shape[1]), F32)
     s = np.full((a.shape[1], b.shape[1]), F32(-0.0))
-    for k in (range(K - 1, -1, -1) if reverse else range(K)):
+    for k in range(K - 1, -1, -1) if reverse else range(K):
         s = add(s, mul(a[k][:, None], b[k][None, :]))
     return s
 
@@ -210,13 +211,13 @@ def o_attention_backward(dout, q, k, v, att, mode="even", inner=ident):
     for b in range(Bn):
         for h in range(NH):
             for t in range(T):
-                dp = seq_sum_last(mul(do[b, h, t][None, :], v[b, h, :t + 1]))  # [mm.nt.c1] over d
-                p = att[b, h, t, :t + 1]
+                dp = seq_sum_last(mul(do[b, h, t][None, :], v[b, h, : t + 1]))  # [mm.nt.c1] over d
+                p = att[b, h, t, : t + 1]
                 c = seq_sum_last(mul(dp, p))
                 dz = inner(mul(mul(p, sub(dp, c)), scale))
-                dq[b, h, t] = seq_sum_last(mul(dz[:, None], k[b, h, :t + 1]).T)  # over s increasing
-                dk[b, h, :t + 1] = add(dk[b, h, :t + 1], mul(dz[:, None], q[b, h, t][None, :]))
-                dv[b, h, :t + 1] = add(dv[b, h, :t + 1], mul(p[:, None], do[b, h, t][None, :]))
+                dq[b, h, t] = seq_sum_last(mul(dz[:, None], k[b, h, : t + 1]).T)  # over s increasing
+                dk[b, h, : t + 1] = add(dk[b, h, : t + 1], mul(dz[:, None], q[b, h, t][None, :]))
+                dv[b, h, : t + 1] = add(dv[b, h, : t + 1], mul(p[:, None], do[b, h, t][None, :]))
     return rnd(dq, mode), rnd(dk, mode), rnd(dv, mode)
 
 
@@ -255,19 +256,24 @@ def o_embedding_backward(dout, tokens, V, reverse=False, absent=F32(0.0)):
     d = d.reshape(tk.size, np.shape(dout)[-1])  # C = 0 too (reshape(0, -1) cannot infer)
     nv = int(np.asarray(V).reshape(-1)[0])
     out = np.full((nv, d.shape[1]), F32(-0.0))
-    for i in (range(tk.size - 1, -1, -1) if reverse else range(tk.size)):
+    for i in range(tk.size - 1, -1, -1) if reverse else range(tk.size):
         out[tk[i]] = add(out[tk[i]], d[i])
     out[np.setdiff1d(np.arange(nv), tk)] = absent
     return out
 
 
 ORACLES = {
-    "matmul_nt": o_matmul_nt, "matmul_tn": o_matmul_tn,
-    "layernorm_backward": o_layernorm_backward, "rmsnorm_backward": o_rmsnorm_backward,
-    "softmax_backward": o_softmax_backward, "log_softmax_backward": o_log_softmax_backward,
+    "matmul_nt": o_matmul_nt,
+    "matmul_tn": o_matmul_tn,
+    "layernorm_backward": o_layernorm_backward,
+    "rmsnorm_backward": o_rmsnorm_backward,
+    "softmax_backward": o_softmax_backward,
+    "log_softmax_backward": o_log_softmax_backward,
     "attention_backward": o_attention_backward,
-    "rope_forward": o_rope_forward, "rope_backward": o_rope_backward,
-    "embedding_forward": o_embedding_forward, "embedding_backward": o_embedding_backward,
+    "rope_forward": o_rope_forward,
+    "rope_backward": o_rope_backward,
+    "embedding_forward": o_embedding_forward,
+    "embedding_backward": o_embedding_backward,
 }
 
 # For each op, wrong readings of the spec (keyword arguments of its oracle); each must give
@@ -290,8 +296,9 @@ WRONG = {
 
 # ---- inputs -----------------------------------------------------------------------------------------
 
-SPECIAL_H = np.array([0x0001, 0x807F, 0x0080, 0x8080, 0x7F80, 0xFF80, 0x7FC0, 0x7F81, 0xFFC1, 0x0000, 0x8000,
-                      0x7F7F, 0xFF7F], np.uint16)
+SPECIAL_H = np.array(
+    [0x0001, 0x807F, 0x0080, 0x8080, 0x7F80, 0xFF80, 0x7FC0, 0x7F81, 0xFFC1, 0x0000, 0x8000, 0x7F7F, 0xFF7F], np.uint16
+)
 
 
 def h_values(g, shape, scale=1.0, special=0.0):
@@ -326,20 +333,23 @@ def made_cases(op: str) -> list[tuple]:
             out.append((a, b))
         # bf16 subnormals (zeroed on loading) beside tiny normal values, times large ones: kept
         # subnormals would make products of about 2^-30 where the profile has zeros
-        a = np.where(g.random((4, 16)) < 0.5, subnormal_h(g, (4, 16)), h_values(g, (4, 16), 2.0 ** -120))
-        b = h_values(g, (3, 16), 2.0 ** 100)
+        a = np.where(g.random((4, 16)) < 0.5, subnormal_h(g, (4, 16)), h_values(g, (4, 16), 2.0**-120))
+        b = h_values(g, (3, 16), 2.0**100)
         out.append((a, b) if op == "matmul_nt" else (np.ascontiguousarray(a.T), np.ascontiguousarray(b.T)))
         a, b = h_values(g, (3, 9), 2.0, 0.2), h_values(g, (4, 9), 2.0, 0.2)  # edge patterns: inf, NaN, -0
         out.append((a, b) if op == "matmul_nt" else (np.ascontiguousarray(a.T), np.ascontiguousarray(b.T)))
     elif op in ("layernorm_backward", "rmsnorm_backward"):
         for N, C, special in ((6, 24, 0.0), (5, 33, 0.05)):
-            dout, x, w = h_values(g, (N, C), 1.0, special), h_values(g, (N, C), 2.0, special), \
-                h_values(g, (C,), 1.0, special)
+            dout, x, w = (
+                h_values(g, (N, C), 1.0, special),
+                h_values(g, (N, C), 2.0, special),
+                h_values(g, (C,), 1.0, special),
+            )
             xv = widen(x).astype(np.float64)
             xv = np.where(np.isfinite(xv), xv, 0.0)
             mean = xv.mean(1).astype(F32)  # statistics need only be binary32 inputs: any values do
             rstd = (1.0 / np.sqrt(((xv - xv.mean(1, keepdims=True)) ** 2).mean(1) + 1e-5)).astype(F32)
-            rrms = (1.0 / np.sqrt((xv ** 2).mean(1) + 1e-5)).astype(F32)
+            rrms = (1.0 / np.sqrt((xv**2).mean(1) + 1e-5)).astype(F32)
             out.append((dout, x, w, mean, rstd) if op == "layernorm_backward" else (dout, x, w, rrms))
     elif op in ("softmax_backward", "log_softmax_backward"):
         for N, V, special in ((4, 50, 0.0), (3, 17, 0.05)):
@@ -358,8 +368,15 @@ def made_cases(op: str) -> list[tuple]:
             z = g.standard_normal((Bn, NH, T, T))
             z = np.where(np.tril(np.ones((T, T), bool)), z, -np.inf)
             att = (np.exp(z) / np.exp(z).sum(-1, keepdims=True)).astype(F32)
-            out.append((h_values(g, shp, 1.0, special), h_values(g, shp, 1.0, special),
-                        h_values(g, shp, 1.0, special), h_values(g, shp, 1.0, special), att))
+            out.append(
+                (
+                    h_values(g, shp, 1.0, special),
+                    h_values(g, shp, 1.0, special),
+                    h_values(g, shp, 1.0, special),
+                    h_values(g, shp, 1.0, special),
+                    att,
+                )
+            )
     elif op in ("rope_forward", "rope_backward"):
         for Bn, NH, T, HS, special in ((2, 2, 6, 8, 0.0), (1, 3, 5, 6, 0.05)):
             ang = np.arange(T)[:, None] * 10000.0 ** (-np.arange(HS // 2)[None, :] * 2.0 / HS)
@@ -374,7 +391,7 @@ def made_cases(op: str) -> list[tuple]:
         tokens = np.array([[0, 2, 0, 0, 5], [2, 8, 0, 5, 5]], np.int32)  # ids 1, 3, 4, 6, 7 never occur
         dout = h_values(g, (2, 5, 6), 1.0)
         dout[0, 0] = rnd(np.full(6, 1.0, F32))
-        dout[0, 2] = dout[0, 3] = rnd(np.full(6, 2.0 ** -24, F32))  # 1 + 2^-24 + 2^-24 is 1 in order,
+        dout[0, 2] = dout[0, 3] = rnd(np.full(6, 2.0**-24, F32))  # 1 + 2^-24 + 2^-24 is 1 in order,
         dout[1, 2] = 0x8000  # and 1 + 2^-23 summed backwards (id 0's last term is -0)
         out.append((dout, tokens, np.array([V], np.int32)))
         d2 = h_values(g, (1, 3, 2))
@@ -437,13 +454,14 @@ def test_reference_equals_oracle_on_made_inputs(op):
         assert not bad, f"{op} case {n}: outputs {bad} differ from the oracle"
 
 
-@pytest.mark.parametrize("op, wrong", [(op, w) for op in OPS for w in WRONG[op]],
-                         ids=lambda v: v if isinstance(v, str) else ",".join(
-                             f"{k}={getattr(x, '__name__', x)}" for k, x in v.items()))
+@pytest.mark.parametrize(
+    "op, wrong",
+    [(op, w) for op in OPS for w in WRONG[op]],
+    ids=lambda v: v if isinstance(v, str) else ",".join(f"{k}={getattr(x, '__name__', x)}" for k, x in v.items()),
+)
 def test_a_wrong_reading_disagrees_with_the_reference(op, wrong):
     """The comparison can fail: each wrong reading gives other bits on the made inputs."""
     diffs = 0
     for args in made_cases(op):
         diffs += bool(_same(OB.apply(op, *args), ORACLES[op](*args, **wrong)))
     assert diffs, f"{op} with {wrong} agrees with the reference on every made input"
-

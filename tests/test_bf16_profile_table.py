@@ -1,6 +1,7 @@
 """[bf16.ops.c1] The table of the bf16 profile in the spec's text and the
 reference's ``ops.bf16.PROFILE`` say the same: the same ops, and for each
 the same kind (bf16, binary32, int32) of every input and output in order."""
+
 import re
 
 import pytest
@@ -13,7 +14,7 @@ ROW = re.compile(r"^\s{4}(bf16_\w+(?:,\s*bf16_\w+)*)\s+\(([^)]*)\)\s*->\s*(\([^)
 
 
 def _kinds(group: str) -> str:
-    """"(a h, W h, b i32)" or "y h" -> "hhi"."""
+    """ "(a h, W h, b i32)" or "y h" -> "hhi"."""
     out = []
     for item in group.strip("()").split(","):
         name, kind = item.split()
@@ -37,7 +38,7 @@ def spec_table(text: str) -> dict[str, tuple[str, str]]:
 def check_profile(profile):
     table = spec_table(spec.parse()["bf16.ops.c1"].text())
     assert len(table) >= 25, f"only {len(table)} rows parsed from [bf16.ops.c1]"
-    assert set(table) == set(profile), (sorted(set(table) ^ set(profile)))
+    assert set(table) == set(profile), sorted(set(table) ^ set(profile))
     wrong = {op: (table[op], profile[op]) for op in table if table[op] != profile[op]}
     assert not wrong, f"spec (inputs, outputs) vs PROFILE: {wrong}"
 
@@ -46,12 +47,15 @@ def test_the_profile_table_is_the_spec_table():
     check_profile(OB.PROFILE)
 
 
-@pytest.mark.parametrize("change", [
-    {"add": ("hf", "h")},                        # a kind changed
-    {"rmsnorm_forward": ("hh", "hh")},           # an output's kind changed
-    {"embedding_backward": ("hi", "f")},         # an input dropped
-    {"extra_op": ("h", "h")},                    # an op the spec does not list
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"add": ("hf", "h")},  # a kind changed
+        {"rmsnorm_forward": ("hh", "hh")},  # an output's kind changed
+        {"embedding_backward": ("hi", "f")},  # an input dropped
+        {"extra_op": ("h", "h")},  # an op the spec does not list
+    ],
+)
 def test_a_changed_profile_is_noticed(change):
     with pytest.raises(AssertionError):
         check_profile({**OB.PROFILE, **change})
@@ -62,12 +66,16 @@ def test_a_missing_op_is_noticed():
         check_profile({k: v for k, v in OB.PROFILE.items() if k != "rope_backward"})
 
 
-@pytest.mark.parametrize("edit", [
-    ("bf16_rmsnorm_forward          (x h, w h) -> (out h, rrms f)",
-     "bf16_rmsnorm_forward          (x h, w h) -> (out h, rrms h)"),
-    ("bf16_add                      (a h, b h) -> out h",
-     "bf16_add                      (a h, b f) -> out h"),
-])
+@pytest.mark.parametrize(
+    "edit",
+    [
+        (
+            "bf16_rmsnorm_forward          (x h, w h) -> (out h, rrms f)",
+            "bf16_rmsnorm_forward          (x h, w h) -> (out h, rrms h)",
+        ),
+        ("bf16_add                      (a h, b h) -> out h", "bf16_add                      (a h, b f) -> out h"),
+    ],
+)
 def test_a_changed_row_is_noticed(edit):
     text = spec.parse()["bf16.ops.c1"].text()
     assert edit[0] in text

@@ -13,6 +13,7 @@
    audit verify it; a run whose recipe says fp32, or with a bit flipped in a
    checkpoint, is a mismatch (exit 1).
 """
+
 import dataclasses
 import hashlib
 import json
@@ -43,8 +44,9 @@ VARIANT = dataclasses.replace(SMALL, norm="layer", mlp="swiglu", tied=False, bia
 def _heads(x, j, Bn, T, NH, HS):
     """Part j of rows [N, W] as heads [B, NH, T, HS] (any dtype: bits move exactly)."""
     C = NH * HS
-    return np.ascontiguousarray(x.reshape(Bn, T, -1)[:, :, j * C:(j + 1) * C]
-                                .reshape(Bn, T, NH, HS).transpose(0, 2, 1, 3))
+    return np.ascontiguousarray(
+        x.reshape(Bn, T, -1)[:, :, j * C : (j + 1) * C].reshape(Bn, T, NH, HS).transpose(0, 2, 1, 3)
+    )
 
 
 def _rows(parts, Bn, T):
@@ -127,8 +129,9 @@ def compose(cfg, P, tokens, targets):
         dn2 = _lin_b(du, n2, P, "h.00.mlp.fc", bias, grads)
     else:
         dga, dup = OB.apply("swiglu_backward", dg, ga, up)
-        dn2 = OB.apply("add", _lin_b(dga, n2, P, "h.00.mlp.gate", bias, grads),
-                       _lin_b(dup, n2, P, "h.00.mlp.up", bias, grads))
+        dn2 = OB.apply(
+            "add", _lin_b(dga, n2, P, "h.00.mlp.gate", bias, grads), _lin_b(dup, n2, P, "h.00.mlp.up", bias, grads)
+        )
     dh = OB.apply("add", dh, _norm_b(cfg, dn2, h1, P, "h.00.ln2", s2, grads))
     do = _lin_b(dh, om, P, "h.00.attn.proj", bias, grads)
     dq, dk, dv = OB.apply("attention_backward", _heads(do, 0, Bn, T, NH, HS), q, k, v, att)
@@ -157,8 +160,10 @@ def _bits(a):
 @pytest.mark.parametrize("cfg", [SMALL, VARIANT], ids=["rms-gelu-tied", "layer-swiglu-untied-bias"])
 def test_model_equals_the_profiles_ops_composed(cfg):
     params = init_params(cfg, 3)
-    params = {k: (v + np.float32(0.01) * (np.arange(v.size, dtype=np.float32).reshape(v.shape) % 7))
-              .astype(np.float32) for k, v in params.items()}  # non-trivial norm weights and biases
+    params = {
+        k: (v + np.float32(0.01) * (np.arange(v.size, dtype=np.float32).reshape(v.shape) % 7)).astype(np.float32)
+        for k, v in params.items()
+    }  # non-trivial norm weights and biases
     tokens, targets = _batch(cfg, 4)
     model = Model(cfg)
     work = model.working_params(params)
@@ -241,8 +246,24 @@ STEPS = 2
 
 
 def _train(path, ranks):
-    res = run_cli("train", "--preset", "tiny", "--precision", "bf16", "--steps", STEPS, "--ranks", ranks,
-                  "--out", path, "--byte-cap", 1 << 15, "--checkpoint-every", 1, "--quiet")
+    res = run_cli(
+        "train",
+        "--preset",
+        "tiny",
+        "--precision",
+        "bf16",
+        "--steps",
+        STEPS,
+        "--ranks",
+        ranks,
+        "--out",
+        path,
+        "--byte-cap",
+        1 << 15,
+        "--checkpoint-every",
+        1,
+        "--quiet",
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     return path
 
@@ -256,14 +277,14 @@ def runs(tmp_path_factory):
 def test_bf16_run_is_rank_count_invariant(runs):
     a, b = (open_run(p) for p in runs)
     assert a.recipe.model.precision == "bf16"
-    assert [(r.state_root, r.chain_link, r.loss_hex()) for r in a.records] == \
-        [(r.state_root, r.chain_link, r.loss_hex()) for r in b.records]
+    assert [(r.state_root, r.chain_link, r.loss_hex()) for r in a.records] == [
+        (r.state_root, r.chain_link, r.loss_hex()) for r in b.records
+    ]
     assert a.recipe.ranks == 1 and b.recipe.ranks == 3
 
 
 def test_bf16_differs_from_fp32(runs, tmp_path):
-    res = run_cli("train", "--preset", "tiny", "--steps", 1, "--out", tmp_path / "f", "--byte-cap", 1 << 15,
-                  "--quiet")
+    res = run_cli("train", "--preset", "tiny", "--steps", 1, "--out", tmp_path / "f", "--byte-cap", 1 << 15, "--quiet")
     assert res.returncode == 0, res.stderr
     f, b = open_run(tmp_path / "f"), open_run(runs[0])
     assert f.records[0].state_root == b.records[0].state_root  # state 0 is the masters: the same
@@ -274,9 +295,21 @@ def test_bf16_differs_from_fp32(runs, tmp_path):
 def test_bf16_run_replays_and_audits(runs, tmp_path):
     res = run_cli("replay", runs[1], "--step", STEPS)
     assert res.returncode == 0 and f"VERIFIED: step {STEPS}" in res.stdout, res.stdout + res.stderr
-    res = run_cli("audit", runs[0], "--sample", 1, "--beacon", "c0ffee",
-                  "--key", auditor_keys.key_files(tmp_path / "keys")[0],
-                  "--auditor", "eve", "--out", tmp_path / "certs", "--quiet")
+    res = run_cli(
+        "audit",
+        runs[0],
+        "--sample",
+        1,
+        "--beacon",
+        "c0ffee",
+        "--key",
+        auditor_keys.key_files(tmp_path / "keys")[0],
+        "--auditor",
+        "eve",
+        "--out",
+        tmp_path / "certs",
+        "--quiet",
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     certs = [json.loads(p.read_text()) for p in (tmp_path / "certs").glob("*.json")]
     assert certs and all(c["verdict"] == "verified" for c in certs)
@@ -303,7 +336,7 @@ def test_a_bit_flipped_bf16_checkpoint_is_a_mismatch(runs, tmp_path):
     ck = run / "checkpoints" / f"step-{1:07d}.safetensors"
     raw = bytearray(ck.read_bytes())
     hlen = int.from_bytes(raw[:8], "little")
-    header = json.loads(raw[8:8 + hlen])
+    header = json.loads(raw[8 : 8 + hlen])
     name = sorted(n for n in header if n.startswith("param/"))[0]
     raw[8 + hlen + header[name]["data_offsets"][0] + 1] ^= 0x01  # a low bit: bf16 rounding would hide it
     ck.write_bytes(bytes(raw))
@@ -327,7 +360,7 @@ def test_a_bf16_trace_is_taken_on_the_working_copies(runs, tmp_path):
     t = trace.load_trace(r, 1)
     trainer = r.trainer()
     st = r.load_checkpoint(0)
-    x, _ = trace.inputs_targets(trainer.stream.batch(1)[:trainer.cfg.micro_batch_size])
+    x, _ = trace.inputs_targets(trainer.stream.batch(1)[: trainer.cfg.micro_batch_size])
     work = trainer.model.working_params(st.params)
     emb = B.round_f32(np.ascontiguousarray(work["wte"][x].reshape(-1, trainer.model.cfg.width)))
     first = dict(t["micro_batches"][0])["forward/h.00.ln1"]  # what the first norm saves: (x, rrms)

@@ -13,6 +13,7 @@ block boundaries and at the end, at sizes around the block and around
 PARALLEL_MIN, with 1 and 2 threads ([num.format.c1]: an element's bits never
 depend on another element or on the thread count).
 """
+
 from __future__ import annotations
 
 import numba
@@ -40,8 +41,9 @@ def assert_same_bits(got, want, what=""):
     g, w = bits(got), bits(want)
     assert g.shape == w.shape, (what, g.shape, w.shape)
     bad = np.flatnonzero(g != w)
-    assert bad.size == 0, (f"{what}: {bad.size} of {g.size} differ; first at {bad[0]}: "
-                           f"{g.flat[bad[0]]:#010x} vs {w.flat[bad[0]]:#010x}")
+    assert bad.size == 0, (
+        f"{what}: {bad.size} of {g.size} differ; first at {bad[0]}: {g.flat[bad[0]]:#010x} vs {w.flat[bad[0]]:#010x}"
+    )
 
 
 @pytest.fixture(params=[1, pytest.param(2, marks=pytest.mark.threads)], ids=lambda t: f"threads{t}")
@@ -55,16 +57,46 @@ def threads(request):
 # ---- inputs ---------------------------------------------------------------------
 
 SPECIAL_BITS = [
-    0x00000000, 0x80000000,  # +-0
-    0x7F800000, 0xFF800000,  # +-inf
-    0x7FC00000, 0xFFC00000, 0x7F800001, 0xFFBFFFFF, 0x7FC12345,  # NaNs: quiet, signalling, payloads
-    0x00000001, 0x80000001, 0x007FFFFF, 0x807FFFFF, 0x00400000,  # subnormals
-    0x00800000, 0x80800000, 0x7F7FFFFF, 0xFF7FFFFF,  # smallest normal, largest finite
-    0x3F800000, 0xBF800000, 0x3F000000, 0xBF000000, 0x3F400000, 0xBF400000,  # +-1, +-0.5, tanh switch
-    0x42B17217, 0x42B17218, 0xC2B00000, 0xC2B00001, 0xC2CFF1B5,  # exp overflow / underflow
-    0x4B000000, 0xCB000000, 0x4AFFFFFF, 0x3FC00000, 0x40200000,  # 2^23, rint ties 1.5, 2.5
-    0x46800000, 0x46800001, 0xC6800000,  # sin/cos range 2^14
-    0x33800000, 0x1F800000, 0x5F800000,  # tiny and huge normals
+    0x00000000,
+    0x80000000,  # +-0
+    0x7F800000,
+    0xFF800000,  # +-inf
+    0x7FC00000,
+    0xFFC00000,
+    0x7F800001,
+    0xFFBFFFFF,
+    0x7FC12345,  # NaNs: quiet, signalling, payloads
+    0x00000001,
+    0x80000001,
+    0x007FFFFF,
+    0x807FFFFF,
+    0x00400000,  # subnormals
+    0x00800000,
+    0x80800000,
+    0x7F7FFFFF,
+    0xFF7FFFFF,  # smallest normal, largest finite
+    0x3F800000,
+    0xBF800000,
+    0x3F000000,
+    0xBF000000,
+    0x3F400000,
+    0xBF400000,  # +-1, +-0.5, tanh switch
+    0x42B17217,
+    0x42B17218,
+    0xC2B00000,
+    0xC2B00001,
+    0xC2CFF1B5,  # exp overflow / underflow
+    0x4B000000,
+    0xCB000000,
+    0x4AFFFFFF,
+    0x3FC00000,
+    0x40200000,  # 2^23, rint ties 1.5, 2.5
+    0x46800000,
+    0x46800001,
+    0xC6800000,  # sin/cos range 2^14
+    0x33800000,
+    0x1F800000,
+    0x5F800000,  # tiny and huge normals
 ]
 SPECIALS = np.array(SPECIAL_BITS, np.uint32).view(F32)
 
@@ -83,7 +115,7 @@ def operand(n, rng, kind):
     for s in starts:
         s = max(0, min(s, n - k))
         m = min(k, n - s)
-        x[s:s + m] = rng.permutation(SPECIALS)[:m]
+        x[s : s + m] = rng.permutation(SPECIALS)[:m]
     return x
 
 
@@ -92,8 +124,8 @@ def operands(n, rng, kind):
     a, b = operand(n, rng, kind), operand(n, rng, kind)
     k = len(SPECIALS)
     if n >= k * k:
-        a[:k * k] = np.repeat(SPECIALS, k)
-        b[:k * k] = np.tile(SPECIALS, k)
+        a[: k * k] = np.repeat(SPECIALS, k)
+        b[: k * k] = np.tile(SPECIALS, k)
     return a, b
 
 
@@ -102,30 +134,36 @@ def operands(n, rng, kind):
 
 def _binary_naive(f):
     """One element at a time: out[i] = f(a[i], b[i])."""
+
     @numba.njit
     def naive(a, b):
         out = np.empty_like(a)
         for i in range(a.size):
             out[i] = f(a[i], b[i])
         return out
+
     return naive
 
 
 def _unary_naive(f):
     """One element at a time: out[i] = f(x[i])."""
+
     @numba.njit
     def naive(x):
         out = np.empty_like(x)
         for i in range(x.size):
             out[i] = f(x[i])
         return out
+
     return naive
 
 
 # the scalar functions of [num.*] and chapter 2, applied one element at a time
 BINARY = {name: _binary_naive(getattr(core, name)) for name in ("add", "sub", "mul", "fmax", "fmin")}
-UNARY = {**{name: _unary_naive(getattr(core, name)) for name in ("recip", "sqrt", "rint")},
-         **{name: _unary_naive(getattr(tr, name)) for name in ("exp", "log", "tanh", "sigmoid", "sin", "cos")}}
+UNARY = {
+    **{name: _unary_naive(getattr(core, name)) for name in ("recip", "sqrt", "rint")},
+    **{name: _unary_naive(getattr(tr, name)) for name in ("exp", "log", "tanh", "sigmoid", "sin", "cos")},
+}
 
 
 def paths(name):
@@ -140,7 +178,9 @@ def paths(name):
             out = np.empty_like(xs[0])
             k(*xs, out)
             return out
+
         return run
+
     return {"loop": kernel_path(loop), "blocks": kernel_path(blocks), "public": public}
 
 
@@ -198,8 +238,7 @@ def test_one_and_two_threads_agree():
         runs = []
         for t in THREADS:
             numba.set_num_threads(t)
-            runs.append([elementwise.add(a, b), elementwise.mul(a, b), elementwise.exp(a),
-                         elementwise.sin(b)])
+            runs.append([elementwise.add(a, b), elementwise.mul(a, b), elementwise.exp(a), elementwise.sin(b)])
     finally:
         numba.set_num_threads(keep)
     for got in runs[1:]:
@@ -248,10 +287,8 @@ def adamw_naive(p, g, m, v, lr, beta1, beta2, eps, wd, rbc1, rbc2):
     """[optim.adamw.c1] The update of one element after another, in place."""
     for i in range(p.size):
         m_i = core.add(core.mul(beta1, m[i]), core.mul(core.sub(core.ONE, beta1), g[i]))
-        v_i = core.add(core.mul(beta2, v[i]),
-                       core.mul(core.mul(core.sub(core.ONE, beta2), g[i]), g[i]))
-        update = core.mul(core.mul(m_i, rbc1),
-                          core.recip(core.add(core.sqrt(core.mul(v_i, rbc2)), eps)))
+        v_i = core.add(core.mul(beta2, v[i]), core.mul(core.mul(core.sub(core.ONE, beta2), g[i]), g[i]))
+        update = core.mul(core.mul(m_i, rbc1), core.recip(core.add(core.sqrt(core.mul(v_i, rbc2)), eps)))
         p[i] = core.sub(p[i], core.mul(lr, core.add(update, core.mul(wd, p[i]))))
         m[i] = m_i
         v[i] = v_i

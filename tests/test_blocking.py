@@ -8,6 +8,7 @@ the column-block width), in all three forms, overwriting and accumulating.
 ``plan`` (the driver's own decision) is checked to take the path each shape
 is meant to exercise, so the shapes cannot silently miss a boundary.
 """
+
 import numpy as np
 import pytest
 
@@ -52,8 +53,10 @@ def _fake_sysfs(root, entries):
 
 
 def test_sysfs_reading(tmp_path):
-    root = _fake_sysfs(tmp_path / "a", [("1", "Data", "48K"), ("1", "Instruction", "32K"),
-                                        ("2", "Unified", "2048K"), ("3", "Unified", "105M")])
+    root = _fake_sysfs(
+        tmp_path / "a",
+        [("1", "Data", "48K"), ("1", "Instruction", "32K"), ("2", "Unified", "2048K"), ("3", "Unified", "105M")],
+    )
     assert machine_caches(root) == Caches(48 << 10, 2 << 20, 105 << 20, source=root)
     # a missing or garbled level takes the fallback's size; no file at all: the fallback
     root = _fake_sysfs(tmp_path / "b", [("1", "Data", "lots"), ("2", "Unified", None)])
@@ -93,8 +96,9 @@ def _cases():
     cases = []
     for label, desc in (("small", SMALL), ("intel", INTEL), ("large", LARGE), ("machine", machine_caches())):
         b = blocks_for(desc)
-        cases += [pytest.param(b, shape, id=f"{label}-{shape[0]}x{shape[1]}x{shape[2]}")
-                  for shape in boundary_shapes(b)]
+        cases += [
+            pytest.param(b, shape, id=f"{label}-{shape[0]}x{shape[1]}x{shape[2]}") for shape in boundary_shapes(b)
+        ]
     return cases
 
 
@@ -109,8 +113,9 @@ def test_shapes_cross_every_boundary():
             paths.add(bool(blocked))
             kblocks.add((K + KB - 1) // KB)
             if blocked:
-                cblocks.add((nj + M.panels_per_block(min(KB, K), b.b_block) - 1)
-                            // M.panels_per_block(min(KB, K), b.b_block))
+                cblocks.add(
+                    (nj + M.panels_per_block(min(KB, K), b.b_block) - 1) // M.panels_per_block(min(KB, K), b.b_block)
+                )
         assert paths == {False, True}, desc
         assert {1, 2, 3} <= kblocks, desc
         assert len(cblocks) >= 2 and max(cblocks) >= 3, desc
@@ -123,8 +128,11 @@ def test_blocked_equals_naive(blocks, shape):
     rng = np.random.default_rng(I * 7919 + K * 31 + J)
     A, B, D = edgy(rng, (I, K), 0.05), edgy(rng, (K, J), 0.05), rand(rng, (I, J))
     At, Bt = np.ascontiguousarray(A.T), np.ascontiguousarray(B.T)
-    for api, slow, a, b in [(L.matmul, L.mm_nn_naive, A, B), (L.matmul_nt, L.mm_nt_naive, A, Bt),
-                            (L.matmul_tn, L.mm_tn_naive, At, B)]:
+    for api, slow, a, b in [
+        (L.matmul, L.mm_nn_naive, A, B),
+        (L.matmul_nt, L.mm_nt_naive, A, Bt),
+        (L.matmul_tn, L.mm_tn_naive, At, B),
+    ]:
         for acc in (False, True):
             c_fast, c_slow = D.copy(), D.copy()
             api(a, b, out=c_fast, accumulate=acc, blocks=blocks)

@@ -3,6 +3,7 @@ but whose product is not (width 65,536: hash, chain and head recomputed, as
 a hostile publisher can) is refused by every command that reads a recipe,
 with exit 2 naming the figure, the limit and the override, within seconds
 and under 1 GiB; ``--estimate`` calibrates at any size.  [state.untrusted.c1]"""
+
 import json
 import os
 import subprocess
@@ -30,8 +31,17 @@ def runs(tmp_path_factory):
     """(a tiny 2-step run, the same run republished with width 65,536)."""
     base = tmp_path_factory.mktemp("bounds")
     m, t = presets.preset("tiny")
-    train(m, t, steps=2, checkpoint_every=1, out=base / "tiny", launcher=launch.get("inproc", 1),
-          preset="tiny", byte_cap=1 << 16, progress=None)
+    train(
+        m,
+        t,
+        steps=2,
+        checkpoint_every=1,
+        out=base / "tiny",
+        launcher=launch.get("inproc", 1),
+        preset="tiny",
+        byte_cap=1 << 16,
+        progress=None,
+    )
     import shutil
 
     wide = base / "wide"
@@ -93,14 +103,29 @@ def test_wide_recipe_is_refused_by_every_command_before_allocating(runs, tmp_pat
     commands = [
         ["replay", wide, "--step", "1", "--quiet"],
         ["replay", wide, "--step", "1", "--max-memory", "8", "--quiet"],
-        ["audit", wide, "--sample", "1", "--beacon", "ab", "--key", auditor_keys.key_files(tmp_path / "keys")[0],
-         "--out", tmp_path / "certs", "--quiet"],
+        [
+            "audit",
+            wide,
+            "--sample",
+            "1",
+            "--beacon",
+            "ab",
+            "--key",
+            auditor_keys.key_files(tmp_path / "keys")[0],
+            "--out",
+            tmp_path / "certs",
+            "--quiet",
+        ],
         ["trace", wide, "--step", "1"],
         ["train", "--config", cfg, "--steps", "1", "--out", tmp_path / "never"],
     ]
     for args in commands:
-        p = subprocess.Popen([sys.executable, "-m", "refreplay", *map(str, args)], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, env={**os.environ, "NUMBA_NUM_THREADS": "1"})
+        p = subprocess.Popen(
+            [sys.executable, "-m", "refreplay", *map(str, args)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "NUMBA_NUM_THREADS": "1"},
+        )
         t0 = time.perf_counter()
         try:
             out, err = p.communicate(timeout=120)
@@ -128,21 +153,28 @@ def test_wide_recipe_peak_memory_under_one_gib(runs):
     refusal's footprint; Linux resets the peak with ``clear_refs`` 5 between
     the two calls."""
     _, wide = runs
-    code = ("import sys\n"
-            "from pathlib import Path\n"
-            "from refreplay.cli import main\n"
-            "def hwm():\n"
-            "    for line in Path('/proc/self/status').read_text().splitlines():\n"
-            "        if line.startswith('VmHWM:'):\n"
-            "            return int(line.split()[1])\n"
-            "args = ['replay', sys.argv[1], '--step', '1', '--quiet']\n"
-            "rc1 = main(args)\n"
-            "first = hwm()\n"
-            "Path('/proc/self/clear_refs').write_text('5')\n"
-            "rc2 = main(args)\n"
-            "print(first, hwm(), rc1, rc2)\n")
-    p = subprocess.run([sys.executable, "-c", code, str(wide)], capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "NUMBA_NUM_THREADS": "1"})
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from refreplay.cli import main\n"
+        "def hwm():\n"
+        "    for line in Path('/proc/self/status').read_text().splitlines():\n"
+        "        if line.startswith('VmHWM:'):\n"
+        "            return int(line.split()[1])\n"
+        "args = ['replay', sys.argv[1], '--step', '1', '--quiet']\n"
+        "rc1 = main(args)\n"
+        "first = hwm()\n"
+        "Path('/proc/self/clear_refs').write_text('5')\n"
+        "rc2 = main(args)\n"
+        "print(first, hwm(), rc1, rc2)\n"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code, str(wide)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "NUMBA_NUM_THREADS": "1"},
+    )
     assert p.returncode == 0, p.stderr
     first, kib, rc1, rc2 = map(int, p.stdout.split()[-4:])
     assert (rc1, rc2) == (2, 2), p.stderr
@@ -166,8 +198,9 @@ def test_estimate_of_the_wide_recipe_and_of_gpt2_xl_calibrate_in_seconds(runs):
 
 @pytest.mark.parametrize("width,heads", [(WIDE, 2), (WIDE, 1024), (1 << 20, 1), (96, 3), (1600, 25)])
 def test_calibration_model_is_bounded_at_any_width(width, heads):
-    m = presets.ModelConfig(width=width, heads=heads, mlp_hidden=1 << 20, vocab=1 << 20, layers=1 << 10,
-                            seq_len=1 << 16).validate()
+    m = presets.ModelConfig(
+        width=width, heads=heads, mlp_hidden=1 << 20, vocab=1 << 20, layers=1 << 10, seq_len=1 << 16
+    ).validate()
     small = estimate.calibration_model(m)
     assert small.width <= estimate.CAL_WIDTH and small.mlp_hidden <= estimate.CAL_MLP
     assert small.layers <= estimate.CAL_LAYERS and small.seq_len <= estimate.CAL_SEQ

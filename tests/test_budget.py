@@ -1,6 +1,7 @@
 """Replay within a memory budget and the cost estimate: tensors kept in
 memory-mapped files give the same bits ([step.order.c1], [state.fileread.c1]),
 and ``--estimate`` reports without running."""
+
 import mmap
 
 import numpy as np
@@ -32,8 +33,17 @@ def _mapped(a) -> bool:
 def tiny_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("b") / "run"
     m, t = presets.preset("tiny")
-    s = train(m, t, steps=3, checkpoint_every=2, out=out, launcher=launch.get("inproc", 1), preset="tiny",
-              byte_cap=BYTE_CAP, progress=None)
+    s = train(
+        m,
+        t,
+        steps=3,
+        checkpoint_every=2,
+        out=out,
+        launcher=launch.get("inproc", 1),
+        preset="tiny",
+        byte_cap=BYTE_CAP,
+        progress=None,
+    )
     return out, s
 
 
@@ -95,8 +105,18 @@ def test_mapped_training_gives_the_same_run(tiny_run, tmp_path):
     out, s = tiny_run
     m, t = presets.preset("tiny")
     mem = budget.Memory(True, min_bytes=0)
-    s2 = train(m, t, steps=3, checkpoint_every=2, out=tmp_path / "m", launcher=launch.get("inproc", 2),
-               preset="tiny", byte_cap=BYTE_CAP, progress=None, memory=mem)
+    s2 = train(
+        m,
+        t,
+        steps=3,
+        checkpoint_every=2,
+        out=tmp_path / "m",
+        launcher=launch.get("inproc", 2),
+        preset="tiny",
+        byte_cap=BYTE_CAP,
+        progress=None,
+        memory=mem,
+    )
     assert s2.head == s.head and mem.files > 0
     assert (tmp_path / "m" / "steps.jsonl").read_bytes() == (out / "steps.jsonl").read_bytes()
 
@@ -107,13 +127,39 @@ def test_cli_max_memory_and_estimate(tiny_run, tmp_path, capsys):
     cap = capsys.readouterr()
     assert "memory-mapped files" in cap.out and "VERIFIED" in cap.out
     key = str(auditor_keys.key_files(tmp_path / "keys")[0])
-    assert main(["audit", str(out), "--sample", "1", "--beacon", "ab", "--auditor", "me", "--key", key,
-                 "--out", str(tmp_path / "certs"), "--max-memory", "0.00001", "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "audit",
+                str(out),
+                "--sample",
+                "1",
+                "--beacon",
+                "ab",
+                "--auditor",
+                "me",
+                "--key",
+                key,
+                "--out",
+                str(tmp_path / "certs"),
+                "--max-memory",
+                "0.00001",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     assert main(["replay", str(out), "--step", "3", "--estimate", "--max-memory", "8"]) == 0
     cap = capsys.readouterr()
-    for word in ("FLOPs per step", "bytes moved", "peak memory", "predicted time", "fits in RAM",
-                 "steps 3..3 from the checkpoint at step 2"):
+    for word in (
+        "FLOPs per step",
+        "bytes moved",
+        "peak memory",
+        "predicted time",
+        "fits in RAM",
+        "steps 3..3 from the checkpoint at step 2",
+    ):
         assert word in cap.out
     assert "VERIFIED" not in cap.out
     for bad in ("0", "-1", "lots", "nan"):
@@ -182,7 +228,9 @@ def test_calibration_scales_by_the_step_flops():
         optim = (t.micro_batches + 23) * estimate.param_count(m)
         assert abs(t.micro_batches * micro + optim - step) <= 0.01 * step, name
         assert estimate.micro_flops(m, 1, m.seq_len) < estimate.micro_flops(m, m.layers, m.seq_len)
-        assert estimate.micro_flops(m, m.layers, m.seq_len // 2) < estimate.micro_flops(m, m.layers, m.seq_len) / 2 + \
-            3.0 * m.vocab * m.width * m.seq_len
+        assert (
+            estimate.micro_flops(m, m.layers, m.seq_len // 2)
+            < estimate.micro_flops(m, m.layers, m.seq_len) / 2 + 3.0 * m.vocab * m.width * m.seq_len
+        )
     untied = dataclasses.replace(presets.preset("small")[0], tied=False)
     assert estimate.micro_flops(untied, 1, 64) == estimate.micro_flops(presets.preset("small")[0], 1, 64)

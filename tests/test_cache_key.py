@@ -6,6 +6,7 @@ directory is keyed to the kernel closure instead (``refreplay/_env.py``).
 These tests fail if a compiling module, or a module one of them imports, is
 left out of the key, and if plumbing edits needlessly throw the cache away.
 """
+
 from __future__ import annotations
 
 import ast
@@ -80,8 +81,9 @@ def test_moving_text_keeps_the_key_changing_code_does_not(tmp_path, monkeypatch)
     core = pkg / "numerics" / "core.py"
     text = core.read_text()
     assert "def " in text and "return " in text
-    reflowed = ("# a comment a formatter might move\n"
-                + text.replace("return ", "return  ", 1).replace("\n\n\n", "\n\n\n\n", 1))
+    reflowed = "# a comment a formatter might move\n" + text.replace("return ", "return  ", 1).replace(
+        "\n\n\n", "\n\n\n\n", 1
+    )
     core.write_text(reflowed)
     assert _key_of(pkg, monkeypatch) == base
     # the same call written with a trailing comma and other quotes

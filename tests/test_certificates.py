@@ -8,6 +8,7 @@ with its reason; a publisher holding auditor keys cannot choose the steps
 those keys sample; certificate files are written whole and never through a
 planted link; fuzzed certificates give exit 1 or 2, never a traceback or a
 count."""
+
 import copy
 import dataclasses
 import errno
@@ -41,8 +42,16 @@ def run0(tmp_path_factory):
     model, tcfg = presets.preset("tiny")
     model = dataclasses.replace(model, layers=1, seq_len=16, mlp_hidden=64)
     tcfg = dataclasses.replace(tcfg, micro_batches=2, micro_batch_size=2, warmup_steps=2)
-    train.train(model, tcfg, steps=STEPS, checkpoint_every=EVERY, out=path, launcher=InProcess(1),
-                byte_cap=1 << 14, progress=None)
+    train.train(
+        model,
+        tcfg,
+        steps=STEPS,
+        checkpoint_every=EVERY,
+        out=path,
+        launcher=InProcess(1),
+        byte_cap=1 << 14,
+        progress=None,
+    )
     return path
 
 
@@ -55,8 +64,21 @@ def keydir(tmp_path_factory):
 
 
 def _audit(run, name, keydir, out, k=1, beacon=BEACON):
-    res = run_cli("audit", run, "--sample", k, "--beacon", beacon, "--key", keydir / f"{name}.key",
-                  "--auditor", name, "--out", out, "--quiet")
+    res = run_cli(
+        "audit",
+        run,
+        "--sample",
+        k,
+        "--beacon",
+        beacon,
+        "--key",
+        keydir / f"{name}.key",
+        "--auditor",
+        name,
+        "--out",
+        out,
+        "--quiet",
+    )
     assert res.returncode in (0, 1), res.stdout + res.stderr
     return res
 
@@ -175,7 +197,7 @@ def _tampered_run(run0, tmp_path):
     name = sorted(n for n in tensorio.load(ck)[0] if n.startswith("param/"))[0]
     raw = bytearray(ck.read_bytes())
     hlen = int.from_bytes(raw[:8], "little")
-    raw[json.loads(raw[8:8 + hlen])[name]["data_offsets"][0] + 8 + hlen + 2] ^= 0x10
+    raw[json.loads(raw[8 : 8 + hlen])[name]["data_offsets"][0] + 8 + hlen + 2] ^= 0x10
     ck.write_bytes(bytes(raw))
     return run
 
@@ -192,9 +214,11 @@ def test_a_mismatch_rewritten_as_verified_is_rejected(run0, keydir, tmp_path):
     lie = copy.deepcopy(bad)
     lie["verdict"], lie["replayed"] = "verified", dict(lie["published"])
     del lie["mismatch"]
-    forgeries = {"lie.json": lie,  # rewritten, old signature kept
-                 "lie-mallory.json": _signed(lie, MALLORY),  # rewritten and re-signed by the forger's own key
-                 "lie-alice-key.json": dict(_signed(lie, MALLORY), key=bad["key"])}  # ... claiming alice's key
+    forgeries = {
+        "lie.json": lie,  # rewritten, old signature kept
+        "lie-mallory.json": _signed(lie, MALLORY),  # rewritten and re-signed by the forger's own key
+        "lie-alice-key.json": dict(_signed(lie, MALLORY), key=bad["key"]),
+    }  # ... claiming alice's key
     res = _coverage(run, forgeries, tmp_path, keydir)
     assert res.returncode == 1 and res.stdout.count("REJECTED") == 3, res.stdout
     assert "lie.json: signature does not verify" in res.stdout
@@ -211,8 +235,13 @@ def test_each_kind_of_forgery_is_rejected_with_its_reason(run0, honest, tmp_path
     unsampled = next(s for s in range(1, STEPS + 1) if s not in a1["sampling"]["steps"])
     legacy = {k: v for k, v in a1.items() if k not in ("signature", "key")}
     legacy["format"] = "refreplay-certificate/2"
-    legacy["sampling"] = {"beacon": BEACON, "secret": "01", "k": 2, "steps": a1["sampling"]["steps"],
-                          "method": "refreplay-audit-sample/1"}
+    legacy["sampling"] = {
+        "beacon": BEACON,
+        "secret": "01",
+        "k": 2,
+        "steps": a1["sampling"]["steps"],
+        "method": "refreplay-audit-sample/1",
+    }
     legacy["digest"] = "0" * 64
     other_head = "ee" * 32
     platform = dict(a1["platform"], os=5)
@@ -224,8 +253,10 @@ def test_each_kind_of_forgery_is_rejected_with_its_reason(run0, honest, tmp_path
         "resealed-own-key": (_signed(a1, MALLORY), "unknown key"),
         "unknown-key": (_signed(dict(a1, auditor="mallory"), MALLORY), "unknown key"),
         "mis-sampled": (_signed(a1, ALICE, step=unsampled), "mis-sampled"),
-        "steps-listed": (_signed(a1, ALICE, sampling=dict(a1["sampling"], steps=[unsampled])),
-                         "does not reproduce the listed steps"),
+        "steps-listed": (
+            _signed(a1, ALICE, sampling=dict(a1["sampling"], steps=[unsampled])),
+            "does not reproduce the listed steps",
+        ),
         "proof-of-alice-under-bob": (_signed(a1, BOB), "sampling evidence unusable"),
         "other-run": (_signed(a1, ALICE, run=dict(a1["run"], chain_head=other_head)), "another run"),
         "other-recipe": (_signed(a1, ALICE, run=dict(a1["run"], recipe_sha256="f" * 64)), "another run"),
@@ -259,10 +290,17 @@ def test_a_key_has_one_sample_per_run(run0, honest, keydir, tmp_path):
     of them rejected; `--beacon` rejects certificates of any other beacon."""
     [b1] = _of(honest, BOB)
     head = open_run(run0).head["chain_link"]
-    other = next(f"{i:02x}" for i in range(1, 256)
-                 if audit.draw_sample(BOB, head, f"{i:02x}", STEPS, 1).steps != b1["sampling"]["steps"])
-    second = _certificate_for(open_run(run0), audit.draw_sample(BOB, head, other, STEPS, 1).steps[0],
-                              audit.draw_sample(BOB, head, other, STEPS, 1), BOB)
+    other = next(
+        f"{i:02x}"
+        for i in range(1, 256)
+        if audit.draw_sample(BOB, head, f"{i:02x}", STEPS, 1).steps != b1["sampling"]["steps"]
+    )
+    second = _certificate_for(
+        open_run(run0),
+        audit.draw_sample(BOB, head, other, STEPS, 1).steps[0],
+        audit.draw_sample(BOB, head, other, STEPS, 1),
+        BOB,
+    )
     facts, trust = audit.run_facts(open_run(run0)), {BOB.public.fingerprint: BOB.public}
     assert audit.check_certificate(second, facts, trust).ok  # valid alone: a second sample of the key
     res = _coverage(run0, {"first.json": b1, "second.json": second}, tmp_path, keydir)
@@ -304,17 +342,34 @@ def _certificate_for(r, step, sample, key):
     rec = r.records[step]
     hashes = {"state_root": rec.state_root, "data_hash": rec.data_hash, "chain_link": rec.chain_link}
     start = max(k for k in (0, EVERY, STEPS) if k < step)
-    ckpts = [{"file": f"{CKPT_DIR}/{checkpoint_name(k)}", "step": k, "state_root": r.records[k].state_root,
-              "role": "start" if k == start else "recomputed"} for k in (0, EVERY, STEPS) if start <= k <= step]
+    ckpts = [
+        {
+            "file": f"{CKPT_DIR}/{checkpoint_name(k)}",
+            "step": k,
+            "state_root": r.records[k].state_root,
+            "role": "start" if k == start else "recomputed",
+        }
+        for k in (0, EVERY, STEPS)
+        if start <= k <= step
+    ]
     from refreplay import __version__, doctor, spec
 
     return audit.make_certificate(
-        run={"chain_head": r.head["chain_link"], "recipe_sha256": r.recipe_sha256, "steps": STEPS}, step=step,
-        verdict="verified", replayed=dict(hashes), published=hashes, sample=sample, auditor="pub", key=key,
-        spec_version=spec.version(), spec_sha256=spec.spec_sha256(), refreplay_version=__version__,
+        run={"chain_head": r.head["chain_link"], "recipe_sha256": r.recipe_sha256, "steps": STEPS},
+        step=step,
+        verdict="verified",
+        replayed=dict(hashes),
+        published=hashes,
+        sample=sample,
+        auditor="pub",
+        key=key,
+        spec_version=spec.version(),
+        spec_sha256=spec.spec_sha256(),
+        refreplay_version=__version__,
         platform=dict(doctor.fingerprint(), device="cpu"),
         checked={"replayed_from": start, "steps": list(range(start + 1, step + 1)), "checkpoints": ckpts},
-        warnings=[])
+        warnings=[],
+    )
 
 
 def test_no_other_signature_of_the_sampling_message_verifies():
@@ -331,12 +386,15 @@ def test_no_other_signature_of_the_sampling_message_verifies():
     n = ALICE.public.key.public_numbers().n
     s = int.from_bytes(proof, "big")
     size = ALICE.public.size
-    others = [(s + n).to_bytes(size + 1, "big"),  # the same residue, one byte longer
-              (n - s).to_bytes(size, "big"),
-              b"\0" + proof, proof[1:] if proof[0] == 0 else proof[:-1],
-              ALICE.key.sign(msg, padding.PSS(padding.MGF1(hashes.SHA256()), padding.PSS.MAX_LENGTH), hashes.SHA256()),
-              BOB.sign(msg)]
-    others += [bytes(proof[:i]) + bytes([proof[i] ^ 1]) + proof[i + 1:] for i in (0, size // 2, size - 1)]
+    others = [
+        (s + n).to_bytes(size + 1, "big"),  # the same residue, one byte longer
+        (n - s).to_bytes(size, "big"),
+        b"\0" + proof,
+        proof[1:] if proof[0] == 0 else proof[:-1],
+        ALICE.key.sign(msg, padding.PSS(padding.MGF1(hashes.SHA256()), padding.PSS.MAX_LENGTH), hashes.SHA256()),
+        BOB.sign(msg),
+    ]
+    others += [bytes(proof[:i]) + bytes([proof[i] ^ 1]) + proof[i + 1 :] for i in (0, size // 2, size - 1)]
     for other in others:
         assert not ALICE.public.verify(msg, other)
         with pytest.raises(audit.InputError, match="not the key's signature"):
@@ -348,8 +406,20 @@ def test_no_other_signature_of_the_sampling_message_verifies():
 def test_a_freely_chosen_secret_selects_nothing(run0, keydir, tmp_path):
     """The old `--secret` is gone: grinding it cannot change a sample."""
     with pytest.raises(SystemExit) as exc:
-        run_cli("audit", run0, "--sample", 1, "--beacon", BEACON, "--key", keydir / "alice.key",
-                "--secret", "01", "--out", tmp_path / "c")
+        run_cli(
+            "audit",
+            run0,
+            "--sample",
+            1,
+            "--beacon",
+            BEACON,
+            "--key",
+            keydir / "alice.key",
+            "--secret",
+            "01",
+            "--out",
+            tmp_path / "c",
+        )
     assert exc.value.code == 2
     assert not hasattr(audit, "sample_steps") and not hasattr(audit, "seal")
 
@@ -360,20 +430,29 @@ def test_keys_that_are_not_auditor_keys_are_refused(kind, run0, honest, tmp_path
     from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
 
     pem = serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-    text = {"ed25519": lambda: ed25519.Ed25519PrivateKey.generate().public_key().public_bytes(*pem),
-            "rsa-1024": lambda: rsa.generate_private_key(65537, 1024).public_key().public_bytes(*pem),
-            "rsa-e3": lambda: rsa.generate_private_key(3, 2048).public_key().public_bytes(*pem),
-            "private": lambda: ALICE.pem(),
-            "garbage": lambda: b"\xff\xfe not a key",
-            # the same numbers in another DER encoding: would be a second fingerprint of one key
-            "pkcs1-der": lambda: ALICE.public.key.public_bytes(serialization.Encoding.DER,
-                                                               serialization.PublicFormat.PKCS1).hex().encode()}[kind]()
+    text = {
+        "ed25519": lambda: ed25519.Ed25519PrivateKey.generate().public_key().public_bytes(*pem),
+        "rsa-1024": lambda: rsa.generate_private_key(65537, 1024).public_key().public_bytes(*pem),
+        "rsa-e3": lambda: rsa.generate_private_key(3, 2048).public_key().public_bytes(*pem),
+        "private": lambda: ALICE.pem(),
+        "garbage": lambda: b"\xff\xfe not a key",
+        # the same numbers in another DER encoding: would be a second fingerprint of one key
+        "pkcs1-der": lambda: (
+            ALICE.public.key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.PKCS1).hex().encode()
+        ),
+    }[kind]()
     f = tmp_path / "k.pem"
     f.write_bytes(text)
     res = run_cli("coverage", run0, tmp_path, "--trust", f)
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stdout + res.stderr
-    want = {"ed25519": "not an RSA key", "rsa-1024": "1024 bits", "rsa-e3": "exponent 3",
-            "private": "no PEM PUBLIC KEY", "garbage": "neither PEM nor", "pkcs1-der": "canonical DER"}[kind]
+    want = {
+        "ed25519": "not an RSA key",
+        "rsa-1024": "1024 bits",
+        "rsa-e3": "exponent 3",
+        "private": "no PEM PUBLIC KEY",
+        "garbage": "neither PEM nor",
+        "pkcs1-der": "canonical DER",
+    }[kind]
     assert want in res.stderr, res.stderr
 
 
@@ -404,17 +483,28 @@ def test_audit_warns_about_a_private_key_others_can_read(run0, keydir, tmp_path)
     loose = tmp_path / "loose.key"
     shutil.copy(keydir / "alice.key", loose)
     loose.chmod(0o644)
-    res = run_cli("audit", run0, "--sample", 1, "--beacon", BEACON, "--key", loose, "--out", tmp_path / "c",
-                  "--quiet")
+    res = run_cli("audit", run0, "--sample", 1, "--beacon", BEACON, "--key", loose, "--out", tmp_path / "c", "--quiet")
     assert res.returncode == 0 and "can be read by other users" in res.stderr, res.stderr
-    res = run_cli("audit", run0, "--sample", 1, "--beacon", BEACON, "--key", keydir / "alice.key",
-                  "--out", tmp_path / "c", "--quiet")
+    res = run_cli(
+        "audit",
+        run0,
+        "--sample",
+        1,
+        "--beacon",
+        BEACON,
+        "--key",
+        keydir / "alice.key",
+        "--out",
+        tmp_path / "c",
+        "--quiet",
+    )
     assert res.returncode == 0 and "warning" not in res.stderr, res.stderr
 
 
 def test_audit_refuses_a_key_that_is_not_a_private_key(run0, keydir, tmp_path):
-    res = run_cli("audit", run0, "--sample", 1, "--beacon", BEACON, "--key", keydir / "alice.pub.pem",
-                  "--out", tmp_path / "c")
+    res = run_cli(
+        "audit", run0, "--sample", 1, "--beacon", BEACON, "--key", keydir / "alice.pub.pem", "--out", tmp_path / "c"
+    )
     assert res.returncode == 2 and "not a PEM private key" in res.stderr, res.stderr
     assert not (tmp_path / "c").exists()
 
@@ -424,11 +514,17 @@ def test_audit_refuses_an_encrypted_or_foreign_private_key(run0, tmp_path):
     from cryptography.hazmat.primitives.asymmetric import ed25519
 
     enc = tmp_path / "enc.key"
-    enc.write_bytes(ALICE.key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                            serialization.BestAvailableEncryption(b"pw")))
+    enc.write_bytes(
+        ALICE.key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.BestAvailableEncryption(b"pw")
+        )
+    )
     ed = tmp_path / "ed.key"
-    ed.write_bytes(ed25519.Ed25519PrivateKey.generate().private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    ed.write_bytes(
+        ed25519.Ed25519PrivateKey.generate().private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
     for f, words in ((enc, "is encrypted"), (ed, "not an RSA private key")):
         res = run_cli("audit", run0, "--sample", 1, "--beacon", BEACON, "--key", f, "--out", tmp_path / "c")
         assert res.returncode == 2 and words in res.stderr and "Traceback" not in res.stderr, res.stderr
@@ -437,40 +533,53 @@ def test_audit_refuses_an_encrypted_or_foreign_private_key(run0, tmp_path):
 def test_a_link_planted_in_out_is_not_written_through(run0, keydir, tmp_path):
     r = open_run(run0)
     sample = audit.draw_sample(ALICE, r.head["chain_link"], BEACON, STEPS, 1)
-    cert = {"run": {"chain_head": r.head["chain_link"]}, "key": {"fingerprint": ALICE.public.fingerprint},
-            "sampling": {"proof": sample.proof.hex()}, "step": sample.steps[0]}
+    cert = {
+        "run": {"chain_head": r.head["chain_link"]},
+        "key": {"fingerprint": ALICE.public.fingerprint},
+        "sampling": {"proof": sample.proof.hex()},
+        "step": sample.steps[0],
+    }
     out = tmp_path / "out"
     out.mkdir()
     victim = tmp_path / "victim.txt"
     victim.write_text("keep me")
     (out / audit.certificate_name(cert)).symlink_to(victim)
-    res = run_cli("audit", run0, "--sample", 1, "--beacon", BEACON, "--key", keydir / "alice.key",
-                  "--out", out, "--quiet")
+    res = run_cli(
+        "audit", run0, "--sample", 1, "--beacon", BEACON, "--key", keydir / "alice.key", "--out", out, "--quiet"
+    )
     assert res.returncode == 2 and "symbolic link" in res.stderr, res.stdout + res.stderr
     assert victim.read_text() == "keep me" and (out / audit.certificate_name(cert)).is_symlink()
     assert sorted(p.name for p in out.iterdir()) == [audit.certificate_name(cert)]
 
 
-@pytest.mark.parametrize("err,words", [(errno.ENOSPC, "no space left"), (errno.EROFS, "read-only"),
-                                       (errno.EACCES, "permission denied")])
+@pytest.mark.parametrize(
+    "err,words", [(errno.ENOSPC, "no space left"), (errno.EROFS, "read-only"), (errno.EACCES, "permission denied")]
+)
 def test_a_failed_write_is_exit_2_and_leaves_no_file(run0, keydir, tmp_path, monkeypatch, err, words):
     from refreplay import files
 
     def fail(fd):
         raise OSError(err, os.strerror(err))
+
     monkeypatch.setattr(files.os, "fsync", fail)
     out = tmp_path / "out"
-    res = run_cli("audit", run0, "--sample", 1, "--beacon", BEACON, "--key", keydir / "alice.key",
-                  "--out", out, "--quiet")
+    res = run_cli(
+        "audit", run0, "--sample", 1, "--beacon", BEACON, "--key", keydir / "alice.key", "--out", out, "--quiet"
+    )
     assert res.returncode == 2 and words in res.stderr and "Traceback" not in res.stderr, res.stderr
     assert list(out.iterdir()) == []  # no 0-byte certificate, no temporary
 
 
 # ---- fuzz: a damaged certificate is never counted -------------------------------------------------
 
+
 def _fuzz(n):
-    return settings(max_examples=n, deadline=None, database=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+    return settings(
+        max_examples=n,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    )
 
 
 @_fuzz(40)
@@ -528,10 +637,33 @@ def test_concurrent_audits_into_one_directory_keep_every_certificate(run0, keydi
 
     out = tmp_path / "shared"
     env = dict(os.environ, NUMBA_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, "-m", "refreplay", "audit", str(run0), "--sample", "2",
-                               "--beacon", BEACON, "--key", str(keydir / f"{name}.key"), "--auditor", name,
-                               "--out", str(out), "--quiet"], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for name in ("alice", "bob")]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "refreplay",
+                "audit",
+                str(run0),
+                "--sample",
+                "2",
+                "--beacon",
+                BEACON,
+                "--key",
+                str(keydir / f"{name}.key"),
+                "--auditor",
+                name,
+                "--out",
+                str(out),
+                "--quiet",
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name in ("alice", "bob")
+    ]
     try:
         results = [p.communicate(timeout=600) for p in procs]
     finally:

@@ -1,4 +1,5 @@
 """scripts/check-skips: CI fails on a skip whose reason is not allowlisted."""
+
 import subprocess
 import sys
 from pathlib import Path
@@ -26,8 +27,11 @@ def test_allowed_skips_pass(tmp_path):
 
 
 def test_a_skipped_oracle_fails_ci(tmp_path):
-    r = check(tmp_path, '<testcase classname="tests.test_rng" name="test_kat">'
-                        '<skipped type="pytest.skip" message="/work/shared/data/kat.txt not present"/></testcase>')
+    r = check(
+        tmp_path,
+        '<testcase classname="tests.test_rng" name="test_kat">'
+        '<skipped type="pytest.skip" message="/work/shared/data/kat.txt not present"/></testcase>',
+    )
     assert r.returncode == 1 and "NOT ALLOWED: tests.test_rng::test_kat" in r.stdout, r.stdout
 
 

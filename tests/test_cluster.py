@@ -2,6 +2,7 @@
 certificates as the serial audit for any number of workers, unfit workers
 refused, a killed worker's task rerun, a step failing on every try reported,
 disagreeing replicas named.  LocalClusters on loopback, closed in fixtures."""
+
 import dataclasses
 import json
 import os
@@ -36,8 +37,16 @@ def run(tmp_path_factory):
     model = dataclasses.replace(model, layers=1, seq_len=16, mlp_hidden=64)
     tcfg = dataclasses.replace(tcfg, micro_batches=2, micro_batch_size=2, warmup_steps=3)
     path = tmp_path_factory.mktemp("runs") / "r"
-    train.train(model, tcfg, steps=STEPS, checkpoint_every=EVERY, out=path, launcher=InProcess(1),
-                byte_cap=1 << 16, progress=None)
+    train.train(
+        model,
+        tcfg,
+        steps=STEPS,
+        checkpoint_every=EVERY,
+        out=path,
+        launcher=InProcess(1),
+        byte_cap=1 << 16,
+        progress=None,
+    )
     return path
 
 
@@ -54,8 +63,23 @@ def key(keypair):
 @pytest.fixture
 def _audit(run, key):
     def audit(run, out, *extra):
-        return run_cli("audit", run, "--sample", K, "--beacon", BEACON, "--auditor", "alice", "--key", key,
-                       "--out", out, "--quiet", *extra)
+        return run_cli(
+            "audit",
+            run,
+            "--sample",
+            K,
+            "--beacon",
+            BEACON,
+            "--auditor",
+            "alice",
+            "--key",
+            key,
+            "--out",
+            out,
+            "--quiet",
+            *extra,
+        )
+
     return audit
 
 
@@ -71,8 +95,9 @@ def _certs(d):
 @pytest.fixture(scope="module")
 def serial(run, key, tmp_path_factory):
     d = tmp_path_factory.mktemp("serial")
-    a = run_cli("audit", run, "--sample", K, "--beacon", BEACON, "--auditor", "alice", "--key", key,
-                "--out", d, "--quiet")
+    a = run_cli(
+        "audit", run, "--sample", K, "--beacon", BEACON, "--auditor", "alice", "--key", key, "--out", d, "--quiet"
+    )
     assert a.returncode == 0, a.stdout + a.stderr
     certs = _certs(d)
     assert len(certs) == K and all(c["verdict"] == "verified" for c in certs.values())
@@ -82,8 +107,14 @@ def serial(run, key, tmp_path_factory):
 @pytest.fixture
 def local2():
     """A LocalCluster of 2 one-thread worker processes, closed afterwards."""
-    lc = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-                                  dashboard_address=None, env={"NUMBA_NUM_THREADS": "1"})
+    lc = distributed.LocalCluster(
+        n_workers=2,
+        threads_per_worker=1,
+        processes=True,
+        host="127.0.0.1",
+        dashboard_address=None,
+        env={"NUMBA_NUM_THREADS": "1"},
+    )
     try:
         yield lc
     finally:
@@ -142,11 +173,27 @@ ctypes.CDLL({lib!r}).set_csr_bits(ctypes.c_uint(0x8000))
 def _ftz_worker(tmp_path, lib, address):
     pre = tmp_path / "ftz_preload.py"
     pre.write_text(FTZ_PRELOAD.format(lib=str(lib)))
-    return subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", address, "--no-nanny",
-                             "--nthreads", "1", "--host", "127.0.0.1", "--no-dashboard", "--preload", str(pre),
-                             "--death-timeout", "60"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "NUMBA_NUM_THREADS": "1"})
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "distributed.cli.dask_worker",
+            address,
+            "--no-nanny",
+            "--nthreads",
+            "1",
+            "--host",
+            "127.0.0.1",
+            "--no-dashboard",
+            "--preload",
+            str(pre),
+            "--death-timeout",
+            "60",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "NUMBA_NUM_THREADS": "1"},
+    )
 
 
 def _wait_workers(client, n):
@@ -251,7 +298,7 @@ def test_disagreeing_replicas_name_both_platforms(run, serial, tmp_path, monkeyp
     assert a.stdout.count("DISAGREEMENT") == 1
     lines = a.stdout.splitlines()
     i = next(i for i, line in enumerate(lines) if "DISAGREEMENT" in line)
-    both = " ".join(lines[i + 1:i + 3])
+    both = " ".join(lines[i + 1 : i + 3])
     assert "VERIFIED on worker" in both and "MISMATCH on worker" in both and "Injected CPU" in both
     assert len(_certs(tmp_path / "c")) == K - 1
 
@@ -317,8 +364,11 @@ def test_settle_never_drops_a_step():
     from types import SimpleNamespace
 
     def ok(root):
-        res = SimpleNamespace(verified=root == "a", checked=[SimpleNamespace(step=1, state_root=root, chain_link="l")],
-                              divergence=None if root == "a" else SimpleNamespace(step=1, kind="state"))
+        res = SimpleNamespace(
+            verified=root == "a",
+            checked=[SimpleNamespace(step=1, state_root=root, chain_link="l")],
+            divergence=None if root == "a" else SimpleNamespace(step=1, kind="state"),
+        )
         return {"result": res, "platform": {"cpu_model": root}, "worker": root, "seconds": 1.0, "bytes_read": 1}
 
     kinds = [ok("a"), ok("b"), {"failed": "KilledWorker: x"}, {"step": 1, "error": "bad run"}]
@@ -335,8 +385,21 @@ def test_settle_never_drops_a_step():
                 assert len(results) == n and len({t["worker"] for t in results}) == 1
 
 
-@pytest.mark.parametrize("bad", ["", "local:", "local:-1", "local:999", "tcp://", "tcp://h:p", "tcp://a:1:2",
-                                 "local:1x", "tcp://" + "a" * 400 + ":1", "\x00"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "",
+        "local:",
+        "local:-1",
+        "local:999",
+        "tcp://",
+        "tcp://h:p",
+        "tcp://a:1:2",
+        "local:1x",
+        "tcp://" + "a" * 400 + ":1",
+        "\x00",
+    ],
+)
 def test_parse_cluster_refuses_bad_specs(bad):
     from refreplay.errors import InputError
 
@@ -364,8 +427,14 @@ def _where(slow, run_path, head, target, device=None, max_memory=None):
     w = get_worker().address
     if w == slow:
         time.sleep(0.2)
-    return {"step": target, "worker": w, "platform": {}, "seconds": 0.0, "bytes_read": None,
-            "result": types.SimpleNamespace(verified=True, checked=[], divergence=None)}
+    return {
+        "step": target,
+        "worker": w,
+        "platform": {},
+        "seconds": 0.0,
+        "bytes_read": None,
+        "result": types.SimpleNamespace(verified=True, checked=[], divergence=None),
+    }
 
 
 def test_replicas_run_on_different_workers(local2, monkeypatch):
@@ -409,11 +478,18 @@ def test_the_docs_slurm_example_builds_its_cluster_and_job_script():
     dask_jobqueue = pytest.importorskip("dask_jobqueue")  # in the test extra
     text = (Path(__file__).resolve().parents[1] / "docs" / "cluster.md").read_text()
     block = re.search(r"```python\n(from dask_jobqueue import SLURMCluster\n.*?)```", text, re.S).group(1)
-    build = block[:block.index("cluster.scale(")]
+    build = block[: block.index("cluster.scale(")]
     assert "SLURMCluster(" in build and "NUMBA_NUM_THREADS" in build
     ns = {}
-    with dask.config.set({"jobqueue.slurm.scheduler-options": {"host": "127.0.0.1", "dashboard": False,
-                                                                 "dashboard_address": "127.0.0.1:0"}}):
+    with dask.config.set(
+        {
+            "jobqueue.slurm.scheduler-options": {
+                "host": "127.0.0.1",
+                "dashboard": False,
+                "dashboard_address": "127.0.0.1:0",
+            }
+        }
+    ):
         exec(compile(build, "docs/cluster.md", "exec"), ns)
     c = ns["cluster"]
     try:
@@ -434,8 +510,14 @@ def _slow_where(run_path, head, target, device=None, max_memory=None):
     from distributed import get_worker
 
     time.sleep(1.0)
-    return {"step": target, "worker": get_worker().address, "platform": {}, "seconds": 1.0, "bytes_read": None,
-            "result": types.SimpleNamespace(verified=True, checked=[], divergence=None)}
+    return {
+        "step": target,
+        "worker": get_worker().address,
+        "platform": {},
+        "seconds": 1.0,
+        "bytes_read": None,
+        "result": types.SimpleNamespace(verified=True, checked=[], divergence=None),
+    }
 
 
 def test_a_replica_whose_worker_dies_runs_on_another_worker(local2):
@@ -450,8 +532,12 @@ def test_a_replica_whose_worker_dies_runs_on_another_worker(local2):
         before = set(cluster.fit_workers(client))
         victim = sorted(before)[0]
         pid = client.run(os.getpid, workers=[victim])[victim]
-        th = threading.Thread(target=lambda: result.setdefault("out", cluster.run_tasks(
-            client, "/no/run", "k" * 64, targets, replicas=2, task=_slow_where, rejoin=TIMEOUT)))
+        th = threading.Thread(
+            target=lambda: result.setdefault(
+                "out",
+                cluster.run_tasks(client, "/no/run", "k" * 64, targets, replicas=2, task=_slow_where, rejoin=TIMEOUT),
+            )
+        )
         th.start()
         time.sleep(1.5)  # the first replicas are running
         os.kill(pid, signal.SIGKILL)

@@ -2,6 +2,7 @@
 and a C matmul built with contraction fail with the right diagnosis; the
 report, JSON, JUnit and xfail handling ([conf.runner.c1], [conf.exec.c1],
 [conf.diagnosis.r1], [num.nofma.c1], [red.sum.c1], [num.exp.c1])."""
+
 import json
 import shutil
 import subprocess
@@ -67,8 +68,16 @@ def test_torch_transformer_ops_are_negative_controls(tmp_path):
     edge cases that hold NaN payloads and subnormals, which PyTorch copies
     where [num.load.c1] canonicalises and zeroes them."""
     pytest.importorskip("torch")
-    failing = ("gelu_forward", "silu_backward", "layernorm_forward", "rmsnorm_forward", "softmax_forward",
-               "attention_forward", "cross_entropy_backward", "linear_forward")
+    failing = (
+        "gelu_forward",
+        "silu_backward",
+        "layernorm_forward",
+        "rmsnorm_forward",
+        "softmax_forward",
+        "attention_forward",
+        "cross_entropy_backward",
+        "linear_forward",
+    )
     exact = ("embedding_forward", "rope_forward")
     args = [x for op in failing + exact for x in ("--op", op)]
     rc, rep = conform(tmp_path, "torch", *args)
@@ -95,15 +104,31 @@ def c_builds(tmp_path_factory):
         pytest.skip("gcc is not installed: the exec: C matmul check needs a C compiler")
     d = tmp_path_factory.mktemp("c")
     out = {}
-    for name, flags in (("off", ["-O2", "-ffp-contract=off"]),
-                        ("fast", ["-O2", "-march=native", "-ffp-contract=fast"])):
+    for name, flags in (
+        ("off", ["-O2", "-ffp-contract=off"]),
+        ("fast", ["-O2", "-march=native", "-ffp-contract=fast"]),
+    ):
         out[name] = d / f"mm_{name}"
         subprocess.run(["gcc", *flags, "-o", str(out[name]), str(C_SOURCE)], check=True, capture_output=True)
     # whether -march=native fuses depends on the tuning (GCC 12 on Zen 3 does not): fall back to generic
-    if shutil.which("objdump") and "fmadd" not in subprocess.run(["objdump", "-d", str(out["fast"])],
-                                                                capture_output=True, text=True).stdout:
-        subprocess.run(["gcc", "-O2", "-march=native", "-mtune=generic", "-ffp-contract=fast", "-o",
-                        str(out["fast"]), str(C_SOURCE)], check=True, capture_output=True)
+    if (
+        shutil.which("objdump")
+        and "fmadd" not in subprocess.run(["objdump", "-d", str(out["fast"])], capture_output=True, text=True).stdout
+    ):
+        subprocess.run(
+            [
+                "gcc",
+                "-O2",
+                "-march=native",
+                "-mtune=generic",
+                "-ffp-contract=fast",
+                "-o",
+                str(out["fast"]),
+                str(C_SOURCE),
+            ],
+            check=True,
+            capture_output=True,
+        )
     return out
 
 
@@ -114,8 +139,11 @@ def test_c_matmul_without_contraction_passes(tmp_path, c_builds):
 
 def test_c_matmul_with_contraction_fails_with_multiply_add_diagnosis(tmp_path, c_builds):
     exe = c_builds["fast"]
-    dis = subprocess.run(["objdump", "-d", str(exe)], capture_output=True, text=True).stdout \
-        if shutil.which("objdump") else "fma"
+    dis = (
+        subprocess.run(["objdump", "-d", str(exe)], capture_output=True, text=True).stdout
+        if shutil.which("objdump")
+        else "fma"
+    )
     if "fma" not in dis and "fmadd" not in dis:
         pytest.skip("this CPU/compiler emits no fused multiply-add for -march=native")
     rc, rep = conform(tmp_path, f"exec:{exe}", "--op", "matmul")
@@ -144,8 +172,12 @@ def test_exec_writes_language_neutral_case(tmp_path):
     B = np.ones((3, 1), np.float32)
     execproto.write_case(tmp_path, "matmul", "x", [A, B], {"C": ("f32", (2, 1))})
     desc = json.loads((tmp_path / "case.json").read_text())
-    assert desc["op"] == "matmul" and desc["inputs"][0] == {"name": "A", "dtype": "f32", "shape": [2, 3],
-                                                           "file": "in_A.bin"}
+    assert desc["op"] == "matmul" and desc["inputs"][0] == {
+        "name": "A",
+        "dtype": "f32",
+        "shape": [2, 3],
+        "file": "in_A.bin",
+    }
     assert (tmp_path / "in_A.bin").read_bytes() == A.astype("<f4").tobytes()
     assert "input A f32 2 2 3 in_A.bin" in (tmp_path / "case.txt").read_text()
     assert "output C f32 2 2 1 out_C.bin" in (tmp_path / "case.txt").read_text()
@@ -160,7 +192,8 @@ def test_python_callable_kernel_and_errors(tmp_path, monkeypatch):
         "        raise NotImplementedError(op)\n"
         "    return linalg.row_sum(numerics.load(xs[0]))\n"
         "def broken(op, *xs):\n"
-        "    raise RuntimeError('boom')\n")
+        "    raise RuntimeError('boom')\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.syspath_prepend(str(REPO / "examples" / "python_kernel"))
     rc, rep = conform(tmp_path, "mykernels:good", "--op", "sum")
@@ -215,6 +248,7 @@ def test_unknown_op_is_bad_usage():
 
 # ---- the helpers the diagnosis rests on -------------------------------------------
 
+
 def test_fma_emulation_is_exact():
     """fp.fma against exact rationals, including values halfway between
     two binary32 after the float64 sum (where double rounding would err)."""
@@ -223,8 +257,8 @@ def test_fma_emulation_is_exact():
     b = (rng.standard_normal(2000) * 4).astype(np.float32)
     c = (rng.standard_normal(2000) * 4).astype(np.float32)
     # a*b = 1 + 2^-23 + 2^-46 ... : c = -tiny puts the double sum on a float32 midpoint
-    a[:3] = np.float32(1 + 2.0 ** -12)
-    b[:3] = np.float32(1 + 2.0 ** -12)
+    a[:3] = np.float32(1 + 2.0**-12)
+    b[:3] = np.float32(1 + 2.0**-12)
     c[:3] = fp.f32([0xB3800000, 0x33800000, 0xA5800000])
     got = fp.fma(a, b, c)
     for x, y, z, g in zip(a, b, c, got):

@@ -9,6 +9,7 @@ plain way show the audit catches what it claims to.
 
 Needs the ``cuda`` extra (numba-cuda with NVVM and nvJitLink from PyPI).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -83,49 +84,78 @@ def _rules(findings):
 
 # ---- the instruction rules, on PTX text --------------------------------------
 
-@pytest.mark.parametrize("instruction, rule", [
-    ("fma.rn.f32 %f4, %f2, %f1, %f3", "fused multiply-add"),
-    ("fma.rn.ftz.f32 %f4, %f2, %f1, %f3", "fused multiply-add"),
-    ("mad.rn.f32 %f4, %f2, %f1, %f3", "fused multiply-add"),
-    ("add.f32 %f3, %f1, %f2", "float add/sub/mul without .rn: ptxas may fuse it"),
-    ("mul.f32 %f3, %f1, %f2", "float add/sub/mul without .rn: ptxas may fuse it"),
-    ("add.rn.ftz.f32 %f3, %f1, %f2", "flush-to-zero modifier (.ftz)"),
-    ("setp.lt.ftz.f32 %p1, %f1, %f2", "flush-to-zero modifier (.ftz)"),
-    ("rcp.approx.ftz.f64 %fd1, %fd2", "approximate instruction"),
-    ("sqrt.approx.f32 %f2, %f1", "approximate instruction"),
-    ("ex2.approx.f32 %f2, %f1", "approximate instruction"),
-    ("div.full.f32 %f3, %f1, %f2", "approximate instruction"),
-    ("add.rz.f32 %f3, %f1, %f2", "rounding mode other than round-to-nearest-even"),
-    ("cvt.rzi.s32.f32 %r1, %f1", "rounding mode other than round-to-nearest-even"),
-    ("cvt.rmi.f32.f32 %f2, %f1", "rounding mode other than round-to-nearest-even"),
-    ("add.rn.f64 %fd3, %fd1, %fd2", "float64 arithmetic (a Python float constant?)"),
-    ("cvt.f64.f32 %fd1, %f1", "float64 arithmetic (a Python float constant?)"),
-])
+
+@pytest.mark.parametrize(
+    "instruction, rule",
+    [
+        ("fma.rn.f32 %f4, %f2, %f1, %f3", "fused multiply-add"),
+        ("fma.rn.ftz.f32 %f4, %f2, %f1, %f3", "fused multiply-add"),
+        ("mad.rn.f32 %f4, %f2, %f1, %f3", "fused multiply-add"),
+        ("add.f32 %f3, %f1, %f2", "float add/sub/mul without .rn: ptxas may fuse it"),
+        ("mul.f32 %f3, %f1, %f2", "float add/sub/mul without .rn: ptxas may fuse it"),
+        ("add.rn.ftz.f32 %f3, %f1, %f2", "flush-to-zero modifier (.ftz)"),
+        ("setp.lt.ftz.f32 %p1, %f1, %f2", "flush-to-zero modifier (.ftz)"),
+        ("rcp.approx.ftz.f64 %fd1, %fd2", "approximate instruction"),
+        ("sqrt.approx.f32 %f2, %f1", "approximate instruction"),
+        ("ex2.approx.f32 %f2, %f1", "approximate instruction"),
+        ("div.full.f32 %f3, %f1, %f2", "approximate instruction"),
+        ("add.rz.f32 %f3, %f1, %f2", "rounding mode other than round-to-nearest-even"),
+        ("cvt.rzi.s32.f32 %r1, %f1", "rounding mode other than round-to-nearest-even"),
+        ("cvt.rmi.f32.f32 %f2, %f1", "rounding mode other than round-to-nearest-even"),
+        ("add.rn.f64 %fd3, %fd1, %fd2", "float64 arithmetic (a Python float constant?)"),
+        ("cvt.f64.f32 %fd1, %f1", "float64 arithmetic (a Python float constant?)"),
+    ],
+)
 def test_rule_rejects(instruction, rule):
     """Each rule of the audit names the instruction it rejects."""
     assert rule in [r.split(" [")[0] for r in ptx_audit.check_instruction(instruction)]
 
 
-@pytest.mark.parametrize("instruction", [
-    "add.rn.f32 %f3, %f1, %f2", "sub.rn.f32 %f3, %f1, %f2", "mul.rn.f32 %f3, %f1, %f2",
-    "rcp.rn.f32 %f2, %f1", "sqrt.rn.f32 %f2, %f1", "div.rn.f32 %f3, %f1, %f2",
-    "cvt.rni.s32.f32 %r1, %f1", "cvt.rn.f32.s32 %f1, %r1", "abs.f32 %f2, %f1",
-    "neg.f32 %f2, %f1", "setp.nan.f32 %p1, %f1, %f1", "selp.f32 %f1, 0f7FC00000, %f2, %p1",
-    "mad.lo.s32 %r1, %r2, %r3, %r4", "add.s64 %rd1, %rd2, %rd3", "mul.wide.s32 %rd1, %r1, %r2",
-])
+@pytest.mark.parametrize(
+    "instruction",
+    [
+        "add.rn.f32 %f3, %f1, %f2",
+        "sub.rn.f32 %f3, %f1, %f2",
+        "mul.rn.f32 %f3, %f1, %f2",
+        "rcp.rn.f32 %f2, %f1",
+        "sqrt.rn.f32 %f2, %f1",
+        "div.rn.f32 %f3, %f1, %f2",
+        "cvt.rni.s32.f32 %r1, %f1",
+        "cvt.rn.f32.s32 %f1, %r1",
+        "abs.f32 %f2, %f1",
+        "neg.f32 %f2, %f1",
+        "setp.nan.f32 %p1, %f1, %f1",
+        "selp.f32 %f1, 0f7FC00000, %f2, %p1",
+        "mad.lo.s32 %r1, %r2, %r3, %r4",
+        "add.s64 %rd1, %rd2, %rd3",
+        "mul.wide.s32 %rd1, %r1, %r2",
+    ],
+)
 def test_rule_accepts(instruction):
     """Exact or correctly rounded instructions pass."""
     assert ptx_audit.check_instruction(instruction) == ()
 
 
 def test_instructions_skip_directives_and_comments():
-    ptx = "\n".join([".visible .entry k(", ".param .u64 p", ")", "{", "// fma.rn.f32 in a comment",
-                     "$L__BB0_1:", "@%p1 bra $L__BB0_2;", "fma.rn.f32 %f1, %f2, %f3, %f4; // x", "}"])
+    ptx = "\n".join(
+        [
+            ".visible .entry k(",
+            ".param .u64 p",
+            ")",
+            "{",
+            "// fma.rn.f32 in a comment",
+            "$L__BB0_1:",
+            "@%p1 bra $L__BB0_2;",
+            "fma.rn.f32 %f1, %f2, %f3, %f4; // x",
+            "}",
+        ]
+    )
     assert [t for _, t in ptx_audit.instructions(ptx)] == ["bra $L__BB0_2", "fma.rn.f32 %f1, %f2, %f3, %f4"]
     assert [f.line for f in ptx_audit.audit_ptx(ptx)] == [8]
 
 
 # ---- planted kernels: the audit catches the plain way of writing arithmetic ---
+
 
 @pytest.mark.parametrize("path", ptx_audit.PATHS)
 @pytest.mark.parametrize("cc", CCS)
@@ -171,12 +201,12 @@ def test_shim_multiply_add_survives_lto(path):
 
 # ---- the whole package -------------------------------------------------------
 
+
 def _audit_all(ccs):
     reports = list(ptx_audit.audit(ccs=ccs))
     assert reports, "no kernels registered"
     bad = [r for r in reports if r.findings or r.instructions == 0]
-    assert not bad, "\n".join(
-        f"{r.kernel} {r.signature} sm{r.cc} {r.path}: {r.findings[:3]}" for r in bad)
+    assert not bad, "\n".join(f"{r.kernel} {r.signature} sm{r.cc} {r.path}: {r.findings[:3]}" for r in bad)
     names = {r.kernel for r in reports}
     assert len(names) == len(ptx_audit.kernels())
 

@@ -29,6 +29,7 @@ Clauses checked: [num.load.c1] [num.add.c1] [num.mul.c1] [num.nofma.c1]
 [quant.step.c1] [quant.quantize.c1] [quant.dequantize.c1] [quant.ste.c1]
 [quant.linear.fwd.c1] [quant.linear.bwd.c1].
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -52,8 +53,14 @@ ROOT = Path(__file__).resolve().parents[1]
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("cudasim") / "results.json"
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-    proc = subprocess.run([sys.executable, "-m", "refreplay.testing.cuda_selfcheck", "--json", str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "refreplay.testing.cuda_selfcheck", "--json", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if not out.exists():
         pytest.fail(f"selfcheck crashed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     by_name = {r["check"]: r for r in json.loads(out.read_text())}
@@ -79,22 +86,23 @@ def test_spec_examples_cover_chapters_1_3_4(results):
     from refreplay.testing.cuda_selfcheck import example_cases
 
     labels = {label for label, *_ in example_cases()}
-    assert {"num.nofma.c1", "num.flush.c1", "num.rint.c1", "red.sum.c1", "mm.nn.c1",
-            "mm.i8.c1"} <= labels
+    assert {"num.nofma.c1", "num.flush.c1", "num.rint.c1", "red.sum.c1", "mm.nn.c1", "mm.i8.c1"} <= labels
     assert results["spec_examples"]["cases"] >= len(labels)
 
 
 def test_reference_never_imports_the_backend():
     """refreplay imports cuda_backend only when the cuda kernel or device is asked for."""
     # Every module of the library; one that fails to import is other tests' business.
-    code = ("import sys, pkgutil, importlib, refreplay\n"
-            "for m in pkgutil.walk_packages(refreplay.__path__, 'refreplay.'):\n"
-            "    if m.name != 'refreplay.__main__':\n"
-            "        try:\n"
-            "            importlib.import_module(m.name)\n"
-            "        except Exception:\n"
-            "            pass\n"
-            "print(sorted(n for n in sys.modules if n.startswith(('cuda_backend', 'numba_cuda'))))\n")
+    code = (
+        "import sys, pkgutil, importlib, refreplay\n"
+        "for m in pkgutil.walk_packages(refreplay.__path__, 'refreplay.'):\n"
+        "    if m.name != 'refreplay.__main__':\n"
+        "        try:\n"
+        "            importlib.import_module(m.name)\n"
+        "        except Exception:\n"
+        "            pass\n"
+        "print(sorted(n for n in sys.modules if n.startswith(('cuda_backend', 'numba_cuda'))))\n"
+    )
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "[]"
@@ -106,22 +114,40 @@ def _sim_env():
 
 def test_selfcheck_fails_when_flush_is_broken():
     """[num.flush.c1] The check can fail: with the shim's flush disabled, mul differs and the exit is 1."""
-    code = ("import sys\n"
-            "from cuda_backend import shim\n"
-            "from refreplay.testing import cuda_selfcheck as selfcheck\n"
-            "shim.flush = lambda x: x\n"
-            "sys.exit(selfcheck.main(['--only', 'mul']))\n")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_sim_env(),
-                          capture_output=True, text=True, timeout=300)
+    code = (
+        "import sys\n"
+        "from cuda_backend import shim\n"
+        "from refreplay.testing import cuda_selfcheck as selfcheck\n"
+        "shim.flush = lambda x: x\n"
+        "sys.exit(selfcheck.main(['--only', 'mul']))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=_sim_env(), capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "products near 2^-126" in proc.stdout and "FAIL" in proc.stdout
 
 
 def test_gpu_selfcheck_script_in_simulator():
     """scripts/gpu-selfcheck runs end to end in the simulator: kernels, vectors, timing table."""
-    proc = subprocess.run([sys.executable, "scripts/gpu-selfcheck", "--simulator", "--only", "mul_add",
-                           "--conform-op", "max", "--sizes", "8", "--no-train"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "scripts/gpu-selfcheck",
+            "--simulator",
+            "--only",
+            "mul_add",
+            "--conform-op",
+            "max",
+            "--sizes",
+            "8",
+            "--no-train",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
     assert "mul_add  ok" in out
@@ -138,7 +164,13 @@ def test_every_golden_vector_in_simulator():
     """`refreplay conform cuda` in the simulator: every vector of every covered op
     matches bit for bit (about 7 CPU-minutes; the default run covers `max` through
     test_gpu_selfcheck_script_in_simulator)."""
-    proc = subprocess.run([sys.executable, "-m", "refreplay", "conform", "cuda"], cwd=ROOT, env=_sim_env(),
-                          capture_output=True, text=True, timeout=3600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "refreplay", "conform", "cuda"],
+        cwd=ROOT,
+        env=_sim_env(),
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "verdict: CONFORMANT" in proc.stdout

@@ -1,6 +1,7 @@
 """Data: corpus, samples, shards and the topology-invariant stream
 ([data.tokens.c1], [data.corpus.c1], [data.samples.c1], [data.shards.c1],
 [data.stream.c1], [data.batch.c1], [data.hash.c1])."""
+
 import hashlib
 import json
 
@@ -103,7 +104,7 @@ def test_step_samples_follow_the_epoch_permutation():
     for step in range(1, 20):
         e, j = (step - 1) // 6, (step - 1) % 6
         perm = rng.permutation(seed, rng.STREAM_DATA, e, n)
-        want = perm[j * g: (j + 1) * g]
+        want = perm[j * g : (j + 1) * g]
         assert data.step_sample_ids(seed, step, g, n).tolist() == want.tolist()
     epoch0 = np.concatenate([data.step_sample_ids(seed, s, g, n) for s in range(1, 7)])
     assert len(set(epoch0.tolist())) == 36  # no sample twice in an epoch

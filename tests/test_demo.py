@@ -2,6 +2,7 @@
 steps with certificates, prints coverage and the conformance summary (the
 golden vectors of three ops, NumPy failing them with diagnoses, and the
 golden training steps of [conf.steps.c1]); exit 0 only if all verified."""
+
 from __future__ import annotations
 
 import json

@@ -13,6 +13,7 @@ Clauses exercised end to end on the device: [model.forward.c1]
 [fold.scale.c1] [optim.clip.c1] [optim.adamw.c1] [model.init.c1]
 [state.chain.c2].
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -30,8 +31,10 @@ ROOT = Path(__file__).resolve().parents[1]
 HAVE_NUMBA_CUDA = importlib.util.find_spec("numba_cuda") is not None
 needs_numba_cuda = pytest.mark.skipif(not HAVE_NUMBA_CUDA, reason="numba-cuda is not installed")
 
-MICRO = {"model": {"width": 8, "layers": 1, "heads": 2, "seq_len": 4, "mlp_hidden": 16},
-         "train": {"micro_batches": 2, "micro_batch_size": 1}}
+MICRO = {
+    "model": {"width": 8, "layers": 1, "heads": 2, "seq_len": 4, "mlp_hidden": 16},
+    "train": {"micro_batches": 2, "micro_batch_size": 1},
+}
 
 
 def cli(*args, sim=False, timeout=900):
@@ -39,16 +42,26 @@ def cli(*args, sim=False, timeout=900):
     env.pop("NUMBA_ENABLE_CUDASIM", None)
     if sim:
         env["NUMBA_ENABLE_CUDASIM"] = "1"
-    return subprocess.run([sys.executable, "-m", "refreplay", *map(str, args)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "refreplay", *map(str, args)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _gpu_present() -> bool:
     if not HAVE_NUMBA_CUDA:
         return False
-    probe = subprocess.run([sys.executable, "-c", "from numba import cuda; print(cuda.is_available())"],
-                           capture_output=True, text=True, timeout=120,
-                           env={k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"})
+    probe = subprocess.run(
+        [sys.executable, "-c", "from numba import cuda; print(cuda.is_available())"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"},
+    )
     return probe.stdout.strip() == "True"
 
 
@@ -60,8 +73,22 @@ def micro_config(tmp_path_factory):
 
 
 def _train(config, out, *extra, sim=False):
-    proc = cli("train", "--config", config, "--steps", 1, "--ranks", 2, "--out", out,
-               "--byte-cap", 4096, "--quiet", *extra, sim=sim)
+    proc = cli(
+        "train",
+        "--config",
+        config,
+        "--steps",
+        1,
+        "--ranks",
+        2,
+        "--out",
+        out,
+        "--byte-cap",
+        4096,
+        "--quiet",
+        *extra,
+        sim=sim,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return json.loads((Path(out) / "head.json").read_text())["chain_link"], proc.stdout
 
@@ -82,9 +109,23 @@ def test_cuda_without_a_gpu_is_refused_clearly(tmp_path, micro_config):
     assert "no usable CUDA GPU" in proc.stderr and "NUMBA_ENABLE_CUDASIM=1" in proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "r").exists()
     _train(micro_config, tmp_path / "cpu")
-    for cmd in (["replay", tmp_path / "cpu", "--step", 1],
-                ["audit", tmp_path / "cpu", "--sample", 1, "--beacon", "ab" * 16, "--auditor", "t",
-                 "--key", auditor_keys.key_files(tmp_path / "keys")[0], "--out", tmp_path / "certs"]):
+    for cmd in (
+        ["replay", tmp_path / "cpu", "--step", 1],
+        [
+            "audit",
+            tmp_path / "cpu",
+            "--sample",
+            1,
+            "--beacon",
+            "ab" * 16,
+            "--auditor",
+            "t",
+            "--key",
+            auditor_keys.key_files(tmp_path / "keys")[0],
+            "--out",
+            tmp_path / "certs",
+        ],
+    ):
         proc = cli(*cmd, "--device", "cuda")
         assert proc.returncode == 2 and "no usable CUDA GPU" in proc.stderr, proc.stdout + proc.stderr
         assert "VERIFIED" not in proc.stdout
@@ -112,9 +153,23 @@ def test_step_trained_on_cpu_verifies_on_cuda(tmp_path, micro_config):
     proc = cli("replay", tmp_path / "cpu", "--step", 1, "--device", "cuda", sim=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ops on cuda (numba-cuda simulator)" in proc.stdout and "VERIFIED: step 1" in proc.stdout
-    proc = cli("audit", tmp_path / "cpu", "--sample", 1, "--beacon", "ab" * 16, "--auditor", "t",
-               "--key", auditor_keys.key_files(tmp_path / "keys")[0], "--out", tmp_path / "certs",
-               "--device", "cuda", sim=True)
+    proc = cli(
+        "audit",
+        tmp_path / "cpu",
+        "--sample",
+        1,
+        "--beacon",
+        "ab" * 16,
+        "--auditor",
+        "t",
+        "--key",
+        auditor_keys.key_files(tmp_path / "keys")[0],
+        "--out",
+        tmp_path / "certs",
+        "--device",
+        "cuda",
+        sim=True,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     cert = json.loads(next((tmp_path / "certs").glob("cert-*.json")).read_text())
     assert cert["verdict"] == "verified"
@@ -124,7 +179,12 @@ def test_step_trained_on_cpu_verifies_on_cuda(tmp_path, micro_config):
 @pytest.mark.gpu
 def test_gpu_selfcheck_training_part():
     """On a GPU: `tiny` trained on the GPU verifies on the CPU and vice versa."""
-    proc = subprocess.run([sys.executable, "scripts/gpu-selfcheck", "--no-conform", "--only", "mul_add",
-                           "--sizes", "64"], cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    proc = subprocess.run(
+        [sys.executable, "scripts/gpu-selfcheck", "--no-conform", "--only", "mul_add", "--sizes", "64"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
     assert "chain heads of the two runs are equal" in proc.stdout

@@ -25,6 +25,7 @@ Clauses exercised on the device path: [model.forward.c1] [model.backward.c1]
 [fold.tree.c1] [fold.ranks.c1] [fold.scale.c1] [optim.clip.c1]
 [optim.adamw.c1] [state.chain.c2].
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -44,10 +45,17 @@ M = 2
 
 
 def _probe(linear="fp32") -> dict:
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1",
-               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "_resident_probe.py"), "1:2,2:1", "2", str(M),
-                           linear], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    env = dict(
+        os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    )
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "_resident_probe.py"), "1:2,2:1", "2", str(M), linear],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -69,8 +77,9 @@ def test_host_entry_points_follow_their_inputs(probe):
     a device array in -> a device array out with the same bits; a host tensor
     among device gradients is still clipped in place; the device's head split
     and merge are the CPU's exact copies."""
-    assert probe["api"] == dict.fromkeys(["numpy_in_numpy_out", "device_in_device_out", "same_bits",
-                                          "mixed_clip", "split_heads", "merge_heads"], True)
+    assert probe["api"] == dict.fromkeys(
+        ["numpy_in_numpy_out", "device_in_device_out", "same_bits", "mixed_clip", "split_heads", "merge_heads"], True
+    )
 
 
 def test_device_step_has_the_cpu_bits(runs):

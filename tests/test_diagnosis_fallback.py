@@ -3,6 +3,7 @@ has no variant model ([conf.diagnosis.r1]): a sign of zero alone, the special
 inputs every difference sits on, or the size of the differences.  Each
 wrong kernel below deviates from the reference in one known way, and the
 finding must name that way (and not another)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -26,6 +27,7 @@ def _messages(report, op):
 def test_a_sum_started_from_plus_zero_is_named():
     """embedding_backward with every -0 result turned into +0: the spec's -0
     comes out +0, which a sum started from +0 gives."""
+
     def kernel(dout, tokens, V):
         (dwte,) = _reference("embedding_backward", dout, tokens, V)
         return np.where(fp.bits(dwte) == np.uint32(0x80000000), np.float32(0), dwte)
@@ -40,6 +42,7 @@ def test_a_sum_started_from_plus_zero_is_named():
 def test_a_sum_started_from_plus_zero_is_named_without_a_model():
     """layernorm_backward (no variant model) with every -0 result turned into
     +0: the fallback says the spec's -0 comes out +0."""
+
     def kernel(*xs):
         outs = _reference("layernorm_backward", *xs)
         return tuple(np.where(fp.bits(o) == np.uint32(0x80000000), np.float32(0), o) for o in outs)
@@ -53,6 +56,7 @@ def test_a_sum_started_from_plus_zero_is_named_without_a_model():
 def test_a_nan_code_is_located_at_nan_inputs():
     """fake_quantize mapping a NaN to the code -128 (what PyTorch does) where
     [num.sat.c1] maps it to 0: every difference sits on a NaN input."""
+
     def kernel(x, s):
         (out,) = _reference("fake_quantize", x, s)
         return np.where(np.isnan(x), np.float32(-128) * s[0], out).astype(np.float32)
@@ -68,6 +72,7 @@ def test_the_size_of_unexplained_differences_is_measured(ulps, words):
     """layernorm_backward with dx moved by a fixed number of ulp away from
     zero: a few ulp read as another order or fused arithmetic, thousands as
     another formula."""
+
     def kernel(dout, x, w, mean, rstd):
         dx, dw, db = _reference("layernorm_backward", dout, x, w, mean, rstd)
         b = fp.bits(dx).astype(np.int64)
@@ -88,11 +93,27 @@ def test_torch_backward_ops_are_negative_controls():
     torch.optim's AdamW, fake quantization) fail the vectors, each with a
     finding; none errors out."""
     pytest.importorskip("torch")
-    ops = ["linear_backward", "layernorm_backward", "rmsnorm_backward", "softmax_backward", "log_softmax_backward",
-           "attention_backward", "rope_backward", "embedding_backward", "quant_step_size", "fake_quantize",
-           "fake_quantize_backward", "adamw_update", "bf16_layernorm_backward", "bf16_rmsnorm_forward",
-           "bf16_rmsnorm_backward", "bf16_softmax_backward", "bf16_attention_backward", "bf16_rope_forward",
-           "bf16_embedding_backward"]
+    ops = [
+        "linear_backward",
+        "layernorm_backward",
+        "rmsnorm_backward",
+        "softmax_backward",
+        "log_softmax_backward",
+        "attention_backward",
+        "rope_backward",
+        "embedding_backward",
+        "quant_step_size",
+        "fake_quantize",
+        "fake_quantize_backward",
+        "adamw_update",
+        "bf16_layernorm_backward",
+        "bf16_rmsnorm_forward",
+        "bf16_rmsnorm_backward",
+        "bf16_softmax_backward",
+        "bf16_attention_backward",
+        "bf16_rope_forward",
+        "bf16_embedding_backward",
+    ]
     report = rc.check("torch", ops=ops)
     assert not report.conformant
     for op in ops:

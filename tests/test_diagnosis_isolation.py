@@ -6,6 +6,7 @@ sum-shaped op (matmul, dot, sum).
 The kernels are float32 NumPy emulations of the spec's sequential sum
 (vectorised across independent outputs only), each with one switch flipped.
 """
+
 import numpy as np
 import pytest
 
@@ -16,7 +17,7 @@ from refreplay.conformance.running import compare as runner
 from refreplay.conformance.golden import store
 
 F32 = np.float32
-FLT_MIN = F32(2.0 ** -126)
+FLT_MIN = F32(2.0**-126)
 
 # deviation -> (what the finding must say, ops whose vectors probe it)
 DEVIATIONS = {
@@ -70,13 +71,13 @@ def _dot_rows(A, B, dev):
     ks = range(K - 1, -1, -1) if dev == "order" else range(K)
     with np.errstate(all="ignore"):
         for k in ks:
-            a = A[:, k:k + 1]
+            a = A[:, k : k + 1]
             if B is None:
                 s = _flush((s + a).astype(F32), dev)
             elif dev == "fma":
-                s = fp.fma(np.broadcast_to(a, s.shape), np.broadcast_to(B[k:k + 1, :], s.shape), s)
+                s = fp.fma(np.broadcast_to(a, s.shape), np.broadcast_to(B[k : k + 1, :], s.shape), s)
             else:
-                s = _flush((s + _mul(a, B[k:k + 1, :], dev)).astype(F32), dev)
+                s = _flush((s + _mul(a, B[k : k + 1, :], dev)).astype(F32), dev)
     if K == 0:
         s[...] = F32(0.0)  # the empty sum is +0
     if dev != "nan":
@@ -150,14 +151,21 @@ def test_the_two_windows_separate_the_measured_products():
     assert fp.bits(fp.mul_ftz_before(a, b)).tolist() == [0x00000000, 0x80000000]
 
 
-VENDOR = {"exp": np.exp, "log": np.log, "tanh": np.tanh, "sin": np.sin, "cos": np.cos,
-          "sigmoid": lambda x: F32(1) / (F32(1) + np.exp(-x))}
+VENDOR = {
+    "exp": np.exp,
+    "log": np.log,
+    "tanh": np.tanh,
+    "sin": np.sin,
+    "cos": np.cos,
+    "sigmoid": lambda x: F32(1) / (F32(1) + np.exp(-x)),
+}
 
 
 @pytest.mark.parametrize("op", sorted(VENDOR))
 def test_a_vendor_transcendental_alone_gets_only_its_diagnosis(op):
     """NumPy's function with the spec's load, flush and NaN rules around it:
     the only deviation is the algorithm, and the only finding names it."""
+
     def kernel(x):
         with np.errstate(all="ignore"):
             y = fp.flush(VENDOR[op](_load(x, None)).astype(F32))

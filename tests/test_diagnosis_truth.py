@@ -5,6 +5,7 @@ names both; a sum started from +0 is named as such; a variant that explains
 only part of the differences is called partial, with counts; a libm tanhf
 and a loss computed as -log(e/s) are named; differences that cluster in an
 input range are located."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -51,6 +52,7 @@ def test_a_nan_payload_does_not_hide_a_one_ulp_difference(op):
 
 def test_nan_payloads_alone_get_only_the_nan_finding():
     """The same kernel without the 1-ulp move: nothing remains to report."""
+
     def kernel(name, *xs):
         outs = _reference(name, *xs)
         outs = tuple(np.where(np.isnan(o), fp.f32(0xFFC00000), o).astype(F32) for o in outs)
@@ -162,7 +164,8 @@ def test_a_libm_tanhf_is_named():
     assert report.ops["gelu_forward"]["fail"] > 0
     msgs = _messages(report, "gelu_forward")
     assert len(msgs) == 1 and msgs[0].startswith(
-        "reproduced exactly by the spec's algorithm with libm tanhf (the C library's tanh) ("), msgs
+        "reproduced exactly by the spec's algorithm with libm tanhf (the C library's tanh) ("
+    ), msgs
 
 
 def cross_entropy_minus_log_p(logits, targets):
@@ -211,12 +214,13 @@ def test_an_exp_that_gives_zero_below_minus_87_is_located():
 def test_a_gelu_wrong_for_large_inputs_is_located():
     """GELU in float64 where |x| > 5: for x > 5 it rounds to the spec's bits,
     for x < -5 it does not, and the finding says exactly that."""
+
     def kernel(x):
         (y,) = _reference("gelu_forward", x)
         x = _load(x)
         with np.errstate(all="ignore"):
             w = x.astype(np.float64)
-            z = fp.flush((0.5 * w * (1 + np.tanh(0.7978845608028654 * (w + 0.044715 * w ** 3)))).astype(F32))
+            z = fp.flush((0.5 * w * (1 + np.tanh(0.7978845608028654 * (w + 0.044715 * w**3)))).astype(F32))
         return _canonical(np.where(np.abs(x) > F32(5), z, y).astype(F32))
 
     report = rc.check(lambda op, x: kernel(x), ops=["gelu_forward"])
@@ -229,6 +233,7 @@ def test_a_gelu_wrong_for_large_inputs_is_located():
 def test_differences_in_the_later_rows_are_located():
     """rmsnorm_backward one ulp off in rows 4 and above only (a kernel that
     switches path after a row block)."""
+
     def kernel(dout, x, w, rrms):
         dx, dw = _reference("rmsnorm_backward", dout, x, w, rrms)
         later = (np.arange(dx.shape[0])[:, None] >= 4) & np.isfinite(dx) & (dx != 0)
@@ -268,6 +273,7 @@ def test_an_order_that_fits_only_some_probes_is_partial():
 def test_a_plus_zero_start_beside_another_difference_is_still_said():
     """embedding_backward whose -0 sums come out +0 and whose other results
     are one ulp off: the size of the differences and the +0 start, both."""
+
     def kernel(dout, tokens, V):
         (d,) = _reference("embedding_backward", dout, tokens, V)
         b = fp.bits(d).astype(np.int64)

@@ -1,5 +1,6 @@
 """`refreplay doctor`: detection of hardware FTZ/DAZ ([num.flush.c1]), SVML,
 versions and cache, and the platform fingerprint."""
+
 import json
 import platform
 import shutil
@@ -22,8 +23,7 @@ void set_csr_bits(unsigned int bits) { _mm_setcsr(_mm_getcsr() | bits); }
 
 
 def run_py(code: str):
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                          text=True, cwd=REPO)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, cwd=REPO)
 
 
 @pytest.fixture(scope="module")
@@ -35,15 +35,13 @@ def csr_lib(tmp_path_factory):
         pytest.skip("gcc not found: cannot build the MXCSR-setting library")
     d = tmp_path_factory.mktemp("csr")
     (d / "csr.c").write_text(CSR_SOURCE)
-    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-o", str(d / "libcsr.so"), str(d / "csr.c")],
-                   check=True)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-o", str(d / "libcsr.so"), str(d / "csr.c")], check=True)
     return d / "libcsr.so"
 
 
 def test_doctor_is_fit_here():
     """[num.flush.c1] on an ordinary process every check passes: exit 0."""
-    out = subprocess.run([sys.executable, "-m", "refreplay", "doctor", "--json"],
-                         capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "refreplay", "doctor", "--json"], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
     report = json.loads(out.stdout)
     assert report["fit"] is True
@@ -53,11 +51,14 @@ def test_doctor_is_fit_here():
     assert report["devices"]["cpu"].startswith("ready") and report["devices"]["cuda"]
 
 
-@pytest.mark.parametrize("bits,failing", [
-    (0x8040, {"flush-to-zero", "denormals-are-zero"}),
-    (0x8000, {"flush-to-zero"}),
-    (0x0040, {"denormals-are-zero"}),
-])
+@pytest.mark.parametrize(
+    "bits,failing",
+    [
+        (0x8040, {"flush-to-zero", "denormals-are-zero"}),
+        (0x8000, {"flush-to-zero"}),
+        (0x0040, {"denormals-are-zero"}),
+    ],
+)
 def test_doctor_fails_when_ftz_or_daz_is_on(csr_lib, bits, failing):
     """[num.flush.c1] MXCSR FTZ (0x8000) and DAZ (0x0040) each detected, in NumPy
     and in compiled code, by `refreplay doctor` (exit 1) and by require_ieee."""
@@ -145,7 +146,17 @@ def test_svml_in_use_is_unfit(monkeypatch):
 def test_fingerprint_is_json_and_complete():
     fp = doctor.fingerprint()
     assert json.loads(json.dumps(fp)) == fp
-    for key in ("cpu_model", "isa", "os", "python", "numpy", "numba", "llvmlite", "refreplay",
-                "spec_version", "spec_sha256"):
+    for key in (
+        "cpu_model",
+        "isa",
+        "os",
+        "python",
+        "numpy",
+        "numba",
+        "llvmlite",
+        "refreplay",
+        "spec_version",
+        "spec_sha256",
+    ):
         assert fp[key] not in (None, ""), key
     assert fp["spec_sha256"] == spec.spec_sha256() and fp["spec_version"] == spec.version()

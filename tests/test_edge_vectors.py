@@ -10,6 +10,7 @@ then in the harness (plus 2 twins equivalent in bf16) passed every bf16
 vector; with the edges cases, none that is not equivalent passes
 (``test_bf16_twins_before_and_after``).
 """
+
 import numpy as np
 import pytest
 
@@ -23,8 +24,14 @@ from refreplay.conformance.table import OPS
 
 SHAPE_SWITCHES = {"sum split above 8192", "matmul split-K above 4096", "softmax online above V=4096"}
 # readings that passed every vector before edges.py; each must now fail an edges case and only those
-PASSED_BEFORE = {"linear sums from +0", "linear fused in the C mod 8 tail", "linear backward fused in the K mod 8 tail",
-                 "layernorm backward dw, db from +0", "rmsnorm backward dw from +0", "AdamW bias powers in float64"}
+PASSED_BEFORE = {
+    "linear sums from +0",
+    "linear fused in the C mod 8 tail",
+    "linear backward fused in the K mod 8 tail",
+    "layernorm backward dw, db from +0",
+    "rmsnorm backward dw from +0",
+    "AdamW bias powers in float64",
+}
 # bf16 twins that give the spec's bits on every input (test_bf16_equivalent_twins_*)
 BF16_EQUIVALENT = {"gelu cube as K*(x*x*x)", "gelu K3 = 3*K"}
 TWINS = M.bf16_twins()

@@ -2,6 +2,7 @@
 case ids in case.json and case.txt, a timeout that kills the whole process
 group, deaths by signal named, the stderr tail and skip reasons reported,
 and output floods bounded."""
+
 import sys
 import textwrap
 import time
@@ -43,13 +44,17 @@ def _dead(pid):
 
 def test_case_files_carry_the_real_case_id(tmp_path, capsys):
     log = tmp_path / "log"
-    prog = program(tmp_path, "logger", f"""
+    prog = program(
+        tmp_path,
+        "logger",
+        f"""
         d = sys.argv[1]
         with open({str(log)!r}, "a") as fh:
             fh.write(json.load(open(os.path.join(d, "case.json")))["case"] + " | ")
             fh.write(open(os.path.join(d, "case.txt")).read().splitlines()[1] + "\\n")
         sys.exit(3)
-    """)
+    """,
+    )
     rc = cli.main(["conform", f"exec:{prog}", "--op", OP])
     assert rc == 1  # every case declined: not conformant
     ids = [c["id"] for c in store.read_manifest()["cases"] if c["op"] == OP]
@@ -61,12 +66,16 @@ def test_case_files_carry_the_real_case_id(tmp_path, capsys):
 
 def test_timeout_kills_the_wrapper_and_its_child(tmp_path):
     pids = tmp_path / "pids"
-    child = program(tmp_path, "child", f"""
+    child = program(
+        tmp_path,
+        "child",
+        f"""
         open({str(pids)!r}, "a").write(f"{{os.getpid()}}\\n")
         time.sleep(600)
-    """)
+    """,
+    )
     wrapper = tmp_path / "wrapper.sh"
-    wrapper.write_text(f"#!/bin/sh\necho wrapper starting >&2\n{child} \"$1\"\necho never >&2\n")
+    wrapper.write_text(f'#!/bin/sh\necho wrapper starting >&2\n{child} "$1"\necho never >&2\n')
     wrapper.chmod(0o755)
     kernel = execproto.ExecKernel(str(wrapper), timeout=5)
     t0 = time.monotonic()
@@ -92,14 +101,18 @@ def test_timeout_option_reaches_the_program(tmp_path, capsys):
 
 def test_background_children_do_not_outlive_a_finished_case(tmp_path):
     pids = tmp_path / "pids"
-    prog = program(tmp_path, "leaver", f"""
+    prog = program(
+        tmp_path,
+        "leaver",
+        f"""
         pid = os.fork()
         if pid == 0:
             time.sleep(600)
             os._exit(0)
         open({str(pids)!r}, "a").write(f"{{pid}}\\n")
         sys.exit(3)
-    """)
+    """,
+    )
     with pytest.raises(Unsupported):  # the program exits 3: "not implemented" ([conf.exec.c1])
         run_one(execproto.ExecKernel(str(prog)))
     (pid,) = [int(p) for p in pids.read_text().split()]
@@ -110,17 +123,21 @@ def test_background_children_do_not_outlive_a_finished_case(tmp_path):
 
 
 def test_a_crash_is_named_by_its_signal_with_the_stderr_tail(tmp_path, capsys):
-    prog = program(tmp_path, "crasher", """
+    prog = program(
+        tmp_path,
+        "crasher",
+        """
         print("about to crash", file=sys.stderr, flush=True)
         os.kill(os.getpid(), signal.SIGSEGV)
-    """)
+    """,
+    )
     with pytest.raises(KernelError) as exc:
         run_one(execproto.ExecKernel(str(prog)))
     assert "killed by SIGSEGV" in str(exc.value) and "about to crash" in str(exc.value)
     assert cli.main(["conform", f"exec:{prog}", "--op", OP]) == 1
     assert "killed by SIGSEGV" in capsys.readouterr().out
     shell = tmp_path / "via_shell.sh"  # a shell reports its child's death as 128 + N
-    shell.write_text(f"#!/bin/sh\n{prog} \"$1\"\n")
+    shell.write_text(f'#!/bin/sh\n{prog} "$1"\n')
     shell.chmod(0o755)
     with pytest.raises(KernelError) as exc:
         run_one(execproto.ExecKernel(str(shell)))
@@ -135,13 +152,17 @@ def test_a_flood_of_output_is_bounded(tmp_path, monkeypatch):
     with pytest.raises(KernelError) as exc:
         run_one(execproto.ExecKernel(str(flood), timeout=60))
     assert "killed by SIGXFSZ" in str(exc.value)
-    huge = program(tmp_path, "huge_output", """
+    huge = program(
+        tmp_path,
+        "huge_output",
+        """
         d = sys.argv[1]
         spec = json.load(open(os.path.join(d, "case.json")))
         for o in spec["outputs"]:
             with open(os.path.join(d, o["file"]), "wb") as fh:
                 fh.write(b"\\0" * (1 << 21))   # larger than the cap
-    """)
+    """,
+    )
     with pytest.raises(KernelError) as exc:
         run_one(execproto.ExecKernel(str(huge)))
     assert "File too large" in str(exc.value)  # Python ignores SIGXFSZ: its write fails instead

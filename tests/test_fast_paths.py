@@ -7,6 +7,7 @@ outputs, hoists invariant work or removes allocations, so the two must agree
 on every bit, for random inputs, special values (signed zeros, infinities,
 NaN, subnormal-producing and overflow-producing magnitudes) and edge sizes.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -36,20 +37,44 @@ def bits(a):
 def assert_same_bits(got, want):
     g, w = bits(got), bits(want)
     bad = np.flatnonzero(g != w)
-    assert bad.size == 0, (f"{bad.size} of {g.size} differ; first at {bad[0]}: "
-                           f"{g.flat[bad[0]]:#010x} vs {w.flat[bad[0]]:#010x}")
+    assert bad.size == 0, (
+        f"{bad.size} of {g.size} differ; first at {bad[0]}: {g.flat[bad[0]]:#010x} vs {w.flat[bad[0]]:#010x}"
+    )
 
 
 def special_values():
     """Signed zeros, infinities, the canonical NaN, the extremes of binary32,
     and the magnitudes around every branch point of GELU's tanh and exp."""
-    pats = [0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0x00800000,
-            0x80800000, 0x7F7FFFFF, 0xFF7FFFFF, 0x3F800000, 0xBF800000, 0x3F400000,
-            0xBF400000, 0x42B17217, 0x42B17218, 0xC2B00000, 0xC2B00001, 0x33800000]
+    pats = [
+        0x00000000,
+        0x80000000,
+        0x7F800000,
+        0xFF800000,
+        0x7FC00000,
+        0x00800000,
+        0x80800000,
+        0x7F7FFFFF,
+        0xFF7FFFFF,
+        0x3F800000,
+        0xBF800000,
+        0x3F400000,
+        0xBF400000,
+        0x42B17217,
+        0x42B17218,
+        0xC2B00000,
+        0xC2B00001,
+        0x33800000,
+    ]
     x = np.array(pats, np.uint32).view(F32)
     # around the tanh switch |inner| = 0.75 and the exp overflow of 2|inner|
-    near = np.concatenate([np.linspace(-8, 8, 4001), np.linspace(-60, 60, 2001),
-                           np.geomspace(1e-30, 1e30, 2001), -np.geomspace(1e-30, 1e30, 2001)])
+    near = np.concatenate(
+        [
+            np.linspace(-8, 8, 4001),
+            np.linspace(-60, 60, 2001),
+            np.geomspace(1e-30, 1e30, 2001),
+            -np.geomspace(1e-30, 1e30, 2001),
+        ]
+    )
     return np.concatenate([x, near.astype(F32)])
 
 
@@ -63,12 +88,17 @@ def sweep(step=997, start=0, stop=1 << 32):
 
 
 def inputs(rng):
-    return [special_values(), sweep(),
-            (rng.standard_normal(100_003) * 3).astype(F32),  # not a multiple of the block
-            rng.standard_normal(1).astype(F32), np.zeros(0, F32)]
+    return [
+        special_values(),
+        sweep(),
+        (rng.standard_normal(100_003) * 3).astype(F32),  # not a multiple of the block
+        rng.standard_normal(1).astype(F32),
+        np.zeros(0, F32),
+    ]
 
 
 # ---- GELU: the kernels as they were before vectorisation -------------------------
+
 
 @parallel_kernel
 def gelu_forward_naive(out, x):
@@ -137,6 +167,7 @@ def test_gelu_exhaustive():
 
 
 # ---- softmax_row: exponentials in lanes, then the ordered sum ----------------------
+
 
 @kernel
 def softmax_row_naive(x, n, y):
@@ -209,6 +240,7 @@ def lane_exp_array(x):
 
 # ---- SiLU and SwiGLU: sigmoid in lane form -------------------------------------------
 
+
 @parallel_kernel
 def silu_naive(out, dx, dout, x):
     """[act.silu.fwd.c1] [act.silu.bwd.c1] one element per index, scalar sigmoid."""
@@ -251,6 +283,7 @@ def test_silu_swiglu_fast_equal_naive():
 
 
 # ---- log-softmax and cross-entropy: exponentials in lanes into scratch ---------------
+
 
 @kernel
 def logsumexp_parts_naive(x, n):
@@ -448,8 +481,20 @@ def rmsnorm_backward_dx_naive(dx, dout, x, w, rrms):
 def row_specials():
     """special_values() plus subnormals (kept: both forms see the same operand)
     and values whose squares and sums overflow or underflow."""
-    pats = [0x00000001, 0x80000001, 0x007FFFFF, 0x807FFFFF, 0x00400000, 0x7F000000,
-            0xFF000000, 0x5F800000, 0xDF800000, 0x1F800000, 0x9F800000, 0x20000000]
+    pats = [
+        0x00000001,
+        0x80000001,
+        0x007FFFFF,
+        0x807FFFFF,
+        0x00400000,
+        0x7F000000,
+        0xFF000000,
+        0x5F800000,
+        0xDF800000,
+        0x1F800000,
+        0x9F800000,
+        0x20000000,
+    ]
     return np.concatenate([special_values(), np.array(pats, np.uint32).view(F32)])
 
 
@@ -580,12 +625,13 @@ def layernorm_scale_cases(rng):
     d[1::5] *= F32(1e-36)
     yield x, w, b, d
     x, w, b, d = gen()
-    x[33:40] = (1.0 + rng.integers(-3, 4, size=(7, C)) * 2.0 ** -23).astype(F32)  # x - mean a few ulp
+    x[33:40] = (1.0 + rng.integers(-3, 4, size=(7, C)) * 2.0**-23).astype(F32)  # x - mean a few ulp
     yield x, w, b, d
 
 
 def _layernorm_both(x, w, b, d, eps, threads):
     import numba
+
     numba.set_num_threads(threads)
     try:
         out = norms.layernorm_forward(x, w, b, eps)
@@ -623,6 +669,7 @@ def _without_flush_bounds(fn, **callees):
     import types
 
     import numba
+
     f = fn.py_func
     g = dict(f.__globals__, _MIN_NORMAL=-(1 << 40), **callees)
     return numba.njit(error_model="numpy")(types.FunctionType(f.__code__, g, f.__name__))
@@ -635,8 +682,10 @@ def test_layernorm_without_its_flush_bounds_fails():
     rng = np.random.default_rng(18)
     cases = list(layernorm_scale_cases(rng))
     fwd_mutant = _without_flush_bounds(norms.layernorm_forward_kernel)
-    bwd_mutant = _without_flush_bounds(norms.layernorm_backward_dx_kernel,
-                                       layernorm_backward_block=_without_flush_bounds(norms.layernorm_backward_block))
+    bwd_mutant = _without_flush_bounds(
+        norms.layernorm_backward_dx_kernel,
+        layernorm_backward_block=_without_flush_bounds(norms.layernorm_backward_block),
+    )
     e = F32(1e-5)
     fwd_differs = bwd_differs = 0
     for i, (x, w, b, d) in enumerate(cases):
@@ -661,6 +710,7 @@ def test_layernorm_without_its_flush_bounds_fails():
 def test_row_blocks_do_not_depend_on_threads():
     """[red.order.r1] a block never splits a row: 1 thread == all threads."""
     import numba
+
     rng = np.random.default_rng(17)
     x = rng.standard_normal((70, 257)).astype(F32)
     w = rng.standard_normal(257).astype(F32)
@@ -670,8 +720,15 @@ def test_row_blocks_do_not_depend_on_threads():
         numba.set_num_threads(threads)
         try:
             out, mean, rstd = norms.layernorm_forward(x, w, w)
-            runs.append([softmax.softmax_forward(x), out, *norms.layernorm_backward(x, x, w, mean, rstd),
-                         norms.rmsnorm_forward(x, w)[0], loss.cross_entropy_backward(x, tgt)])
+            runs.append(
+                [
+                    softmax.softmax_forward(x),
+                    out,
+                    *norms.layernorm_backward(x, x, w, mean, rstd),
+                    norms.rmsnorm_forward(x, w)[0],
+                    loss.cross_entropy_backward(x, tgt),
+                ]
+            )
         finally:
             numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
     for a, b in zip(*runs):

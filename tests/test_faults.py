@@ -5,6 +5,7 @@ exit 2 with no partial file; a planted symbolic link is never written
 through; symbolic link loops, bad environment settings, a non-ASCII path
 under an ASCII locale and a corrupt compile cache give clear messages and
 no traceback.  The kill hooks live in ``tests/_fault_train.py`` only."""
+
 import contextlib
 import os
 import random
@@ -22,8 +23,7 @@ from cli_helpers import run_cli
 from test_resume import assert_same_files
 
 HERE = Path(__file__).resolve().parent
-TRAIN = ["train", "--preset", "tiny", "--steps", "5", "--checkpoint-every", "2", "--byte-cap", "65536",
-         "--quiet"]
+TRAIN = ["train", "--preset", "tiny", "--steps", "5", "--checkpoint-every", "2", "--byte-cap", "65536", "--quiet"]
 KINDS = ("fsync", "replace", "line", "bytes")
 # events of one run of TRAIN, counted with the same hooks: 32 fsyncs, 8 renames,
 # 12 record lines, 1,614,732 bytes through files.atomic_file; n is drawn within them
@@ -33,8 +33,11 @@ pytestmark = pytest.mark.usefixtures("one_numba_thread")
 
 
 def env():
-    return {**os.environ, "NUMBA_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
-        [str(HERE.parent), str(HERE), os.environ.get("PYTHONPATH", "")])}
+    return {
+        **os.environ,
+        "NUMBA_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(HERE.parent), str(HERE), os.environ.get("PYTHONPATH", "")]),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +59,13 @@ def fault(seed: int):
 def kill_and_resume(reference, tmp_path, seed):
     kind, n = fault(seed)
     out = tmp_path / "run"
-    p = subprocess.run([sys.executable, str(HERE / "_fault_train.py"), kind, str(n), "--", *TRAIN,
-                        "--out", str(out)], capture_output=True, text=True, timeout=300, env=env())
+    p = subprocess.run(
+        [sys.executable, str(HERE / "_fault_train.py"), kind, str(n), "--", *TRAIN, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env(),
+    )
     assert "Traceback" not in p.stderr, p.stderr
     if p.returncode == 0:  # the run had fewer events than n: nothing was killed
         assert_same_files(reference, out)
@@ -99,8 +107,13 @@ def test_fault_points_are_deterministic_per_seed():
 @contextlib.contextmanager
 def tmpfs(path: Path, size: str):
     path.mkdir(parents=True, exist_ok=True)
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                                           capture_output=True).returncode != 0:
+    if (
+        os.geteuid() != 0
+        or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True
+        ).returncode
+        != 0
+    ):
         pytest.skip("needs root to mount a small tmpfs")
     try:
         yield path
@@ -190,8 +203,7 @@ def test_planted_link_is_not_written_through(reference, tmp_path):
 # ---- symbolic link loops, environment, the compile cache -----------------------------------
 
 
-LOOPED = ["checkpoints/step-0000002.safetensors", "data/manifest.json", "recipe.json", "steps.jsonl",
-          "head.json"]
+LOOPED = ["checkpoints/step-0000002.safetensors", "data/manifest.json", "recipe.json", "steps.jsonl", "head.json"]
 
 
 @pytest.mark.parametrize("name", LOOPED)
@@ -213,10 +225,13 @@ def test_symlink_loops_are_named(reference, tmp_path, name):
         assert r.returncode == 2 and "loop of symbolic links" in r.stderr
 
 
-@pytest.mark.parametrize("setting,message", [
-    ({"NUMBA_THREADING_LAYER": "tbb"}, "needs Intel TBB"),
-    ({"NUMBA_THREADING_LAYER": "nonsense"}, "not a Numba threading layer"),
-])
+@pytest.mark.parametrize(
+    "setting,message",
+    [
+        ({"NUMBA_THREADING_LAYER": "tbb"}, "needs Intel TBB"),
+        ({"NUMBA_THREADING_LAYER": "nonsense"}, "not a Numba threading layer"),
+    ],
+)
 def test_bad_threading_layer_is_refused(setting, message, tmp_path):
     pytest.importorskip("numba")
     if "tbb" in setting.values():
@@ -224,25 +239,36 @@ def test_bad_threading_layer_is_refused(setting, message, tmp_path):
 
         if importlib.util.find_spec("tbb") is not None:
             pytest.skip("TBB is installed here")
-    p = subprocess.run([sys.executable, "-m", "refreplay", "replay", str(tmp_path), "--step", "1"],
-                       capture_output=True, text=True, timeout=120, env={**env(), **setting})
+    p = subprocess.run(
+        [sys.executable, "-m", "refreplay", "replay", str(tmp_path), "--step", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**env(), **setting},
+    )
     assert p.returncode == 2 and message in p.stderr and "Traceback" not in p.stderr, p.stderr
 
 
 def test_non_ascii_path_under_ascii_io(reference, tmp_path):
     out = tmp_path / "r\u00e9sum\u00e9"
     shutil.copytree(reference, out)
-    p = subprocess.run([sys.executable, "-m", "refreplay", "replay", str(out), "--step", "1", "--quiet"],
-                       capture_output=True, timeout=300, env={**env(), "PYTHONIOENCODING": "ascii"})
+    p = subprocess.run(
+        [sys.executable, "-m", "refreplay", "replay", str(out), "--step", "1", "--quiet"],
+        capture_output=True,
+        timeout=300,
+        env={**env(), "PYTHONIOENCODING": "ascii"},
+    )
     err = p.stderr.decode("ascii", "replace")
     assert p.returncode == 0 and b"VERIFIED" in p.stdout and "Traceback" not in err, err
     assert b"r\\xe9sum\\xe9" in p.stdout
 
 
 def test_corrupt_compile_cache_is_set_aside_and_recompiled(tmp_path):
-    code = ("import numpy as np\n"
-            "from refreplay.numerics import bf16\n"
-            "print(bf16.encode(np.array([1.5, -2.25, 3.0], np.float32)).tolist())\n")
+    code = (
+        "import numpy as np\n"
+        "from refreplay.numerics import bf16\n"
+        "print(bf16.encode(np.array([1.5, -2.25, 3.0], np.float32)).tolist())\n"
+    )
     e = {**env(), "REFREPLAY_CACHE_ROOT": str(tmp_path / "cache")}
     first = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=e)
     assert first.returncode == 0, first.stderr

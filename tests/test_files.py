@@ -1,5 +1,6 @@
 """refreplay.files: a write lands whole or not at all, never through a link,
 and a full or read-only filesystem is an InputError naming the file."""
+
 import errno
 import os
 
@@ -55,13 +56,19 @@ def test_a_directory_is_not_a_target(tmp_path):
         files.write_atomic(tmp_path / "x.json", "{}")
 
 
-@pytest.mark.parametrize("code, words", [(errno.ENOSPC, "no space left"),
-                                         (errno.EROFS, "read-only"),
-                                         (errno.EACCES, "permission denied"),
-                                         (errno.EDQUOT, "quota")])
+@pytest.mark.parametrize(
+    "code, words",
+    [
+        (errno.ENOSPC, "no space left"),
+        (errno.EROFS, "read-only"),
+        (errno.EACCES, "permission denied"),
+        (errno.EDQUOT, "quota"),
+    ],
+)
 def test_write_errors_are_input_errors_and_leave_nothing(tmp_path, monkeypatch, code, words):
     def failing_fsync(fd):
         raise OSError(code, os.strerror(code))
+
     monkeypatch.setattr(files.os, "fsync", failing_fsync)
     target = tmp_path / "ckpt.safetensors"
     with pytest.raises(InputError, match=words) as exc:
@@ -73,6 +80,7 @@ def test_write_errors_are_input_errors_and_leave_nothing(tmp_path, monkeypatch, 
 def test_an_unwritable_directory_is_an_input_error(tmp_path, monkeypatch):
     def no_temp(*a, **k):
         raise OSError(errno.EROFS, "Read-only file system")
+
     monkeypatch.setattr(files.tempfile, "mkstemp", no_temp)
     with pytest.raises(InputError, match="read-only"):
         files.write_atomic(tmp_path / "a.json", "{}")

@@ -1,6 +1,7 @@
 """`refreplay fuzz`: hypothesis finds shape-dependent algorithm switches that
 the kernel's small cases hide, shrinks them to a minimal case, diagnoses and
 saves it, deterministically per seed ([conf.runner.c1])."""
+
 import json
 import sys
 
@@ -37,8 +38,10 @@ def test_split_k_matmul_is_found_and_shrunk(split_k):
     assert fuzz_kernels.SPLIT_K_ABOVE < d["K"] <= fuzz_kernels.SPLIT_K_ABOVE + 8
     assert d["I"] == 1 and d["J"] == 1
     # the shrunk case is a real difference: the reference passes it
-    assert kernels.resolve("reference").run("matmul", list(out.result.case.inputs.values()),
-                                            {})["C"].tobytes() == out.result.case.outputs["C"].tobytes()
+    assert (
+        kernels.resolve("reference").run("matmul", list(out.result.case.inputs.values()), {})["C"].tobytes()
+        == out.result.case.outputs["C"].tobytes()
+    )
 
 
 def test_online_softmax_is_found_and_shrunk():
@@ -58,13 +61,27 @@ def test_the_reference_passes_its_own_fuzz():
 def test_fuzz_cli_is_deterministic_diagnoses_and_saves_a_replayable_case(tmp_path, capsys, monkeypatch, split_k):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("HYPOTHESIS_STORAGE_DIRECTORY", raising=False)
-    rc = cli.main(["fuzz", "fuzz_kernels:matmul", "--op", "matmul", "--examples", "200", "--max-elements",
-                   str(MAX_ELEMENTS), "--json", str(tmp_path / "f.json")])
+    rc = cli.main(
+        [
+            "fuzz",
+            "fuzz_kernels:matmul",
+            "--op",
+            "matmul",
+            "--examples",
+            "200",
+            "--max-elements",
+            str(MAX_ELEMENTS),
+            "--json",
+            str(tmp_path / "f.json"),
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 1
     # the same seed gives the same run as the fixture's (in-process) one
-    assert (f"a difference after {split_k.found_after} examples, shrunk to I=1,K={split_k.dims['K']},J=1 "
-            f"({split_k.examples} examples in all") in out
+    assert (
+        f"a difference after {split_k.found_after} examples, shrunk to I=1,K={split_k.dims['K']},J=1 "
+        f"({split_k.examples} examples in all"
+    ) in out
     assert "NOT CONFORMANT" in out and "Diagnosis:" in out
     assert "sums in another order" in out
     rep = json.loads((tmp_path / "f.json").read_text())
@@ -79,8 +96,22 @@ def test_fuzz_cli_is_deterministic_diagnoses_and_saves_a_replayable_case(tmp_pat
     assert cli.main(["conform", "fuzz_kernels:matmul", "--vectors", str(saved)]) == 1
     assert cli.main(["conform", "reference", "--vectors", str(saved)]) == 0
     capsys.readouterr()
-    rc = cli.main(["fuzz", "reference", "--op", "matmul", "--examples", "10", "--max-elements", "256",
-                   "--json", str(tmp_path / "p.json"), "--junit", str(tmp_path / "p.xml")])
+    rc = cli.main(
+        [
+            "fuzz",
+            "reference",
+            "--op",
+            "matmul",
+            "--examples",
+            "10",
+            "--max-elements",
+            "256",
+            "--json",
+            str(tmp_path / "p.json"),
+            "--junit",
+            str(tmp_path / "p.xml"),
+        ]
+    )
     assert rc == 0 and "every one matches" in capsys.readouterr().out
     rep = json.loads((tmp_path / "p.json").read_text())
     assert rep["conformant"] and rep["fuzz"]["examples"] == 10 and rep["fuzz"]["found_after"] is None
@@ -89,7 +120,8 @@ def test_fuzz_cli_is_deterministic_diagnoses_and_saves_a_replayable_case(tmp_pat
 
 # The in-process call, once bare and once after importing what the CLI imports before running (the
 # save checks); each in a fresh interpreter, so that no earlier test can put the process in either state.
-_IN_PROCESS = """
+_IN_PROCESS = (
+    """
 import sys
 if sys.argv[1] == "after-imports":
     from refreplay.conformance.golden import live_save, store  # noqa: F401
@@ -98,7 +130,9 @@ from refreplay.conformance.running import adapters as kernels
 from refreplay.testing import fuzz
 o = fuzz.fuzz(kernels.resolve("fuzz_kernels:matmul"), "matmul", 200, 0, %d)
 print(f"after {o.found_after} examples ({o.examples} examples in all")
-""" % MAX_ELEMENTS
+"""
+    % MAX_ELEMENTS
+)
 
 
 def test_fuzz_same_seed_same_run_from_every_entry_point(tmp_path):
@@ -111,25 +145,39 @@ def test_fuzz_same_seed_same_run_from_every_entry_point(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests.parent), str(tests)])}
 
     def py(*argv):
-        p = subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env, cwd=tmp_path,
-                           timeout=600)
+        p = subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
         found = re.search(r"after \d+ examples.*?\(\d+ examples in all", p.stdout)
         assert found, p.stdout + p.stderr
         return found.group(0).replace(", shrunk to I=1,K=65,J=1 ", " ")
 
-    cli_run = py("-m", "refreplay", "fuzz", "fuzz_kernels:matmul", "--op", "matmul", "--examples", "200",
-                 "--max-elements", str(MAX_ELEMENTS), "--save", str(tmp_path / "saved"))
+    cli_run = py(
+        "-m",
+        "refreplay",
+        "fuzz",
+        "fuzz_kernels:matmul",
+        "--op",
+        "matmul",
+        "--examples",
+        "200",
+        "--max-elements",
+        str(MAX_ELEMENTS),
+        "--save",
+        str(tmp_path / "saved"),
+    )
     assert py("-c", _IN_PROCESS, "bare", str(tmp_path / "x")) == cli_run
     assert py("-c", _IN_PROCESS, "after-imports", str(tmp_path / "x")) == cli_run
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--op", "matmul", "--examples", "0"], "--examples"),
-    (["--op", "matmul", "--max-elements", "0"], "--max-elements"),
-    (["--op", "layernorm_forward", "--max-elements", "1"], "smallest"),
-    (["--op", "no_such_op"], "unknown op"),
-    (["--op", "matmul", "--seed", "-3"], "--seed"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--op", "matmul", "--examples", "0"], "--examples"),
+        (["--op", "matmul", "--max-elements", "0"], "--max-elements"),
+        (["--op", "layernorm_forward", "--max-elements", "1"], "smallest"),
+        (["--op", "no_such_op"], "unknown op"),
+        (["--op", "matmul", "--seed", "-3"], "--seed"),
+    ],
+)
 def test_fuzz_bad_arguments_exit_2(capsys, args, message):
     assert cli.main(["fuzz", "reference", *args]) == 2
     assert message in capsys.readouterr().err
@@ -149,19 +197,20 @@ def test_fuzz_without_hypothesis_exits_2(monkeypatch, capsys):
 
 def test_kernel_errors_and_declines_are_failures(tmp_path, monkeypatch, capsys):
     mod = tmp_path / "odd_kernels.py"
-    mod.write_text("import numpy as np\n"
-                   "def matmul(A, B):\n"
-                   "    if A.shape[1] > 20: raise RuntimeError('too long')\n"
-                   "    from refreplay import linalg\n"
-                   "    from refreplay.conformance.base.case import load_inputs\n"
-                   "    return linalg.matmul(*load_inputs([A, B]))\n"
-                   "def other(op, *xs):\n"
-                   "    raise NotImplementedError\n")
+    mod.write_text(
+        "import numpy as np\n"
+        "def matmul(A, B):\n"
+        "    if A.shape[1] > 20: raise RuntimeError('too long')\n"
+        "    from refreplay import linalg\n"
+        "    from refreplay.conformance.base.case import load_inputs\n"
+        "    return linalg.matmul(*load_inputs([A, B]))\n"
+        "def other(op, *xs):\n"
+        "    raise NotImplementedError\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     out = fuzz.fuzz(kernels.resolve("odd_kernels:matmul"), "matmul", 100, 0, 1024)
     assert out.result.status == "error" and out.dims["K"] == 21 and "too long" in out.result.message
-    assert cli.main(["fuzz", "odd_kernels:other", "--op", "sum", "--examples", "5",
-                     "--save", str(tmp_path / "s")]) == 1
+    assert cli.main(["fuzz", "odd_kernels:other", "--op", "sum", "--examples", "5", "--save", str(tmp_path / "s")]) == 1
     assert "SKIP" in capsys.readouterr().out
 
 
@@ -212,8 +261,9 @@ def test_sizes_reach_the_edges():
     assert want <= seen, want - seen
 
 
-@pytest.mark.parametrize("op", ["matmul", "attention_backward", "rope_forward", "embedding_forward",
-                                "layernorm_forward"])
+@pytest.mark.parametrize(
+    "op", ["matmul", "attention_backward", "rope_forward", "embedding_forward", "layernorm_forward"]
+)
 def test_shapes_respect_the_budget_and_the_op(op):
     @settings(max_examples=60, database=None, derandomize=True)
     @given(rs.shapes(op, 5000))
@@ -232,12 +282,14 @@ def test_strategies_in_a_kernel_authors_own_test():
     from refreplay.conformance.base.case import load_inputs
 
     def my_test(kernel, examples):
-        @settings(max_examples=examples, database=None, derandomize=True, deadline=None,
-                  phases=[Phase.generate, Phase.shrink])  # no explain phase: it re-runs the kernel a lot
+        @settings(
+            max_examples=examples, database=None, derandomize=True, deadline=None, phases=[Phase.generate, Phase.shrink]
+        )  # no explain phase: it re-runs the kernel a lot
         @given(rs.op_inputs("matmul", max_elements=4096))
         def test(case):
             dims, inputs = case
             assert rs.same_bits(rs.expected("matmul", inputs)["C"], kernel(inputs["A"], inputs["B"]))
+
         test()
 
     keep = numba.get_num_threads()

@@ -3,6 +3,7 @@ byte for byte, every record reproduces from the file's own samples with 1, 3
 and M ranks, the recipe hash is the stated function of configuration and
 samples, and an altered or malformed file is refused with the right exit
 code and the first differing record named."""
+
 from __future__ import annotations
 
 import hashlib
@@ -91,6 +92,7 @@ def test_the_m7_case_engages_clipping(monkeypatch):
         out = clip(grads, max_norm)
         seen.append(out[1])
         return out
+
     monkeypatch.setattr(optim, "clip_grad_norm", spy)
     _records(M7)
     assert len(seen) == M7.steps and all(coef < np.float32(1) for coef in seen), seen
@@ -100,8 +102,13 @@ def test_cases_cover_what_the_clause_says(committed):
     cases = {c["name"]: c for c in committed["cases"]}
     tiny, var = cases["tiny"]["model"], cases["layer-swiglu-int8"]["model"]
     assert (tiny["norm"], tiny["mlp"], tiny["tied"], tiny["linear"]) == ("rms", "gelu", True, "fp32")
-    assert (var["norm"], var["mlp"], var["tied"], var["linear"], var["bias"]) == \
-        ("layer", "swiglu", False, "int8", True)
+    assert (var["norm"], var["mlp"], var["tied"], var["linear"], var["bias"]) == (
+        "layer",
+        "swiglu",
+        False,
+        "int8",
+        True,
+    )
     assert cases["layer-swiglu-int8"]["train"]["micro_batches"] == 6
     # [bf16.precision.c1] the tiny preset in the bf16 profile; the fp32 cases carry no precision field
     assert cases["tiny-bf16"]["model"] == {**tiny, "precision": "bf16"}
@@ -152,13 +159,16 @@ def test_altered_samples_change_the_recipe_hash(tmp_path, committed, capsys):
     assert problems and problems[0].startswith("tiny: recipe_sha256 is")
 
 
-@pytest.mark.parametrize("mutate, message", [
-    (lambda d: d.update(format="other"), "not a refreplay-steps/1 file"),
-    (lambda d: d["cases"][0]["samples"].__setitem__(0, "00"), "seq_len + 1"),
-    (lambda d: d["cases"][0]["records"].reverse(), "steps 0, 1, 2"),
-    (lambda d: d["cases"][0]["model"].__setitem__("width", "wide"), "width"),
-    (lambda d: d["cases"][0].pop("recipe_sha256"), "malformed"),
-])
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda d: d.update(format="other"), "not a refreplay-steps/1 file"),
+        (lambda d: d["cases"][0]["samples"].__setitem__(0, "00"), "seq_len + 1"),
+        (lambda d: d["cases"][0]["records"].reverse(), "steps 0, 1, 2"),
+        (lambda d: d["cases"][0]["model"].__setitem__("width", "wide"), "width"),
+        (lambda d: d["cases"][0].pop("recipe_sha256"), "malformed"),
+    ],
+)
 def test_malformed_files_exit_2(tmp_path, committed, capsys, mutate, message):
     bad = json.loads(json.dumps(committed))
     mutate(bad)

@@ -9,6 +9,7 @@ previous call's contents fails).  Bad ``out`` arrays are refused with a
 clear error.  The whole-model and whole-step checks compare a model / trainer
 with its workspace against one without (every temporary new).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -84,10 +85,10 @@ def test_embedding_out_is_checked():
     with pytest.raises(TypeError, match="numpy array"):
         embedding.embedding_backward(dout, tokens, V, out=[[0.0] * 70] * V)
     big = nan_like((3 * 11 * 70 + V * 70,))  # out overlapping dout
-    d = big[:3 * 11 * 70].reshape(3, 11, 70)
+    d = big[: 3 * 11 * 70].reshape(3, 11, 70)
     d[:] = dout
     with pytest.raises(ValueError, match="overlap"):
-        embedding.embedding_backward(d, tokens, V, out=big[3 * 11 * 70 - 70:3 * 11 * 70 - 70 + V * 70].reshape(V, 70))
+        embedding.embedding_backward(d, tokens, V, out=big[3 * 11 * 70 - 70 : 3 * 11 * 70 - 70 + V * 70].reshape(V, 70))
 
 
 # ---- cross-entropy backward ([loss.bwd.c1]) -------------------------------------------
@@ -110,8 +111,10 @@ def test_cross_entropy_out_is_bit_identical_on_garbage_and_reuse():
         assert got is out
         same(got, ref)
     logits, y = ce_case(3)
-    same(loss.cross_entropy_backward(logits, y, dloss=np.float32(0.5), count=20, out=out),
-         loss.cross_entropy_backward(logits, y, dloss=np.float32(0.5), count=20))
+    same(
+        loss.cross_entropy_backward(logits, y, dloss=np.float32(0.5), count=20, out=out),
+        loss.cross_entropy_backward(logits, y, dloss=np.float32(0.5), count=20),
+    )
 
 
 def test_cross_entropy_out_is_checked():
@@ -192,20 +195,22 @@ def test_linear_out_is_checked():
 def test_linear_forward_refuses_out_in_its_input():
     _, x, W, b = lin_case(0)
     buf = np.zeros(x.size + 19 * 33, np.float32)
-    xx = buf[:x.size].reshape(x.shape)
+    xx = buf[: x.size].reshape(x.shape)
     xx[:] = x
     with pytest.raises(ValueError, match="overlap"):
-        linear.linear_forward(xx, W, b, out=buf[x.size - 5:x.size - 5 + 19 * 33].reshape(19, 33))
+        linear.linear_forward(xx, W, b, out=buf[x.size - 5 : x.size - 5 + 19 * 33].reshape(19, 33))
 
 
 # ---- the model and the step ------------------------------------------------------------
 
 CONFIGS = {
     "tied-rms": ModelConfig(vocab=64, width=16, layers=1, heads=2, seq_len=8, mlp_hidden=32),
-    "untied-layer-bias": ModelConfig(vocab=64, width=16, layers=1, heads=2, seq_len=8, mlp_hidden=32,
-                                     norm="layer", tied=False, bias=True),
-    "tied-learned-bf16": ModelConfig(vocab=64, width=16, layers=1, heads=2, seq_len=8, mlp_hidden=32,
-                                     pos="learned", precision="bf16", mlp="swiglu"),
+    "untied-layer-bias": ModelConfig(
+        vocab=64, width=16, layers=1, heads=2, seq_len=8, mlp_hidden=32, norm="layer", tied=False, bias=True
+    ),
+    "tied-learned-bf16": ModelConfig(
+        vocab=64, width=16, layers=1, heads=2, seq_len=8, mlp_hidden=32, pos="learned", precision="bf16", mlp="swiglu"
+    ),
 }
 
 
@@ -241,6 +246,7 @@ def test_model_workspace_gives_the_same_bits_and_allocates_once(name):
     assert reuse.workspace.allocations == made  # reused, not reallocated
     # the memory estimate counts exactly what the workspace keeps between steps
     from refreplay.training import estimate
+
     kept = sum(buf.nbytes for buf in reuse.workspace._bufs.values())
     assert kept == estimate.workspace_bytes(cfg, 3)
     # no returned gradient lives in a scratch buffer (the TreeFold keeps them)

@@ -18,6 +18,7 @@ The GELU backward is compared through ``local`` (steps 1-7): dx =
 mul(dout, local) then canon, so equal local bits (NaN: any NaN, which step
 8 canonicalises) give equal dx for every dout.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -36,6 +37,7 @@ CHUNK = 1 << 16  # patterns per parallel task
 
 
 # ---- counters: (mismatches, first mismatching pattern or -1) per function ----------
+
 
 @parallel_kernel
 def _count(lane, scalar, pats):
@@ -85,8 +87,9 @@ def _count_gelu(pats):
             sech2 = sub(ONE, mul(th, th))  # [act.gelu.bwd.c1] steps 5-7
             dinner = mul(GELU_SCALE, add(ONE, mul(mul(GELU_CUBE3, x), x)))
             local = add(mul(HALF, add(ONE, th)), mul(mul(mul(HALF, x), sech2), dinner))
-            if (f32_bits(activations.gelu_lane(x)) != f32_bits(out)
-                    or f32_bits(canon(activations.gelu_local(x))) != f32_bits(local)):
+            if f32_bits(activations.gelu_lane(x)) != f32_bits(out) or f32_bits(
+                canon(activations.gelu_local(x))
+            ) != f32_bits(local):
                 bad[t] += 1
                 if first[t] < 0:
                     first[t] = pats[i]
@@ -104,6 +107,7 @@ def check(name, pats):
 
 # ---- the default run's subset -----------------------------------------------------
 
+
 def subset_patterns():
     """Every sign and exponent (512 classes) with edge mantissas and 64 random
     ones; every 511th pattern (2^23 of them); and 2^16 consecutive patterns on
@@ -111,13 +115,13 @@ def subset_patterns():
     exp's -88 and 88.72, 2^-63 and 2^-42 (where squares and cubes turn
     subnormal), and the infinities."""
     rng = np.random.default_rng(2026)
-    mant = np.concatenate([[0, 1, 2, 0x3FFFFF, 0x400000, 0x400001, 0x7FFFFE, 0x7FFFFF],
-                           rng.integers(0, 1 << 23, 64)]).astype(np.uint64)
+    mant = np.concatenate(
+        [[0, 1, 2, 0x3FFFFF, 0x400000, 0x400001, 0x7FFFFE, 0x7FFFFF], rng.integers(0, 1 << 23, 64)]
+    ).astype(np.uint64)
     classes = (np.arange(512, dtype=np.uint64) << np.uint64(23))[:, None] | mant[None, :]
     sweep = np.arange(0, 1 << 32, 511, dtype=np.uint64)
     windows = []
-    for centre in (0x00000000, 0x00800000, 0x3F400000, 0xC2B00000, 0x42B17217, 0x20000000,
-                   0x2A800000, 0x7F800000):
+    for centre in (0x00000000, 0x00800000, 0x3F400000, 0xC2B00000, 0x42B17217, 0x20000000, 0x2A800000, 0x7F800000):
         for sign in (0, 0x80000000):
             c = (centre | sign) & 0xFFFFFFFF
             windows.append(np.arange(c - (1 << 16), c + (1 << 16), dtype=np.int64) % (1 << 32))
@@ -137,6 +141,7 @@ def test_lane_equals_scalar_on_subset(name, subset):
 
 
 # ---- exhaustion ----------------------------------------------------------------------
+
 
 def all_patterns_in_chunks(size=1 << 24):
     for lo in range(0, 1 << 32, size):

@@ -5,6 +5,7 @@ refreplay code) and Python integers for int8.  The fast kernels must also
 equal the library's own ``*_naive`` loops bit for bit on shapes around every
 block boundary, under 1 and 2 threads and in separate processes.
 """
+
 import hashlib
 import os
 import subprocess
@@ -19,12 +20,34 @@ from naive import bits
 from refreplay import linalg as L
 from refreplay.numerics import load
 
-EDGE_BITS = np.array([
-    0x00000000, 0x80000000, 0x3F800000, 0xBF800000, 0x7F800000, 0xFF800000,
-    0x7FC00000, 0x7F7FFFFF, 0xFF7FFFFF, 0x00800000, 0x80800000, 0x00800001,
-    0x3F7FFFFE, 0x20000000, 0xA0000000, 0x5F000000, 0x3F800800, 0xBF801000,
-    0x33800000, 0x3F000000, 0x00000001, 0x807FFFFF, 0xFFC12345,
-], dtype=np.uint32)  # zeros, ±1, ±inf, NaN, ±max, ±FLT_MIN, tiny products, overflow
+EDGE_BITS = np.array(
+    [
+        0x00000000,
+        0x80000000,
+        0x3F800000,
+        0xBF800000,
+        0x7F800000,
+        0xFF800000,
+        0x7FC00000,
+        0x7F7FFFFF,
+        0xFF7FFFFF,
+        0x00800000,
+        0x80800000,
+        0x00800001,
+        0x3F7FFFFE,
+        0x20000000,
+        0xA0000000,
+        0x5F000000,
+        0x3F800800,
+        0xBF801000,
+        0x33800000,
+        0x3F000000,
+        0x00000001,
+        0x807FFFFF,
+        0xFFC12345,
+    ],
+    dtype=np.uint32,
+)  # zeros, ±1, ±inf, NaN, ±max, ±FLT_MIN, tiny products, overflow
 
 
 def rand(rng, shape, scale=1.0):
@@ -42,12 +65,15 @@ def edgy(rng, shape, frac=0.3):
 
 def forms(A, B):
     """The three layouts of the same product: (name, fn, args)."""
-    return [("nn", L.matmul, (A, B)),
-            ("nt", L.matmul_nt, (A, np.ascontiguousarray(B.T))),
-            ("tn", L.matmul_tn, (np.ascontiguousarray(A.T), B))]
+    return [
+        ("nn", L.matmul, (A, B)),
+        ("nt", L.matmul_nt, (A, np.ascontiguousarray(B.T))),
+        ("tn", L.matmul_tn, (np.ascontiguousarray(A.T), B)),
+    ]
 
 
 # ---- matmul against the scalar oracle -------------------------------------------
+
 
 @pytest.mark.parametrize("I,K,J", [(1, 1, 1), (3, 5, 7), (17, 35, 23), (40, 61, 37)])
 def test_matmul_forms_equal_scalar_oracle(I, K, J):
@@ -87,7 +113,7 @@ def test_matmul_empty_sum_is_positive_zero():
 def test_multiply_add_probe_is_unfused_everywhere():
     """[mm.nn.c1] [num.nofma.c1] 1·c + a·a = +0 unfused (2^-24 if fused), in
     every output position of a blocked kernel and at several k offsets."""
-    a, c = np.float32(1 + 2 ** -12), np.float32(-(1 + 2 ** -11))
+    a, c = np.float32(1 + 2**-12), np.float32(-(1 + 2**-11))
     for I, K, J, k0 in [(13, 2, 37, 0), (70, 9, 100, 5), (33, 300, 65, 297)]:
         A = np.zeros((I, K), np.float32)
         B = np.zeros((K, J), np.float32)
@@ -109,6 +135,7 @@ def test_matmul_differs_from_numpy():
 
 
 # ---- accumulate and bias ---------------------------------------------------------
+
 
 def test_accumulate_adds_full_sum_last():
     """[mm.accumulate.c1] D + S with S formed from -0, in every form."""
@@ -133,6 +160,7 @@ def test_bias_add_after_sum():
 
 
 # ---- reductions --------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("I,N", [(1, 1), (5, 0), (3, 17), (20, 129)])
 def test_reductions_equal_oracle(I, N):
@@ -159,7 +187,7 @@ def test_reduction_signed_zero_and_nan():
 
 def test_col_sum_accumulates_after_sum():
     """[red.colsum.c1] out + column sum, the column sum formed first."""
-    X = np.array([[2 ** -24], [2 ** -24]], np.float32)
+    X = np.array([[2**-24], [2**-24]], np.float32)
     out = np.ones(1, np.float32)
     L.col_sum(X, out=out, accumulate=True)
     assert bits(out).tolist() == [0x3F800001]
@@ -167,7 +195,7 @@ def test_col_sum_accumulates_after_sum():
 
 def test_row_sum_order_is_sequential():
     """[red.sum.c1] 1 + 2^-24 + ... stays 1; a pairwise or reversed order would not."""
-    X = np.full((1, 1025), 2 ** -24, np.float32)
+    X = np.full((1, 1025), 2**-24, np.float32)
     X[0, 0] = 1
     assert bits(L.row_sum(X)).tolist() == [0x3F800000]
     assert bits(L.row_sum(X[:, ::-1].copy())).tolist() == [0x3F800200]
@@ -176,12 +204,31 @@ def test_row_sum_order_is_sequential():
 # ---- fast kernels equal the naive kernels -------------------------------------------
 
 # around the tile (4 rows × 64 columns) and k block (1024) sizes, primes, 1
-SHAPES = [(1, 1, 1), (1, 7, 1), (2, 3, 50), (5, 1, 17), (6, 64, 31), (7, 33, 32), (8, 65, 33),
-          (13, 129, 47), (31, 16, 64), (33, 17, 65), (64, 64, 64), (65, 100, 97), (97, 257, 129),
-          (5, 20, 63), (4, 1, 128), (3, 1023, 5), (5, 1025, 70), (9, 2049, 3),
-          # packed B over mm_fp32.B_CACHED: several column blocks of B_BLOCK floats, the last
-          # one partial, across k blocks
-          (9, 1030, 64 * 33 + 7), (5, 2100, 64 * 40), (3, 3, 64 * 700 * 16 + 5)]
+SHAPES = [
+    (1, 1, 1),
+    (1, 7, 1),
+    (2, 3, 50),
+    (5, 1, 17),
+    (6, 64, 31),
+    (7, 33, 32),
+    (8, 65, 33),
+    (13, 129, 47),
+    (31, 16, 64),
+    (33, 17, 65),
+    (64, 64, 64),
+    (65, 100, 97),
+    (97, 257, 129),
+    (5, 20, 63),
+    (4, 1, 128),
+    (3, 1023, 5),
+    (5, 1025, 70),
+    (9, 2049, 3),
+    # packed B over mm_fp32.B_CACHED: several column blocks of B_BLOCK floats, the last
+    # one partial, across k blocks
+    (9, 1030, 64 * 33 + 7),
+    (5, 2100, 64 * 40),
+    (3, 3, 64 * 700 * 16 + 5),
+]
 
 
 @pytest.mark.parametrize("I,K,J", SHAPES)
@@ -190,8 +237,11 @@ def test_fast_equals_naive(I, K, J):
     rng = np.random.default_rng(I * 7919 + K * 31 + J)
     A, B, D = edgy(rng, (I, K), 0.05), edgy(rng, (K, J), 0.05), rand(rng, (I, J))
     At, Bt = np.ascontiguousarray(A.T), np.ascontiguousarray(B.T)
-    for fast, slow, a, b in [(L.mm_nn, L.mm_nn_naive, A, B), (L.mm_nt, L.mm_nt_naive, A, Bt),
-                             (L.mm_tn, L.mm_tn_naive, At, B)]:
+    for fast, slow, a, b in [
+        (L.mm_nn, L.mm_nn_naive, A, B),
+        (L.mm_nt, L.mm_nt_naive, A, Bt),
+        (L.mm_tn, L.mm_tn_naive, At, B),
+    ]:
         for acc in (False, True):
             c_fast, c_slow = D.copy(), D.copy()
             fast(a, b, c_fast, acc)
@@ -204,8 +254,11 @@ def test_fast_reductions_equal_naive(I, N):
     """[red.rowsum.c1] [red.colsum.c1] [red.rowmax.c1] [mm.bias.c1] fast == naive kernels."""
     rng = np.random.default_rng(I * 3 + N)
     X = edgy(rng, (I, N), 0.1)
-    for fast, slow, n_out in [(L.row_sum_k, L.row_sum_naive, I), (L.row_max_k, L.row_max_naive, I),
-                              (L.col_sum_k, L.col_sum_naive, N)]:
+    for fast, slow, n_out in [
+        (L.row_sum_k, L.row_sum_naive, I),
+        (L.row_max_k, L.row_max_naive, I),
+        (L.col_sum_k, L.col_sum_naive, N),
+    ]:
         o1, o2 = np.empty(n_out, np.float32), np.empty(n_out, np.float32)
         fast(X, o1)
         slow(X, o2)
@@ -231,11 +284,11 @@ def test_flush_free_bound_is_exact(I, K, J):
     """
     A = np.zeros((I, K), np.float32)
     B = np.zeros((K, J), np.float32)
-    A[:, K - 2], A[:, K - 1] = _f32(1 + 2 ** -23), _f32(-1)
-    B[K - 2, :], B[K - 1, :] = _f32(2.0 ** -104), _f32(2.0 ** -104)
+    A[:, K - 2], A[:, K - 1] = _f32(1 + 2**-23), _f32(-1)
+    B[K - 2, :], B[K - 1, :] = _f32(2.0**-104), _f32(2.0**-104)
     for name, fn, args in forms(A, B):
         assert np.array_equal(bits(fn(*args)), np.zeros((I, J), np.uint32)), name
-    B[K - 2, :], B[K - 1, :] = _f32(2.0 ** -103), _f32(2.0 ** -103)  # at the bound: 2^-126, normal
+    B[K - 2, :], B[K - 1, :] = _f32(2.0**-103), _f32(2.0**-103)  # at the bound: 2^-126, normal
     for name, fn, args in forms(A, B):
         assert np.array_equal(bits(fn(*args)), np.full((I, J), 0x00800000, np.uint32)), name
 
@@ -248,7 +301,7 @@ def test_product_flush_bound_is_exact(I, K, J):
     A = np.zeros((I, K), np.float32)
     B = np.zeros((K, J), np.float32)
     A[:, K - 2], A[:, K - 1] = _f32(1), _f32(0.5)
-    B[K - 2, :], B[K - 1, :] = _f32(2.0 ** -126), _f32(1.5 * 2.0 ** -126)
+    B[K - 2, :], B[K - 1, :] = _f32(2.0**-126), _f32(1.5 * 2.0**-126)
     for name, fn, args in forms(A, B):
         assert np.array_equal(bits(fn(*args)), np.full((I, J), 0x00800000, np.uint32)), name
     A[:, K - 1] = _f32(1)  # at the bound: both products normal, 2.5·2^-126
@@ -264,16 +317,16 @@ def test_tiny_products_and_cancellation_equal_naive(seed):
     one row block back on the flushing path."""
     rng = np.random.default_rng(100 + seed)
     I, K, J = 13, 40, 70
-    mant = lambda shape: (1 + rng.integers(0, 8, shape) * 2.0 ** -23) * rng.choice([-1, 1], shape)
+    mant = lambda shape: (1 + rng.integers(0, 8, shape) * 2.0**-23) * rng.choice([-1, 1], shape)
     A = (mant((I, K)) * 2.0 ** rng.integers(-54, -49, (I, K))).astype(np.float32)
     B = (mant((K, J)) * 2.0 ** rng.integers(-54, -49, (K, J))).astype(np.float32)
     nudge = rng.integers(-3, 4, (I, K // 2)).astype(np.int32)
     A[:, 1::2] = -(A[:, 0::2].view(np.int32) + nudge).view(np.float32)  # cancel to a few ulps
     B[1::2, :] = B[0::2, :]
     if seed % 2:
-        A, B = A * np.float32(2.0 ** 40), B * np.float32(2.0 ** 10)  # most tiles flush-free
+        A, B = A * np.float32(2.0**40), B * np.float32(2.0**10)  # most tiles flush-free
         A[5] = 0
-        A[5, 3] = np.float32(2.0 ** -90)  # ... but not the row block of row 5: 2^-90·B[3, j] is subnormal
+        A[5, 3] = np.float32(2.0**-90)  # ... but not the row block of row 5: 2^-90·B[3, j] is subnormal
     want = bits(naive.matmul(A, B))
     for name, fn, args in forms(A, B):
         assert np.array_equal(bits(fn(*args)), want), name
@@ -325,10 +378,8 @@ print(h.hexdigest())
 
 def _hash_in_subprocess(threads):
     env = dict(os.environ, NUMBA_NUM_THREADS=str(threads))
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parent.parent),
-                                         env.get("PYTHONPATH", "")])
-    out = subprocess.run([sys.executable, "-c", _HASH_SCRIPT], env=env, capture_output=True,
-                         text=True, timeout=600)
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH", "")])
+    out = subprocess.run([sys.executable, "-c", _HASH_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
 
@@ -343,6 +394,7 @@ def test_same_bits_with_1_and_2_threads_and_across_processes():
 
 
 # ---- int8 --------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("I,K,J", [(1, 1, 1), (3, 5, 7), (17, 35, 23), (9, 300, 40), (3, 2100, 70), (5, 0, 3)])
 def test_matmul_i8_exact(I, K, J):
@@ -365,12 +417,13 @@ def test_matmul_i8_overflow_bound():
     B = np.full((K, 2), -128, np.int8)
     B[:, 1] = 127
     assert L.matmul_i8(A, B).tolist() == [[K * 16384, -K * 16256]]
-    assert K * 16384 == 2 ** 31 - 2 ** 14
+    assert K * 16384 == 2**31 - 2**14
     with pytest.raises(ValueError, match="131071"):
         L.matmul_i8(np.zeros((1, K + 1), np.int8), np.zeros((K + 1, 1), np.int8))
 
 
 # ---- validation --------------------------------------------------------------------------
+
 
 def test_validation_errors_are_clear():
     """Public functions reject bad dtypes, ranks, layouts and shapes before compiled code."""

@@ -2,6 +2,7 @@
 a seed, computes the expected bits with the reference now, reports like a
 committed case, validates shapes as adversarial input, and `--save` writes
 vectors that `--vectors` replays."""
+
 import json
 
 import numpy as np
@@ -45,8 +46,11 @@ def test_live_case_at_a_committed_shape_uses_the_committed_pipeline():
     inputs through the committed generator's path gives the same bits."""
     from refreplay.conformance.base.case import as_outputs, load_inputs
 
-    for op, dims in (("matmul", {"I": 17, "K": 35, "J": 23}), ("softmax_forward", {"N": 2, "V": 257}),
-                     ("cross_entropy_forward", {"N": 3, "V": 257})):
+    for op, dims in (
+        ("matmul", {"I": 17, "K": 35, "J": 23}),
+        ("softmax_forward", {"N": 2, "V": 257}),
+        ("cross_entropy_forward", {"N": 3, "V": 257}),
+    ):
         c = live.build(op, live.validate(op, dims), seed=5)
         ref = as_outputs(OPS[op].reference(*load_inputs(list(c.inputs.values()))), OPS[op].outputs)
         for n in ref:
@@ -69,8 +73,18 @@ def _conform(tmp_path, *args):
 
 
 def test_live_shape_reports_like_a_committed_case(tmp_path, capsys):
-    rc, rep = _conform(tmp_path, "reference", "--op", "matmul", "--shape", "I=4,K=300,J=3",
-                       "--shape", "I=2,K=0,J=2", "--junit", str(tmp_path / "j.xml"))
+    rc, rep = _conform(
+        tmp_path,
+        "reference",
+        "--op",
+        "matmul",
+        "--shape",
+        "I=4,K=300,J=3",
+        "--shape",
+        "I=2,K=0,J=2",
+        "--junit",
+        str(tmp_path / "j.xml"),
+    )
     assert rc == 0 and rep["conformant"] and rep["counts"]["pass"] == 2
     assert rep["generator_version"] == live.GENERATOR_VERSION
     assert "verdict: CONFORMANT" in capsys.readouterr().out
@@ -119,12 +133,28 @@ def test_live_cases_refuse_an_unfit_platform(monkeypatch, capsys):
 
 def test_save_then_vectors_round_trips(tmp_path):
     d = tmp_path / "saved"
-    rc = cli.main(["conform", "reference", "--op", "matmul", "--shape", "I=3,K=70,J=2", "--shape", "I=1,K=0,J=4",
-                   "--seed", "11", "--save", str(d)])
+    rc = cli.main(
+        [
+            "conform",
+            "reference",
+            "--op",
+            "matmul",
+            "--shape",
+            "I=3,K=70,J=2",
+            "--shape",
+            "I=1,K=0,J=4",
+            "--seed",
+            "11",
+            "--save",
+            str(d),
+        ]
+    )
     assert rc == 0 and (d / store.MANIFEST).is_file() and (d / "matmul.safetensors").is_file()
     m, cases = store.load_cases(d)
-    fresh = [live.build("matmul", {"I": 3, "K": 70, "J": 2}, 11, 0),
-             live.build("matmul", {"I": 1, "K": 0, "J": 4}, 11, 1)]
+    fresh = [
+        live.build("matmul", {"I": 3, "K": 70, "J": 2}, 11, 0),
+        live.build("matmul", {"I": 1, "K": 0, "J": 4}, 11, 1),
+    ]
     for got, want in zip(cases, fresh):
         assert got.id == want.id
         for n in want.inputs:
@@ -166,8 +196,18 @@ def test_preset_shapes_are_valid_live_shapes(preset):
 
 
 def test_shapes_preset_runs_the_model_shapes(tmp_path):
-    rc, rep = _conform(tmp_path, "reference", "--shapes", "tiny", "--op", "softmax_forward", "--op", "rmsnorm_forward",
-                       "--op", "matmul_nt")
+    rc, rep = _conform(
+        tmp_path,
+        "reference",
+        "--shapes",
+        "tiny",
+        "--op",
+        "softmax_forward",
+        "--op",
+        "rmsnorm_forward",
+        "--op",
+        "matmul_nt",
+    )
     assert rc == 0 and rep["conformant"]
     ids = [c["id"] for c in rep["cases"]]
     assert len([i for i in ids if i.startswith("matmul_nt-live")]) == 5  # qkv, proj, mlp in/out, head

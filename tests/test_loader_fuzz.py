@@ -13,6 +13,7 @@ The default run tries a few hundred inputs; ``pytest -m slow
 tests/test_loader_fuzz.py`` tries 10,000 per loader and per command (set
 REFREPLAY_FUZZ_REPORT=FILE to write the number of inputs tried per target).
 """
+
 import atexit
 import collections
 import contextlib
@@ -68,9 +69,18 @@ atexit.register(_report)
 
 
 def _settings(n):
-    return settings(max_examples=n, deadline=None, derandomize=False, database=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
-                                           HealthCheck.data_too_large, HealthCheck.filter_too_much])
+    return settings(
+        max_examples=n,
+        deadline=None,
+        derandomize=False,
+        database=None,
+        suppress_health_check=[
+            HealthCheck.too_slow,
+            HealthCheck.function_scoped_fixture,
+            HealthCheck.data_too_large,
+            HealthCheck.filter_too_much,
+        ],
+    )
 
 
 def both(case):
@@ -84,10 +94,13 @@ def both(case):
         def test(*args, **kw):
             kw.update(zip(fixtures + ["data"], args))
             case(**kw)
+
         test.__signature__ = inspect.Signature(
             [inspect.Parameter(f, inspect.Parameter.POSITIONAL_OR_KEYWORD) for f in fixtures]
-            + [inspect.Parameter("data", inspect.Parameter.POSITIONAL_OR_KEYWORD)])
+            + [inspect.Parameter("data", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+        )
         return _settings(n)(given(data=st.data())(test))
+
     return make(FAST), pytest.mark.slow(make(SLOW))
 
 
@@ -129,6 +142,7 @@ def guarded(name, outside: Path | None = None):
 
 # ---- strategies ------------------------------------------------------------------------------
 
+
 @st.composite
 def mutated_json(draw, original):
     """``original`` with one to three values (at any depth) replaced by other
@@ -139,7 +153,7 @@ def mutated_json(draw, original):
     if how == "text":
         raw = json.dumps(original)
         i = draw(st.integers(0, len(raw)))
-        return raw[:i] + draw(st.text(max_size=8)) + raw[i + draw(st.integers(0, 8)):]
+        return raw[:i] + draw(st.text(max_size=8)) + raw[i + draw(st.integers(0, 8)) :]
     obj = draw(mutated(original, st.one_of(json_values, deep_value)))
     return json.dumps(obj)
 
@@ -154,7 +168,7 @@ def damaged_bytes(draw, original: bytes):
         if how == "flip" and b:
             b[i] ^= 1 << draw(st.integers(0, 7))
         elif how == "cut":
-            del b[i:i + draw(st.integers(1, 16))]
+            del b[i : i + draw(st.integers(1, 16))]
         elif how == "insert":
             b[i:i] = draw(st.binary(max_size=16))
         elif how == "append":
@@ -166,8 +180,11 @@ def damaged_bytes(draw, original: bytes):
 
 # ---- loaders ------------------------------------------------------------------------------------
 
-SMALL = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.array([1, -2], np.int64),
-         "c": np.zeros(0, np.uint8)}
+SMALL = {
+    "a": np.arange(6, dtype=np.float32).reshape(2, 3),
+    "b": np.array([1, -2], np.int64),
+    "c": np.zeros(0, np.uint8),
+}
 
 
 def _tensor_file(tmp_path) -> bytes:
@@ -178,7 +195,7 @@ def _tensor_file(tmp_path) -> bytes:
 
 def _header_of(raw):
     n = int.from_bytes(raw[:8], "little")
-    return json.loads(raw[8:8 + n]), raw[8 + n:]
+    return json.loads(raw[8 : 8 + n]), raw[8 + n :]
 
 
 def _tensorio_case(tmp_path, data):
@@ -202,9 +219,14 @@ test_fuzz_tensorio_load, test_fuzz_tensorio_load_slow = both(_tensorio_case)
 
 
 def _json(data):
-    raw = data.draw(st.one_of(st.binary(max_size=200), st.text(max_size=200).map(str.encode), deep.map(str.encode),
-                              mutated_json({"a": [1, {"b": "c"}], "d": None}).map(
-                                  lambda t: t.encode("utf-8", "surrogatepass"))))
+    raw = data.draw(
+        st.one_of(
+            st.binary(max_size=200),
+            st.text(max_size=200).map(str.encode),
+            deep.map(str.encode),
+            mutated_json({"a": [1, {"b": "c"}], "d": None}).map(lambda t: t.encode("utf-8", "surrogatepass")),
+        )
+    )
     with guarded("untrusted.parse_json"):
         untrusted.parse_json(raw, "x")
 
@@ -216,9 +238,15 @@ _FRAME = zstandard.ZstdCompressor(write_checksum=True).compress(bytes(range(256)
 
 def _zstd(data):
     """Damaged frames, and frames declaring any content size up to 2^64 - 1."""
-    frame = data.draw(st.one_of(st.binary(max_size=64), damaged_bytes(_FRAME),
-                                st.integers(0, (1 << 64) - 1).map(
-                                    lambda n: b"\x28\xb5\x2f\xfd\xe0" + n.to_bytes(8, "little") + b"\x21\x03\x00x")))
+    frame = data.draw(
+        st.one_of(
+            st.binary(max_size=64),
+            damaged_bytes(_FRAME),
+            st.integers(0, (1 << 64) - 1).map(
+                lambda n: b"\x28\xb5\x2f\xfd\xe0" + n.to_bytes(8, "little") + b"\x21\x03\x00x"
+            ),
+        )
+    )
     expected = data.draw(st.sampled_from([2048, 0, 100, 1 << 20]))
     with guarded("untrusted.zstd_frame"):
         out = untrusted.zstd_frame(frame, expected, "f")
@@ -315,8 +343,18 @@ def vector_manifests(draw, m):
     if draw(st.booleans()):
         return draw(mutated_json(m))
     m = copy.deepcopy(m)
-    evil = draw(st.sampled_from(["../../outside/x.safetensors", "/etc/passwd", "..", "a/../../outside/x.safetensors",
-                                 "x.safetensors/..", "\0.safetensors"]))
+    evil = draw(
+        st.sampled_from(
+            [
+                "../../outside/x.safetensors",
+                "/etc/passwd",
+                "..",
+                "a/../../outside/x.safetensors",
+                "x.safetensors/..",
+                "\0.safetensors",
+            ]
+        )
+    )
     m["files"][evil] = {"sha256": "0" * 64, "bytes": 6}
     for c in m["cases"]:
         c["file"] = evil
@@ -349,20 +387,30 @@ def run0(tmp_path_factory):
     model, tcfg = presets.preset("tiny")
     model = dataclasses.replace(model, layers=1, seq_len=8, mlp_hidden=32, width=16)
     tcfg = dataclasses.replace(tcfg, micro_batches=2, micro_batch_size=1, warmup_steps=1)
-    train.train(model, tcfg, steps=STEPS, checkpoint_every=1, out=path, launcher=InProcess(1),
-                byte_cap=1 << 12, progress=None)
+    train.train(
+        model, tcfg, steps=STEPS, checkpoint_every=1, out=path, launcher=InProcess(1), byte_cap=1 << 12, progress=None
+    )
     from refreplay.commands import trace as _  # noqa: F401  (imported once, outside the guard)
 
     return path
 
 
-_RUN_FILES = ["recipe.json", "steps.jsonl", "head.json", "data/manifest.json", "digests.jsonl",
-              "traces/step-0000001.json", "checkpoints/step-0000001.safetensors",
-              "checkpoints/step-0000003.safetensors", "data/shard-00000.zst"]
+_RUN_FILES = [
+    "recipe.json",
+    "steps.jsonl",
+    "head.json",
+    "data/manifest.json",
+    "digests.jsonl",
+    "traces/step-0000001.json",
+    "checkpoints/step-0000001.safetensors",
+    "checkpoints/step-0000003.safetensors",
+    "data/shard-00000.zst",
+]
 
 
 def _semantically_same(a: bytes, b: bytes, lines: bool) -> bool:
     """Whether two JSON documents (or JSON-lines files) hold the same values."""
+
     def parse(x):
         try:
             if lines:
@@ -370,6 +418,7 @@ def _semantically_same(a: bytes, b: bytes, lines: bool) -> bool:
             return untrusted.parse_json(x, "x")
         except InputError:
             return None
+
     pa = parse(a)
     return pa is not None and pa == parse(b)
 
@@ -398,8 +447,11 @@ def _same_tensors(before: bytes, p: Path) -> bool:
         return False
     finally:
         q.unlink()
-    return ma == mb and list(a) == list(b) and all(
-        a[k].dtype == b[k].dtype and a[k].shape == b[k].shape and a[k].tobytes() == b[k].tobytes() for k in a)
+    return (
+        ma == mb
+        and list(a) == list(b)
+        and all(a[k].dtype == b[k].dtype and a[k].shape == b[k].shape and a[k].tobytes() == b[k].tobytes() for k in a)
+    )
 
 
 def _may_verify(name, before: bytes, p: Path, covered) -> bool:
@@ -420,8 +472,11 @@ def _may_verify(name, before: bytes, p: Path, covered) -> bool:
     if name == "recipe.json" and after is not None:
         try:
             a, b = json.loads(before), untrusted.parse_json(after, "r")
-            return all(a[k] == b[k] for k in ("format", "recipe", "recipe_sha256")) and \
-                a["run"]["steps"] == b["run"]["steps"] and a["run"]["checkpoint_every"] == b["run"]["checkpoint_every"]
+            return (
+                all(a[k] == b[k] for k in ("format", "recipe", "recipe_sha256"))
+                and a["run"]["steps"] == b["run"]["steps"]
+                and a["run"]["checkpoint_every"] == b["run"]["checkpoint_every"]
+            )
         except (InputError, KeyError, TypeError):
             return False
     return False
@@ -463,11 +518,25 @@ def _commands(run0, tmp_path, data):
         p.write_bytes(data.draw(damaged_bytes(before)))
     command = data.draw(st.sampled_from(["replay", "coverage", "audit", "trace"]))
     private, public = auditor_keys.key_files(work / "keys")
-    argv = {"replay": ["replay", run, "--step", data.draw(st.integers(1, STEPS))],
-            "trace": ["trace", run, "--step", 2],
-            "audit": ["audit", run, "--sample", 1, "--beacon", "00", "--key", private, "--auditor", "f",
-                      "--out", work / "certs"],
-            "coverage": ["coverage", run, work / "certs", "--trust", public]}[command]
+    argv = {
+        "replay": ["replay", run, "--step", data.draw(st.integers(1, STEPS))],
+        "trace": ["trace", run, "--step", 2],
+        "audit": [
+            "audit",
+            run,
+            "--sample",
+            1,
+            "--beacon",
+            "00",
+            "--key",
+            private,
+            "--auditor",
+            "f",
+            "--out",
+            work / "certs",
+        ],
+        "coverage": ["coverage", run, work / "certs", "--trust", public],
+    }[command]
     if command == "coverage":
         (work / "certs").mkdir()
         (work / "certs" / "c.json").write_text(data.draw(mutated_json({"format": audit.CERT_FORMAT, "step": 1})))

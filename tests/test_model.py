@@ -1,6 +1,7 @@
 """The reference model ([model.config.c1], [model.params.c1], [model.init.c1],
 [model.residual.c1], [model.forward.c1], [model.backward.c1], [model.quant.c1])
 against an independent float64 PyTorch transcription of the same decoder."""
+
 import dataclasses
 import math
 
@@ -31,13 +32,25 @@ def test_parameter_names_and_shapes():
     shapes = model.param_shapes(cfg)
     assert list(shapes) == sorted(shapes)
     assert shapes == {
-        "h.00.attn.proj.b": (16,), "h.00.attn.proj.w": (16, 16),
-        "h.00.attn.qkv.b": (48,), "h.00.attn.qkv.w": (48, 16),
-        "h.00.ln1.b": (16,), "h.00.ln1.w": (16,), "h.00.ln2.b": (16,), "h.00.ln2.w": (16,),
-        "h.00.mlp.gate.b": (24,), "h.00.mlp.gate.w": (24, 16),
-        "h.00.mlp.proj.b": (16,), "h.00.mlp.proj.w": (16, 24),
-        "h.00.mlp.up.b": (24,), "h.00.mlp.up.w": (24, 16),
-        "head.w": (256, 16), "lnf.b": (16,), "lnf.w": (16,), "wte": (256, 16)}
+        "h.00.attn.proj.b": (16,),
+        "h.00.attn.proj.w": (16, 16),
+        "h.00.attn.qkv.b": (48,),
+        "h.00.attn.qkv.w": (48, 16),
+        "h.00.ln1.b": (16,),
+        "h.00.ln1.w": (16,),
+        "h.00.ln2.b": (16,),
+        "h.00.ln2.w": (16,),
+        "h.00.mlp.gate.b": (24,),
+        "h.00.mlp.gate.w": (24, 16),
+        "h.00.mlp.proj.b": (16,),
+        "h.00.mlp.proj.w": (16, 24),
+        "h.00.mlp.up.b": (24,),
+        "h.00.mlp.up.w": (24, 16),
+        "head.w": (256, 16),
+        "lnf.b": (16,),
+        "lnf.w": (16,),
+        "wte": (256, 16),
+    }
     tiny = model.param_shapes(presets.preset("tiny")[0])
     assert "head.w" not in tiny and "h.01.mlp.fc.w" in tiny and "lnf.b" not in tiny
     assert 1_000_000 < model.param_count(presets.preset("small")[0]) < 10_000_000
@@ -117,7 +130,7 @@ def _torch_loss(cfg, P, x, y):
         n2 = norm(h, p + ".ln2")
         if cfg.mlp == "gelu":
             u = lin(n2, p + ".mlp.fc")
-            g = 0.5 * u * (1 + torch.tanh(math.sqrt(2 / math.pi) * (u + 0.044715 * u ** 3)))
+            g = 0.5 * u * (1 + torch.tanh(math.sqrt(2 / math.pi) * (u + 0.044715 * u**3)))
         else:
             a = lin(n2, p + ".mlp.gate")
             g = a * torch.sigmoid(a) * lin(n2, p + ".mlp.up")
@@ -143,11 +156,14 @@ def _perturbed(cfg, seed):
     return params
 
 
-@pytest.mark.parametrize("kw", [
-    dict(),
-    dict(norm="layer", mlp="swiglu", tied=False, bias=True),
-    dict(mlp="swiglu", tied=True, bias=True, layers=1),
-])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(),
+        dict(norm="layer", mlp="swiglu", tied=False, bias=True),
+        dict(mlp="swiglu", tied=True, bias=True, layers=1),
+    ],
+)
 def test_loss_and_gradients_match_float64_autograd(kw):
     """[model.forward.c1] [model.backward.c1] [model.residual.c1] the binary32
     model agrees with a float64 PyTorch transcription: loss to 1e-5 relative,

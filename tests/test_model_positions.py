@@ -13,6 +13,7 @@
 * the recipe leaves both fields out at their defaults (old hashes
   unchanged); bad values exit 2.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -39,7 +40,7 @@ NEG0 = np.uint32(0x80000000)
 def _batch(cfg, B, seed=0, distinct=False):
     rng = np.random.default_rng(seed)
     if distinct:  # every token id once: dwte (untied) rows are then the rows of dh
-        x = rng.permutation(cfg.vocab)[:B * cfg.seq_len].reshape(B, cfg.seq_len).astype(np.int32)
+        x = rng.permutation(cfg.vocab)[: B * cfg.seq_len].reshape(B, cfg.seq_len).astype(np.int32)
     else:
         x = rng.integers(0, cfg.vocab, (B, cfg.seq_len)).astype(np.int32)
     y = rng.integers(0, cfg.vocab, (B, cfg.seq_len)).astype(np.int32)
@@ -157,7 +158,7 @@ def test_wpe_init_is_its_own_stream_and_decayed():
     p = init_params(NANO, 0)
     assert p["wpe"].shape == (NANO.seq_len, NANO.width)
     assert p["wpe"].reshape(-1)[:3].tobytes() == init_weight(0, "wpe", 3, NANO.init_std).tobytes()
-    assert p["wpe"].tobytes() != p["wte"][:NANO.seq_len].tobytes()
+    assert p["wpe"].tobytes() != p["wte"][: NANO.seq_len].tobytes()
     assert "wpe" not in no_decay_names(p)
     rope = init_params(dataclasses.replace(NANO, pos="rope"), 0)
     assert "wpe" not in rope and rope["wte"].tobytes() == p["wte"].tobytes()
@@ -242,8 +243,12 @@ def test_torch_layernorm_without_bias_is_the_spec_s():
     assert not torch.equal(out.view(torch.int32), zero.view(torch.int32))
     x = torch.randn(4, 6, 3, generator=torch.Generator().manual_seed(0)).requires_grad_()
     y = rt.nn.LayerNorm(3, bias=False)(x)
-    torch.testing.assert_close(y, torch.nn.functional.layer_norm(x, (3,), ln.weight.new_ones(3), None,
-                                                                 float(np.float32(1e-5))), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        y,
+        torch.nn.functional.layer_norm(x, (3,), ln.weight.new_ones(3), None, float(np.float32(1e-5))),
+        rtol=1e-5,
+        atol=1e-5,
+    )
     y.sum().backward()
     assert x.grad is not None and x.grad.shape == x.shape
 
@@ -274,13 +279,17 @@ def test_golden_recipe_hash_is_unchanged():
         assert "pos" not in model_to_json(c.model) and "norm_bias" not in model_to_json(c.model)
 
 
-@pytest.mark.parametrize("model,match", [
-    ({"pos": "absolute"}, "pos must be one of"),
-    ({"pos": 1}, "expected a string"),
-    ({"norm_bias": "no"}, "expected true or false"),
-    ({"norm_bias": 0}, "expected true or false"),
-    ({"norm_bias": False}, "norm_bias false is a LayerNorm setting"),
-], ids=["pos-value", "pos-type", "bias-str", "bias-int", "bias-rms"])
+@pytest.mark.parametrize(
+    "model,match",
+    [
+        ({"pos": "absolute"}, "pos must be one of"),
+        ({"pos": 1}, "expected a string"),
+        ({"norm_bias": "no"}, "expected true or false"),
+        ({"norm_bias": 0}, "expected true or false"),
+        ({"norm_bias": False}, "norm_bias false is a LayerNorm setting"),
+    ],
+    ids=["pos-value", "pos-type", "bias-str", "bias-int", "bias-rms"],
+)
 def test_bad_values_are_input_errors_and_exit_2(tmp_path, model, match):
     with pytest.raises(InputError, match=match):
         model_from_json(model, partial=True, base=TINY)
@@ -296,8 +305,9 @@ def test_an_older_spec_recipe_with_the_new_fields_is_refused():
     from refreplay import spec
     from refreplay.training.run import new_recipe, recipe_from_json
 
-    rec = new_recipe(NANO, PRESETS["tiny"][1], "0" * 64, 10, preset=None, ranks=1, launcher="inproc",
-                     steps=1, checkpoint_every=1)
+    rec = new_recipe(
+        NANO, PRESETS["tiny"][1], "0" * 64, 10, preset=None, ranks=1, launcher="inproc", steps=1, checkpoint_every=1
+    )
     obj = json.loads(json.dumps(rec.to_json()))
     recipe_from_json(obj)  # as written: accepted
     obj["recipe"]["spec_version"] = [v for v in spec.replayed_versions() if v != spec.version()][0]

@@ -10,6 +10,7 @@ run.  Run them with:
 
 (skipped, with the reason, when mpi4py or mpiexec is missing).
 """
+
 import importlib.util
 import os
 import subprocess
@@ -44,17 +45,43 @@ def inproc_run(tmp_path_factory):
     try:
         out = tmp_path_factory.mktemp("mpi") / "inproc"
         m, t = presets.preset("tiny")
-        train(m, t, steps=STEPS, checkpoint_every=STEPS, out=out, launcher=launch.get("inproc", 1),
-              preset="tiny", byte_cap=BYTE_CAP, progress=None)
+        train(
+            m,
+            t,
+            steps=STEPS,
+            checkpoint_every=STEPS,
+            out=out,
+            launcher=launch.get("inproc", 1),
+            preset="tiny",
+            byte_cap=BYTE_CAP,
+            progress=None,
+        )
     finally:
         numba.set_num_threads(keep)
     return out
 
 
 def _args(out, ranks):
-    return ["train", "--preset", "tiny", "--steps", str(STEPS), "--checkpoint-every", str(STEPS),
-            "--launcher", "mpi", "--ranks", str(ranks), "--out", str(out), "--byte-cap", str(BYTE_CAP),
-            "--threads", "1", "--quiet"]
+    return [
+        "train",
+        "--preset",
+        "tiny",
+        "--steps",
+        str(STEPS),
+        "--checkpoint-every",
+        str(STEPS),
+        "--launcher",
+        "mpi",
+        "--ranks",
+        str(ranks),
+        "--out",
+        str(out),
+        "--byte-cap",
+        str(BYTE_CAP),
+        "--threads",
+        "1",
+        "--quiet",
+    ]
 
 
 def _env():
@@ -73,8 +100,9 @@ def test_mpi_two_ranks_relaunched_by_refreplay(inproc_run, tmp_path):
     mpiexec; its records and checkpoints equal the in-process run's."""
     _mpiexec()
     out = tmp_path / "mpi2"
-    res = subprocess.run([sys.executable, "-m", "refreplay", *_args(out, 2)], capture_output=True,
-                         text=True, env=_env(), timeout=600)
+    res = subprocess.run(
+        [sys.executable, "-m", "refreplay", *_args(out, 2)], capture_output=True, text=True, env=_env(), timeout=600
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     _same_run(inproc_run, out)
 
@@ -84,8 +112,13 @@ def test_mpi_four_ranks_under_mpiexec(inproc_run, tmp_path):
     command of docs/run-format.md) equals the in-process run."""
     mpiexec = _mpiexec()
     out = tmp_path / "mpi4"
-    res = subprocess.run([mpiexec, "-n", "4", sys.executable, "-m", "refreplay", *_args(out, 4)],
-                         capture_output=True, text=True, env=_env(), timeout=600)
+    res = subprocess.run(
+        [mpiexec, "-n", "4", sys.executable, "-m", "refreplay", *_args(out, 4)],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=600,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     _same_run(inproc_run, out)
 
@@ -98,7 +131,8 @@ def test_mpi_bad_input_exits_2_on_every_rank(tmp_path):
     out = tmp_path / "full"
     out.mkdir()
     (out / "x").write_text("x")
-    res = subprocess.run([sys.executable, "-m", "refreplay", *_args(out, 2)], capture_output=True,
-                         text=True, env=_env(), timeout=600)
+    res = subprocess.run(
+        [sys.executable, "-m", "refreplay", *_args(out, 2)], capture_output=True, text=True, env=_env(), timeout=600
+    )
     assert res.returncode == 2, res.stdout + res.stderr
     assert res.stderr.count("refusing to overwrite") == 1, res.stderr

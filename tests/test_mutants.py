@@ -9,6 +9,7 @@ The default run gives each kernel its op's cases without the sweep family
 (thin-but-long shapes that cost seconds in plain NumPy), except for mutants
 that only misbehave at long reductions; ``-m slow`` runs every case.
 """
+
 import numpy as np
 import pytest
 
@@ -43,8 +44,17 @@ def _results(fn, cases):
 def test_at_least_thirty_mutants_over_every_chapter():
     ops = {op for op, *_ in M.MUTANTS.values()}
     assert len(M.MUTANTS) >= 30
-    assert {"rng_philox", "softmax_forward", "cross_entropy_forward", "adamw_update", "fake_quantize",
-            "layernorm_forward", "attention_forward", "matmul", "exp"} <= ops
+    assert {
+        "rng_philox",
+        "softmax_forward",
+        "cross_entropy_forward",
+        "adamw_update",
+        "fake_quantize",
+        "layernorm_forward",
+        "attention_forward",
+        "matmul",
+        "exp",
+    } <= ops
     assert set(ops) <= set(M.CORRECT)
 
 

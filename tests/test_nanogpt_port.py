@@ -2,6 +2,7 @@
 same bits at 1 and 2 threads, its whole step (forward, backward, fold,
 clip, AdamW) has no leak under guard, and a changed token changes the
 result (the check can fail)."""
+
 from __future__ import annotations
 
 import importlib.util

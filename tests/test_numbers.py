@@ -14,6 +14,7 @@ edge grid crossed with itself (+-0, subnormals, FLT_MIN and neighbours, max
 finite, +-inf, NaNs with payloads and both signs), pairs whose exact product
 lies in [2^-126 (1 - 2^-23), 2^-126), and sums that cancel to a subnormal.
 """
+
 from __future__ import annotations
 
 import math
@@ -26,20 +27,57 @@ import pytest
 from refreplay import numerics
 from refreplay.numerics import elementwise as ew
 
-BINARY32 = gmpy2.context(precision=24, emin=-148, emax=128, subnormalize=True,
-                         round=gmpy2.RoundToNearest)
-FLT_MIN = 2.0 ** -126
+BINARY32 = gmpy2.context(precision=24, emin=-148, emax=128, subnormalize=True, round=gmpy2.RoundToNearest)
+FLT_MIN = 2.0**-126
 CANON = 0x7FC00000
 N_RANDOM = 50_000
 
 EDGE_BITS = [
-    0x00000000, 0x00000001, 0x00000002, 0x003FFFFF, 0x00400000, 0x007FFFFE, 0x007FFFFF,
-    0x00800000, 0x00800001, 0x00800002, 0x00FFFFFF, 0x01000000,
-    0x33800000, 0x33800001, 0x34000000, 0x3EFFFFFF, 0x3F000000, 0x3F000001, 0x3F7FFFFE,
-    0x3F7FFFFF, 0x3F800000, 0x3F800001, 0x3F800800, 0x3F801000, 0x3FC00000, 0x40000000,
-    0x40200000, 0x40400000, 0x4AFFFFFF, 0x4B000000, 0x4B000001, 0x4B7FFFFF, 0x4C000000,
-    0x7E7FFFFF, 0x7E800000, 0x7E800001, 0x7F000000, 0x7F7FFFFE, 0x7F7FFFFF,
-    0x7F800000, 0x7F800001, 0x7FBFFFFF, 0x7FC00000, 0x7FC12345, 0x7FFFFFFF,
+    0x00000000,
+    0x00000001,
+    0x00000002,
+    0x003FFFFF,
+    0x00400000,
+    0x007FFFFE,
+    0x007FFFFF,
+    0x00800000,
+    0x00800001,
+    0x00800002,
+    0x00FFFFFF,
+    0x01000000,
+    0x33800000,
+    0x33800001,
+    0x34000000,
+    0x3EFFFFFF,
+    0x3F000000,
+    0x3F000001,
+    0x3F7FFFFE,
+    0x3F7FFFFF,
+    0x3F800000,
+    0x3F800001,
+    0x3F800800,
+    0x3F801000,
+    0x3FC00000,
+    0x40000000,
+    0x40200000,
+    0x40400000,
+    0x4AFFFFFF,
+    0x4B000000,
+    0x4B000001,
+    0x4B7FFFFF,
+    0x4C000000,
+    0x7E7FFFFF,
+    0x7E800000,
+    0x7E800001,
+    0x7F000000,
+    0x7F7FFFFE,
+    0x7F7FFFFF,
+    0x7F800000,
+    0x7F800001,
+    0x7FBFFFFF,
+    0x7FC00000,
+    0x7FC12345,
+    0x7FFFFFFF,
 ]
 EDGE_BITS += [b | 0x80000000 for b in EDGE_BITS]
 
@@ -77,8 +115,7 @@ def oracle_binary(op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def oracle_unary(op: str, a: np.ndarray) -> np.ndarray:
-    fn = {"recip": lambda x: BINARY32.div(1, x), "sqrt": BINARY32.sqrt,
-          "rint": BINARY32.rint}[op]
+    fn = {"recip": lambda x: BINARY32.div(1, x), "sqrt": BINARY32.sqrt, "rint": BINARY32.rint}[op]
     out = np.empty(a.size, dtype=np.uint32)
     for i, x in enumerate(a.tolist()):
         out[i] = spec_rules(float(fn(gmpy2.mpfr(x))))
@@ -86,27 +123,26 @@ def oracle_unary(op: str, a: np.ndarray) -> np.ndarray:
 
 
 def random_bits(rng, n) -> np.ndarray:
-    return f32_array(rng.integers(0, 2 ** 32, n, dtype=np.uint64))
+    return f32_array(rng.integers(0, 2**32, n, dtype=np.uint64))
 
 
 def moderate(rng, n) -> np.ndarray:
     """Random sign and mantissa, exponent within 2^-27 .. 2^27."""
     sign = rng.integers(0, 2, n, dtype=np.uint64) << 31
     expo = rng.integers(100, 155, n, dtype=np.uint64) << 23
-    mant = rng.integers(0, 2 ** 23, n, dtype=np.uint64)
+    mant = rng.integers(0, 2**23, n, dtype=np.uint64)
     return f32_array(sign | expo | mant)
 
 
 def product_band_pairs(rng, n):
     """Pairs (a, b) whose exact product lies in [2^-126 (1 - 2^-23), 2^-126):
     the products on which tininess before and after rounding disagree."""
-    lo, hi = Fraction(FLT_MIN) * (1 - Fraction(1, 2 ** 23)), Fraction(FLT_MIN)
+    lo, hi = Fraction(FLT_MIN) * (1 - Fraction(1, 2**23)), Fraction(FLT_MIN)
     a = np.abs(moderate(rng, 4 * n))
-    a = a[(a > np.float32(2.0 ** -20)) & (a < np.float32(2.0 ** 20))]
-    target = FLT_MIN * (1 - rng.uniform(0, 2.0 ** -23, a.size))
+    a = a[(a > np.float32(2.0**-20)) & (a < np.float32(2.0**20))]
+    target = FLT_MIN * (1 - rng.uniform(0, 2.0**-23, a.size))
     b = (target / a.astype(np.float64)).astype(np.float32)
-    keep = [i for i in range(a.size)
-            if lo <= Fraction(float(a[i])) * Fraction(float(b[i])) < hi][:n]
+    keep = [i for i in range(a.size) if lo <= Fraction(float(a[i])) * Fraction(float(b[i])) < hi][:n]
     sign = rng.integers(0, 2, len(keep)).astype(bool)
     aa = a[keep].copy()
     aa[sign] = -aa[sign]
@@ -116,7 +152,7 @@ def product_band_pairs(rng, n):
 def cancelling_pairs(rng, n):
     """a + b with b close to -a near FLT_MIN: the exact sum is subnormal."""
     a = f32_array(rng.integers(0x00800000, 0x01800000, n, dtype=np.uint64))
-    delta = rng.integers(-(2 ** 22), 2 ** 22, n)
+    delta = rng.integers(-(2**22), 2**22, n)
     b = -f32_array((bits_array(a).astype(np.int64) + delta).clip(0x00800000, 0x7F7FFFFF))
     return a, b
 
@@ -126,18 +162,26 @@ def binary_inputs(seed: int):
     grid_a, grid_b = np.meshgrid(f32_array(EDGE_BITS), f32_array(EDGE_BITS))
     band_a, band_b = product_band_pairs(rng, 4000)
     can_a, can_b = cancelling_pairs(rng, 4000)
-    a = np.concatenate([random_bits(rng, N_RANDOM), moderate(rng, N_RANDOM), grid_a.ravel(),
-                        band_a, can_a, moderate(rng, 4000)])
-    b = np.concatenate([random_bits(rng, N_RANDOM), moderate(rng, N_RANDOM), grid_b.ravel(),
-                        band_b, can_b, random_bits(rng, 4000)])
+    a = np.concatenate(
+        [random_bits(rng, N_RANDOM), moderate(rng, N_RANDOM), grid_a.ravel(), band_a, can_a, moderate(rng, 4000)]
+    )
+    b = np.concatenate(
+        [random_bits(rng, N_RANDOM), moderate(rng, N_RANDOM), grid_b.ravel(), band_b, can_b, random_bits(rng, 4000)]
+    )
     return a, b
 
 
 def unary_inputs(seed: int):
     rng = np.random.default_rng(seed)
-    return np.concatenate([random_bits(rng, N_RANDOM), moderate(rng, N_RANDOM),
-                           f32_array(EDGE_BITS), rng.uniform(-300, 300, 4000).astype(np.float32),
-                           (rng.integers(-600, 600, 4000) / np.float32(4)).astype(np.float32)])
+    return np.concatenate(
+        [
+            random_bits(rng, N_RANDOM),
+            moderate(rng, N_RANDOM),
+            f32_array(EDGE_BITS),
+            rng.uniform(-300, 300, 4000).astype(np.float32),
+            (rng.integers(-600, 600, 4000) / np.float32(4)).astype(np.float32),
+        ]
+    )
 
 
 def assert_same_bits(op, inputs, want, got):
@@ -145,8 +189,7 @@ def assert_same_bits(op, inputs, want, got):
     if bad.size:
         i = bad[0]
         args = ", ".join(f"0x{int(bits_array(x)[i]):08X}" for x in inputs)
-        pytest.fail(f"{op}({args}) = 0x{int(got[i]):08X}, oracle says 0x{int(want[i]):08X} "
-                    f"({bad.size} mismatches)")
+        pytest.fail(f"{op}({args}) = 0x{int(got[i]):08X}, oracle says 0x{int(want[i]):08X} ({bad.size} mismatches)")
 
 
 @pytest.mark.parametrize("op,seed", [("add", 1), ("sub", 2), ("mul", 3)])
@@ -231,8 +274,7 @@ def test_multiply_add_is_never_fused():
 def test_saturate_i8():
     """[num.sat.c1] integral values clamp to [-128, 127], NaN gives 0, +-inf saturate."""
     rng = np.random.default_rng(10)
-    x = np.concatenate([np.arange(-300, 301, dtype=np.float32),
-                        ew.rint(moderate(rng, 100_000)), f32_array(EDGE_BITS)])
+    x = np.concatenate([np.arange(-300, 301, dtype=np.float32), ew.rint(moderate(rng, 100_000)), f32_array(EDGE_BITS)])
     with np.errstate(invalid="ignore"):
         x = x[(x == np.floor(x)) | np.isnan(x)]  # integral (incl. +-inf) or NaN
     assert x.size >= 100_000
@@ -246,8 +288,13 @@ def test_load_zeroes_subnormals_and_canonicalises_nans():
     """[num.load.c1] every subnormal becomes the zero of its sign, every NaN
     0x7FC00000, everything else is copied bit for bit; shape is kept."""
     rng = np.random.default_rng(11)
-    x = np.concatenate([random_bits(rng, 100_000), f32_array(EDGE_BITS),
-                        f32_array(rng.integers(0, 0x00800000, 2000, dtype=np.uint64) | (1 << 31))])
+    x = np.concatenate(
+        [
+            random_bits(rng, 100_000),
+            f32_array(EDGE_BITS),
+            f32_array(rng.integers(0, 0x00800000, 2000, dtype=np.uint64) | (1 << 31)),
+        ]
+    )
     before = bits_array(x).copy()
     want = np.array([spec_rules(v) for v in x.tolist()], dtype=np.uint32)
     got = numerics.load(x.reshape(1, -1))

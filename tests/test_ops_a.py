@@ -12,6 +12,7 @@ Run as a script (``python tests/test_ops_a.py``) it prints one SHA-256 over
 the outputs of every op on fixed inputs; the thread/process test compares
 that digest across NUMBA_NUM_THREADS=1, 2 and this process.
 """
+
 import hashlib
 import os
 import subprocess
@@ -97,34 +98,49 @@ def _rms_torch(x, w):
 CASES = {
     "embedding": _emb_case,
     "linear": lambda tiny: dict(
-        make=lambda rng: [rand(rng, (4, 3) if tiny else (37, 29)),
-                          rand(rng, (2, 3) if tiny else (23, 29)),
-                          rand(rng, (2,) if tiny else (23,))],
+        make=lambda rng: [
+            rand(rng, (4, 3) if tiny else (37, 29)),
+            rand(rng, (2, 3) if tiny else (23, 29)),
+            rand(rng, (2,) if tiny else (23,)),
+        ],
         fwd=L.linear_forward,
         bwd=lambda d, x, W, b: L.linear_backward(d, x, W),
-        torch=lambda x, W, b: x @ W.T + b),
+        torch=lambda x, W, b: x @ W.T + b,
+    ),
     "layernorm": lambda tiny: dict(
-        make=lambda rng: [rand(rng, (2, 3) if tiny else (19, 67), 2.0),
-                          rand(rng, (3,) if tiny else (67,)), rand(rng, (3,) if tiny else (67,))],
-        fwd=_ln_fwd, bwd=_ln_bwd,
-        torch=lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, float(EPS))),
+        make=lambda rng: [
+            rand(rng, (2, 3) if tiny else (19, 67), 2.0),
+            rand(rng, (3,) if tiny else (67,)),
+            rand(rng, (3,) if tiny else (67,)),
+        ],
+        fwd=_ln_fwd,
+        bwd=_ln_bwd,
+        torch=lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, float(EPS)),
+    ),
     "rmsnorm": lambda tiny: dict(
-        make=lambda rng: [rand(rng, (2, 3) if tiny else (19, 67), 2.0),
-                          rand(rng, (3,) if tiny else (67,))],
-        fwd=_rms_fwd, bwd=_rms_bwd, torch=_rms_torch),
+        make=lambda rng: [rand(rng, (2, 3) if tiny else (19, 67), 2.0), rand(rng, (3,) if tiny else (67,))],
+        fwd=_rms_fwd,
+        bwd=_rms_bwd,
+        torch=_rms_torch,
+    ),
     "gelu": lambda tiny: dict(
         make=lambda rng: [rand(rng, (5,) if tiny else (7, 300), 3.0)],
-        fwd=A.gelu_forward, bwd=lambda d, x: (A.gelu_backward(d, x),),
-        torch=lambda x: F.gelu(x, approximate="tanh")),
+        fwd=A.gelu_forward,
+        bwd=lambda d, x: (A.gelu_backward(d, x),),
+        torch=lambda x: F.gelu(x, approximate="tanh"),
+    ),
     "silu": lambda tiny: dict(
         make=lambda rng: [rand(rng, (5,) if tiny else (7, 300), 3.0)],
-        fwd=A.silu_forward, bwd=lambda d, x: (A.silu_backward(d, x),),
-        torch=F.silu),
+        fwd=A.silu_forward,
+        bwd=lambda d, x: (A.silu_backward(d, x),),
+        torch=F.silu,
+    ),
     "swiglu": lambda tiny: dict(
-        make=lambda rng: [rand(rng, (5,) if tiny else (7, 300), 3.0),
-                          rand(rng, (5,) if tiny else (7, 300))],
-        fwd=A.swiglu_forward, bwd=lambda d, a, b: A.swiglu_backward(d, a, b),
-        torch=lambda a, b: F.silu(a) * b),
+        make=lambda rng: [rand(rng, (5,) if tiny else (7, 300), 3.0), rand(rng, (5,) if tiny else (7, 300))],
+        fwd=A.swiglu_forward,
+        bwd=lambda d, a, b: A.swiglu_backward(d, a, b),
+        torch=lambda a, b: F.silu(a) * b,
+    ),
 }
 
 
@@ -173,8 +189,7 @@ def test_oracle_detects_a_wrong_gradient():
     rng = np.random.default_rng(3)
     x, w, b = rand(rng, (4, 8)), rand(rng, (8,)), rand(rng, (8,))
     dout = rand(rng, (4, 8))
-    _, (want_dx, _, _) = autograd(
-        lambda x, w, b: F.layer_norm(x, (8,), w, b, float(EPS)), [x, w, b], dout)
+    _, (want_dx, _, _) = autograd(lambda x, w, b: F.layer_norm(x, (8,), w, b, float(EPS)), [x, w, b], dout)
     out, mean, rstd = NM.layernorm_forward(x, w, b, EPS)
     dx, _, _ = NM.layernorm_backward(dout, x, w, mean, rstd)
     wrong = dx + (dout * w).mean(axis=1, keepdims=True) * rstd[:, None]
@@ -183,14 +198,13 @@ def test_oracle_detects_a_wrong_gradient():
 
 # ---- worked examples and float32 transcriptions -----------------------------------
 
-MY_CHAPTERS = ("10-ops-embedding-linear.txt", "11-ops-norms.txt",
-               "12-ops-activations.txt", "15-optim.txt")
-MY_EXAMPLES = [(c.label, line, e, r) for c in spec.parse().values() if c.file in MY_CHAPTERS
-               for line, e, r in c.examples]
+MY_CHAPTERS = ("10-ops-embedding-linear.txt", "11-ops-norms.txt", "12-ops-activations.txt", "15-optim.txt")
+MY_EXAMPLES = [
+    (c.label, line, e, r) for c in spec.parse().values() if c.file in MY_CHAPTERS for line, e, r in c.examples
+]
 
 
-@pytest.mark.parametrize("label,line,expr,result", MY_EXAMPLES,
-                         ids=[f"{e[0]}:{e[1]}" for e in MY_EXAMPLES])
+@pytest.mark.parametrize("label,line,expr,result", MY_EXAMPLES, ids=[f"{e[0]}:{e[1]}" for e in MY_EXAMPLES])
 def test_hex_worked_example(label, line, expr, result):
     """The hex examples of chapters 10-12 and 15 reproduce bit for bit."""
     ok, msg = spec.run_example(expr, result)
@@ -201,8 +215,9 @@ def test_every_normative_clause_of_mine_has_an_example():
     """Every normative clause of these chapters has a hex example, except
     [optim.state.c1], which defines naming and order rather than an op (it
     is checked by the AdamW and clipping tests)."""
-    labels = {c.label for c in spec.parse().values()
-              if c.file in MY_CHAPTERS and c.normative and c.label != "optim.state.c1"}
+    labels = {
+        c.label for c in spec.parse().values() if c.file in MY_CHAPTERS and c.normative and c.label != "optim.state.c1"
+    }
     with_example = {lb for lb, *_ in MY_EXAMPLES}
     assert labels and labels <= with_example, sorted(labels - with_example)
 
@@ -271,12 +286,15 @@ def test_norms_equal_float32_transcription():
     want = ln_forward_f32(x, w, b, EPS)
     assert all(same_bits(g, h) for g, h in zip(got, want))
     assert not np.all(got[0][1] == b)  # the constant row is not exactly b
-    assert all(same_bits(g, h) for g, h in
-               zip(NM.layernorm_backward(dout, x, w, got[1], got[2]), ln_backward_f32(dout, x, w, got[1], got[2])))
+    assert all(
+        same_bits(g, h)
+        for g, h in zip(NM.layernorm_backward(dout, x, w, got[1], got[2]), ln_backward_f32(dout, x, w, got[1], got[2]))
+    )
     got = NM.rmsnorm_forward(x, w, EPS)
     assert all(same_bits(g, h) for g, h in zip(got, rms_forward_f32(x, w, EPS)))
-    assert all(same_bits(g, h) for g, h in
-               zip(NM.rmsnorm_backward(dout, x, w, got[1]), rms_backward_f32(dout, x, w, got[1])))
+    assert all(
+        same_bits(g, h) for g, h in zip(NM.rmsnorm_backward(dout, x, w, got[1]), rms_backward_f32(dout, x, w, got[1]))
+    )
 
 
 GELU_S, GELU_K, GELU_K3 = TO.f32(0x3F4C422A), TO.f32(0x3D372713), TO.f32(0x3E095D4F)
@@ -289,9 +307,23 @@ def test_activations_equal_float32_transcription():
     the special cases (±0, ±inf, NaN, huge and tiny magnitudes)."""
     rng = np.random.default_rng(9)
     x = rand(rng, (400,), 4.0)
-    x[:12] = np.array([0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000,
-                       0x5F000000, 0xDF000000, 0x00800000, 0xC1200000, 0xC2C80000,
-                       0x42C80000, 0x3F800000], np.uint32).view(np.float32)
+    x[:12] = np.array(
+        [
+            0x00000000,
+            0x80000000,
+            0x7F800000,
+            0xFF800000,
+            0x7FC00000,
+            0x5F000000,
+            0xDF000000,
+            0x00800000,
+            0xC1200000,
+            0xC2C80000,
+            0x42C80000,
+            0x3F800000,
+        ],
+        np.uint32,
+    ).view(np.float32)
     b, dout = rand(rng, (400,)), rand(rng, (400,))
     one, half = f32(1), f32(0.5)
     fl = flush32
@@ -322,8 +354,10 @@ def test_activations_dense_sweep_equal_transcription():
     one, half, fl = f32(1), f32(0.5), flush32
     th = EW.tanh(fl(GELU_S * fl(x + fl(fl(fl(GELU_K * x) * x) * x))))
     assert same_bits(A.gelu_forward(x), fl(fl(half * x) * fl(one + th)))
-    local = fl(fl(half * fl(one + th)) + fl(fl(fl(half * x) * fl(one - fl(th * th)))
-                                           * fl(GELU_S * fl(one + fl(fl(GELU_K3 * x) * x)))))
+    local = fl(
+        fl(half * fl(one + th))
+        + fl(fl(fl(half * x) * fl(one - fl(th * th))) * fl(GELU_S * fl(one + fl(fl(GELU_K3 * x) * x))))
+    )
     assert same_bits(A.gelu_backward(dout, x), fl(dout * local))
     s = EW.sigmoid(x)
     assert same_bits(A.silu_forward(x), fl(x * s))
@@ -409,8 +443,7 @@ def test_adamw_equals_float32_transcription_over_steps():
         O.adamw_step(params, grads, m, v, step=t, lr=lr, hp=hp, no_decay={"ln.b"})
         for k in params:
             wd = f32(0) if k == "ln.b" else hp.weight_decay
-            shadow[k] = adamw_f32(*shadow[k][:1], keep[k], *shadow[k][1:], t, lr,
-                                  hp.beta1, hp.beta2, hp.eps, wd)
+            shadow[k] = adamw_f32(*shadow[k][:1], keep[k], *shadow[k][1:], t, lr, hp.beta1, hp.beta2, hp.eps, wd)
             assert all(same_bits(a, b) for a, b in zip((params[k], m[k], v[k]), shadow[k])), (t, k)
             assert same_bits(grads[k], keep[k]) and id(params[k]) == ids[k]
 
@@ -424,8 +457,13 @@ def test_adamw_matches_torch_adamw_float64():
     grads = [rand(rng, (50,)) for _ in range(20)]
     hp = O.AdamW()
     tp = torch.nn.Parameter(TO.t64(p))
-    opt = torch.optim.AdamW([tp], lr=float(f32(1e-2)), betas=(float(hp.beta1), float(hp.beta2)),
-                            eps=float(hp.eps), weight_decay=float(hp.weight_decay))
+    opt = torch.optim.AdamW(
+        [tp],
+        lr=float(f32(1e-2)),
+        betas=(float(hp.beta1), float(hp.beta2)),
+        eps=float(hp.eps),
+        weight_decay=float(hp.weight_decay),
+    )
     state = {"p": p.copy()}
     m, v = O.adamw_init(state)
     for t, g in enumerate(grads, 1):
@@ -441,7 +479,7 @@ def test_adamw_bias_correction_powers_flush():
     falls below 2^-126 flushes to +0 and the correction becomes exactly 1."""
     b1 = f32(0.5)
     r, _ = O.adamw_bias_corrections(b1, b1, 126)  # 2^-126 is normal
-    assert TO.bits(f32(r)) == TO.bits(flush32(f32(1) / flush32(f32(1) - f32(2.0 ** -126))))
+    assert TO.bits(f32(r)) == TO.bits(flush32(f32(1) / flush32(f32(1) - f32(2.0**-126))))
     r, _ = O.adamw_bias_corrections(b1, b1, 127)  # 2^-127 flushes to +0
     assert TO.bits(f32(r)) == 0x3F800000
     p = f32(0.9)
@@ -484,7 +522,7 @@ def test_clip_order_is_sorted_names_then_tensor_order():
     insertion order.  One tensor's square is 1, four others' are 2^-24 each:
     with the 1 first, every 2^-24 is lost to rounding (norm 1); with it last,
     the small ones add up to 2^-22 first and norm = 1 + 2^-23."""
-    tiny = np.array([2.0 ** -12], np.float32)  # square 2^-24, exact
+    tiny = np.array([2.0**-12], np.float32)  # square 2^-24, exact
     one = np.array([1.0], np.float32)
     first = {"e": tiny.copy(), "a": one.copy(), "c": tiny.copy(), "b": tiny.copy(), "d": tiny.copy()}
     norm, _ = O.clip_grad_norm(first, f32(10))
@@ -524,10 +562,18 @@ def test_clip_matches_torch():
 
 
 LR_CASES = [  # (step, kind, bits) with W = 10, S = 100, 6e-4 -> 6e-5
-    (1, "cosine", 0x387BA883), (5, "cosine", 0x399D4952), (10, "cosine", 0x3A1D4952),
-    (11, "cosine", 0x3A1D3E48), (55, "cosine", 0x39AD03D9), (100, "cosine", 0x387BA882),
-    (101, "cosine", 0x387BA882), (11, "linear", 0x3A1BB6AB), (55, "linear", 0x39AD03DA),
-    (100, "linear", 0x387BA882), (11, "constant", 0x3A1D4952), (99, "constant", 0x3A1D4952),
+    (1, "cosine", 0x387BA883),
+    (5, "cosine", 0x399D4952),
+    (10, "cosine", 0x3A1D4952),
+    (11, "cosine", 0x3A1D3E48),
+    (55, "cosine", 0x39AD03D9),
+    (100, "cosine", 0x387BA882),
+    (101, "cosine", 0x387BA882),
+    (11, "linear", 0x3A1BB6AB),
+    (55, "linear", 0x39AD03DA),
+    (100, "linear", 0x387BA882),
+    (11, "constant", 0x3A1D4952),
+    (99, "constant", 0x3A1D4952),
 ]
 
 
@@ -570,9 +616,20 @@ def _rows_ops(x, w, b, a2):
     W = np.ascontiguousarray(np.outer(w[:9], b)).astype(np.float32)  # [9, C]
     y = L.linear_forward(x, W, w[:9].copy())
     dx_lin = L.linear_backward(np.ascontiguousarray(a2[:, :9]), x, W)[0]
-    return [out_ln, dx_ln, out_rms, dx_rms, y, dx_lin,
-            A.gelu_forward(x), A.gelu_backward(a2, x), A.silu_forward(x), A.silu_backward(a2, x),
-            A.swiglu_forward(x, a2), *A.swiglu_backward(b * np.ones_like(x), x, a2)]
+    return [
+        out_ln,
+        dx_ln,
+        out_rms,
+        dx_rms,
+        y,
+        dx_lin,
+        A.gelu_forward(x),
+        A.gelu_backward(a2, x),
+        A.silu_forward(x),
+        A.silu_backward(a2, x),
+        A.swiglu_forward(x, a2),
+        *A.swiglu_backward(b * np.ones_like(x), x, a2),
+    ]
 
 
 def test_batch_invariance_per_token_ops():
@@ -589,7 +646,7 @@ def test_batch_invariance_per_token_ops():
     for s in (0, 2):
         alone = _rows_ops(np.ascontiguousarray(x[s]), w, b, np.ascontiguousarray(a2[s]))
         for k, (f, a) in enumerate(zip(full, alone)):
-            assert same_bits(f[s * T:(s + 1) * T], a), (s, k)
+            assert same_bits(f[s * T : (s + 1) * T], a), (s, k)
     wte = rand(rng, (20, C))
     tok = rng.integers(0, 20, size=(B, T)).astype(np.int32)
     full_e = E.embedding_forward(wte, tok)
@@ -660,8 +717,14 @@ def all_ops_digest() -> str:
     out += [y, mean, rstd, *NM.layernorm_backward(d, x, w, mean, rstd)]
     y, rrms = NM.rmsnorm_forward(x, w, EPS)
     out += [y, rrms, *NM.rmsnorm_backward(d, x, w, rrms)]
-    out += [A.gelu_forward(h), A.gelu_backward(g, h), A.silu_forward(h), A.silu_backward(g, h),
-            A.swiglu_forward(h, g), *A.swiglu_backward(g, h, g)]
+    out += [
+        A.gelu_forward(h),
+        A.gelu_backward(g, h),
+        A.silu_forward(h),
+        A.silu_backward(g, h),
+        A.swiglu_forward(h, g),
+        *A.swiglu_backward(g, h, g),
+    ]
     params = {"wte": wte.copy(), "w": w.copy(), "W": W.copy()}
     grads = {"wte": out[1].copy(), "w": rand(rng, (C,)), "W": out[4].copy()}
     m, v = O.adamw_init(params)
@@ -682,8 +745,7 @@ def test_identical_bits_across_threads_and_processes():
     digests = []
     for n in ("1", "2"):
         env = dict(os.environ, NUMBA_NUM_THREADS=n)
-        r = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True,
-                           timeout=600)
+        r = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)
         assert r.returncode == 0, r.stderr[-2000:]
         digests.append(r.stdout.strip().splitlines()[-1])
     assert digests == [here, here]

@@ -6,6 +6,7 @@ Three kinds of oracle: PyTorch autograd and central differences in float64
 and the spec's exp/log/sin/cos (bits), and the same computation in other
 processes and thread counts (bits).
 """
+
 import hashlib
 import os
 import subprocess
@@ -52,7 +53,7 @@ def rope_t(x, theta=10000.0):
 
 def attention_t(q, k, v):
     T, HS = q.shape[-2], q.shape[-1]
-    z = (q @ k.transpose(-1, -2)) / HS ** 0.5
+    z = (q @ k.transpose(-1, -2)) / HS**0.5
     mask = torch.ones(T, T, dtype=torch.bool).tril()
     z = z.masked_fill(~mask, float("-inf"))
     return torch.softmax(z, dim=-1) @ v
@@ -65,8 +66,12 @@ def ce_t(targets):
 
 # ---- worked examples of these chapters -------------------------------------------
 
-MINE = [(c.label, line, e, r) for c in spec.parse().values() for line, e, r in c.examples
-        if c.file in ("13-ops-attention.txt", "14-ops-loss.txt")]
+MINE = [
+    (c.label, line, e, r)
+    for c in spec.parse().values()
+    for line, e, r in c.examples
+    if c.file in ("13-ops-attention.txt", "14-ops-loss.txt")
+]
 
 
 @pytest.mark.parametrize("label,line,expr,result", MINE, ids=[f"{m[0]}:{m[1]}" for m in MINE])
@@ -150,8 +155,9 @@ def test_rope_tables_are_the_stated_composition():
     T, HS = 40, 16
     cos_t, sin_t = R.rope_tables(T, HS)
     two_i = np.arange(0, HS, 2, dtype=F)
-    e = np.array([naive.mul(naive.mul(v, ew.recip(np.array([HS], F))[0]),
-                            ew.log(np.array([10000], F))[0]) for v in two_i], F)
+    e = np.array(
+        [naive.mul(naive.mul(v, ew.recip(np.array([HS], F))[0]), ew.log(np.array([10000], F))[0]) for v in two_i], F
+    )
     inv = ew.exp(-e)
     ang = np.array([[naive.mul(F(t), f) for f in inv] for t in range(T)], F)
     assert same_bits(cos_t, ew.cos(ang)) and same_bits(sin_t, ew.sin(ang))
@@ -230,19 +236,19 @@ def test_attention_bits_are_matmul_compositions():
     z = linalg.matmul_nt(q2, k2)
     z = np.array([[naive.mul(z[t, s], scale) for s in range(T)] for t in range(T)], F)
     for t in range(T):
-        assert same_bits(a2[t, :t + 1], S.softmax_forward(np.ascontiguousarray(z[t, :t + 1])))
-        assert not a2[t, t + 1:].view(np.uint32).any()  # +0 above the diagonal
+        assert same_bits(a2[t, : t + 1], S.softmax_forward(np.ascontiguousarray(z[t, : t + 1])))
+        assert not a2[t, t + 1 :].view(np.uint32).any()  # +0 above the diagonal
     dp = linalg.matmul_nt(d2, v2)
     dz = np.zeros((T, T), F)
     for t in range(T):
-        row = S.softmax_backward(np.ascontiguousarray(dp[t, :t + 1]), np.ascontiguousarray(a2[t, :t + 1]))
-        dz[t, :t + 1] = [naive.mul(g, scale) for g in row]
+        row = S.softmax_backward(np.ascontiguousarray(dp[t, : t + 1]), np.ascontiguousarray(a2[t, : t + 1]))
+        dz[t, : t + 1] = [naive.mul(g, scale) for g in row]
     for t in range(T):  # sums over s = 0 .. t only
-        assert same_bits(out[0, 0, t], linalg.matmul(np.ascontiguousarray(a2[t:t + 1, :t + 1]), v2[:t + 1]))
-        assert same_bits(dq[0, 0, t], linalg.matmul(np.ascontiguousarray(dz[t:t + 1, :t + 1]), k2[:t + 1]))
+        assert same_bits(out[0, 0, t], linalg.matmul(np.ascontiguousarray(a2[t : t + 1, : t + 1]), v2[: t + 1]))
+        assert same_bits(dq[0, 0, t], linalg.matmul(np.ascontiguousarray(dz[t : t + 1, : t + 1]), k2[: t + 1]))
     for s in range(T):  # sums over t = s .. T-1 only
-        assert same_bits(dv[0, 0, s], linalg.matmul_tn(np.ascontiguousarray(a2[s:, s:s + 1]), d2[s:]))
-        assert same_bits(dk[0, 0, s], linalg.matmul_tn(np.ascontiguousarray(dz[s:, s:s + 1]), q2[s:]))
+        assert same_bits(dv[0, 0, s], linalg.matmul_tn(np.ascontiguousarray(a2[s:, s : s + 1]), d2[s:]))
+        assert same_bits(dk[0, 0, s], linalg.matmul_tn(np.ascontiguousarray(dz[s:, s : s + 1]), q2[s:]))
     assert np.signbit(dq[0, 0, 0]).any()  # dz[0, 0] = +0: the zero signs follow k
 
 
@@ -296,9 +302,9 @@ def test_cross_entropy_matches_torch_and_finite_differences():
     assert count == 4
     ref_mean, (ref_dx,) = autograd(ce_t(tg), [x], np.float64(1.0))
     assert rel_err(mean, ref_mean) <= 1e-6
-    per_tok = torch.nn.functional.cross_entropy(torch.tensor(x, dtype=torch.float64),
-                                                torch.tensor(tg, dtype=torch.long),
-                                                ignore_index=-1, reduction="none").numpy()
+    per_tok = torch.nn.functional.cross_entropy(
+        torch.tensor(x, dtype=torch.float64), torch.tensor(tg, dtype=torch.long), ignore_index=-1, reduction="none"
+    ).numpy()
     assert rel_err(losses, per_tok) <= 1e-6
     dx = L.cross_entropy_backward(x, tg)
     assert rel_err(dx, ref_dx) <= TOL
@@ -365,10 +371,10 @@ def test_cross_entropy_is_batch_invariant():
     tb = np.concatenate([rng.integers(-1, V, 2 * T).astype(np.int32), t1])
     l1, _, _ = L.cross_entropy_forward(x1, t1)
     lb, _, cb = L.cross_entropy_forward(xb, tb)
-    assert same_bits(l1, lb[2 * T:])
+    assert same_bits(l1, lb[2 * T :])
     d1 = L.cross_entropy_backward(x1, t1, count=cb)
     db = L.cross_entropy_backward(xb, tb)
-    assert same_bits(d1, db[2 * T:])
+    assert same_bits(d1, db[2 * T :])
 
 
 # ---- input validation -----------------------------------------------------------------
@@ -430,8 +436,7 @@ print(h.hexdigest())
 
 def _digest_in_subprocess(threads: int) -> str:
     env = dict(os.environ, NUMBA_NUM_THREADS=str(threads))
-    out = subprocess.run([sys.executable, "-c", DIGEST_SCRIPT], env=env,
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", DIGEST_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
 

@@ -4,6 +4,7 @@ refreplay works from any directory.  The fast test inspects a wheel built
 with the installed setuptools; the slow one (scripts/check-wheel, also run by
 .ci/run) installs the wheel and the sdist into fresh venvs and runs the
 commands from an unrelated directory."""
+
 import shutil
 import subprocess
 import sys
@@ -24,8 +25,13 @@ def test_a_checkout_reads_its_top_level_directories():
 
 
 def _tracked_copy(dest: Path):
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, check=True,
-                           capture_output=True).stdout.decode().split("\0")
+    files = (
+        subprocess.run(
+            ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, check=True, capture_output=True
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     for f in filter(None, files):
         if (REPO / f).is_file():
             (dest / f).parent.mkdir(parents=True, exist_ok=True)
@@ -42,8 +48,24 @@ def wheel(tmp_path_factory):
     src = tmp_path_factory.mktemp("src")
     _tracked_copy(src)
     out = tmp_path_factory.mktemp("dist")
-    p = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
-                        "-q", "-w", str(out), str(src)], capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-q",
+            "-w",
+            str(out),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     (whl,) = out.glob("refreplay-*.whl")
     return zipfile.ZipFile(whl)

@@ -1,5 +1,6 @@
 """probe-order (FPRev): the accumulation tree of a black-box kernel is
 recovered from pairwise queries ([conf.order.c1], [red.sum.c1], [mm.nn.c1])."""
+
 from pathlib import Path
 
 import numpy as np
@@ -74,8 +75,14 @@ def test_bad_n_is_bad_usage():
 def test_a_plus_zero_start_is_not_labelled_from_minus_zero(capsys):
     """A tree cannot show the start value: a +0-start kernel has the spec's
     tree shape, and the output says what the tree does not show."""
-    plus_zero = kernels.Table("plus_zero", {"sum": lambda X: np.add.accumulate(
-        np.concatenate([np.zeros((X.shape[0], 1), np.float32), X], axis=1), axis=1, dtype=np.float32)[:, -1]})
+    plus_zero = kernels.Table(
+        "plus_zero",
+        {
+            "sum": lambda X: np.add.accumulate(
+                np.concatenate([np.zeros((X.shape[0], 1), np.float32), X], axis=1), axis=1, dtype=np.float32
+            )[:, -1]
+        },
+    )
     _, sizes = P.probe(plus_zero, "sum", 6)
     names = P.names_for(sizes, 6)
     assert names[0] == "sequential k increasing" and not any("-0" in n or "+0" in n for n in names)
@@ -91,8 +98,15 @@ def test_a_closed_pipe_ends_quietly():
 
     repo = Path(__file__).resolve().parent.parent
     cmd = f"PYTHONUNBUFFERED=1 {sys.executable} -m refreplay probe-order numpy --op sum --n 20 | head -1"
-    proc = subprocess.run(f"{cmd}; echo status ${{PIPESTATUS[0]}} >&2", shell=True, executable="/bin/bash",
-                          cwd=repo, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        f"{cmd}; echo status ${{PIPESTATUS[0]}} >&2",
+        shell=True,
+        executable="/bin/bash",
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.stdout.startswith("kernel numpy, op sum, N = 20") and proc.stdout.count("\n") == 1
     assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr
     assert "status 141" in proc.stderr or "status 0" in proc.stderr  # 141: stopped by the closed pipe
@@ -103,15 +117,18 @@ def _jax_like():
     (JAX's CPU sum as measured in issue 31)."""
     from refreplay.conformance.readings import orders
 
-    seq, lanes = (next(o for o in orders.candidates(False) if o.name == n)
-                  for n in ("sequential k increasing from -0", "16 strided lanes + butterfly (SIMD/warp)"))
+    seq, lanes = (
+        next(o for o in orders.candidates(False) if o.name == n)
+        for n in ("sequential k increasing from -0", "16 strided lanes + butterfly (SIMD/warp)")
+    )
     return kernels.Table("jax_like", {"sum": lambda X: (seq if X.shape[1] <= 16 else lanes)(X)})
 
 
 def test_each_length_reports_its_own_tree(monkeypatch, capsys):
     """--n 16,64: the spec's order at 16 and 16 strided lanes at 64, each named."""
-    monkeypatch.setattr(kernels, "resolve", lambda name, _r=kernels.resolve: _jax_like() if name == "jax_like"
-                        else _r(name))
+    monkeypatch.setattr(
+        kernels, "resolve", lambda name, _r=kernels.resolve: _jax_like() if name == "jax_like" else _r(name)
+    )
     assert cli.main(["probe-order", "jax_like", "--op", "sum", "--n", "16,64"]) == 1
     out = capsys.readouterr().out
     assert "N = 16: sequential k increasing (the spec's order)" in out

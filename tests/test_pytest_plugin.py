@@ -3,6 +3,7 @@ and the Python API: the conformant kernel passes case by case, the +0-start
 sum fails exactly its sign-of-zero case with the diagnosis as the failure
 text, an xfail file turns that into an expected failure; the API's report is
 the CLI's ([conf.runner.c1], [conf.diagnosis.r1], [red.sum.c1])."""
+
 import os
 import shutil
 import subprocess
@@ -38,14 +39,31 @@ def pytest_in(project, *args):
     """pytest run in the project with this checkout's refreplay and its plugin
     (entry points off, so an installed refreplay elsewhere is not loaded)."""
     env = dict(os.environ, PYTHONPATH=str(REPO), PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "refreplay.pytest_plugin", "-q", "-rfExs",
-                           "-p", "no:cacheprovider", *args], cwd=project, env=env, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "refreplay.pytest_plugin",
+            "-q",
+            "-rfExs",
+            "-p",
+            "no:cacheprovider",
+            *args,
+        ],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_conformant_kernel_passes_case_by_case(project):
-    p = pytest_in(project, "--refreplay-kernel", "mykernels.conformant", "--refreplay-op", "add",
-                  "--refreplay-op", "sum", "-rA")
+    p = pytest_in(
+        project, "--refreplay-kernel", "mykernels.conformant", "--refreplay-op", "add", "--refreplay-op", "sum", "-rA"
+    )
     assert p.returncode == 0, p.stdout[-3000:]
     assert "PASSED mykernels.conformant::sum-signed_zero-00" in p.stdout
     assert "PASSED mykernels.conformant::add-edge-00" in p.stdout
@@ -63,11 +81,19 @@ def test_plus_zero_start_fails_with_the_diagnosis(project):
 
 
 def test_xfail_file_is_honoured(project):
-    p = pytest_in(project, "--refreplay-kernel", "mykernels.plus_zero_start", "--refreplay-op", "sum",
-                  "--refreplay-xfail", "xfail.txt")
+    p = pytest_in(
+        project,
+        "--refreplay-kernel",
+        "mykernels.plus_zero_start",
+        "--refreplay-op",
+        "sum",
+        "--refreplay-xfail",
+        "xfail.txt",
+    )
     assert p.returncode == 0 and "1 xfailed" in p.stdout and "fix tracked in issue 7" in p.stdout
-    p = pytest_in(project, "--refreplay-kernel", "mykernels.conformant", "--refreplay-op", "sum",
-                  "--refreplay-xfail", "xfail.txt")
+    p = pytest_in(
+        project, "--refreplay-kernel", "mykernels.conformant", "--refreplay-op", "sum", "--refreplay-xfail", "xfail.txt"
+    )
     assert p.returncode == 1 and "unexpected pass" in p.stdout
 
 
@@ -81,8 +107,13 @@ def test_plugin_is_inert_without_its_options(tmp_path):
     p = pytest_in(tmp_path, "--co")
     assert p.returncode == 0 and "1 test collected" in p.stdout
     code = "import sys, refreplay.pytest_plugin; print('numpy' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(REPO)),
-                         capture_output=True, text=True, cwd=tmp_path)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert out.stdout.strip() == "False"
 
 

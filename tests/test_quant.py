@@ -2,6 +2,7 @@
 oracles: Python integers and fractions for codes and int32 sums, float64
 products (exact for two binary32 operands) for single roundings, PyTorch
 autograd in float64 for the straight-through backward."""
+
 from fractions import Fraction
 
 import numpy as np
@@ -11,7 +12,7 @@ import torch
 from refreplay.ops import quant as Q
 
 F = np.float32
-FLT_MIN = 2.0 ** -126
+FLT_MIN = 2.0**-126
 
 
 def f32_round(value: float) -> np.float32:
@@ -45,8 +46,7 @@ def recip_oracle(s) -> np.float32:
     r = np.float32(float(exact))
     # confirm with the exact rational: r is the nearest binary32
     lo, hi = np.nextafter(r, F(-np.inf)), np.nextafter(r, F(np.inf))
-    assert abs(Fraction(float(r)) - exact) <= min(abs(Fraction(float(lo)) - exact),
-                                                 abs(Fraction(float(hi)) - exact))
+    assert abs(Fraction(float(r)) - exact) <= min(abs(Fraction(float(lo)) - exact), abs(Fraction(float(hi)) - exact))
     return f32_round(r)
 
 
@@ -143,7 +143,7 @@ def qlinear_oracle(x, w, b):
         for t in range(T):
             for o in range(OC):
                 acc = sum(a * c for a, c in zip(qx[bb][t], qw[o]))  # Python int
-                assert -2**31 <= acc < 2**31
+                assert -(2**31) <= acc < 2**31
                 accs.append(acc)
                 v = mul_oracle(np.float32(acc), mul_oracle(sx[bb], sw[o]))  # f32(acc) is RNE
                 y[bb, t, o] = v if b is None else add_oracle(v, b[o])
@@ -182,8 +182,11 @@ def test_qlinear_forward_close_to_float64():
     ref = x.astype(np.float64) @ w.T.astype(np.float64)
     sx = np.abs(x).reshape(2, -1).max(1) / 127
     sw = np.abs(w).max(1) / 127
-    bound = 32 * (sx[:, None, None] / 2 * np.abs(w).max() + sw[None, None, :] / 2 * np.abs(x).max()
-                  + sx[:, None, None] * sw[None, None, :] / 4)
+    bound = 32 * (
+        sx[:, None, None] / 2 * np.abs(w).max()
+        + sw[None, None, :] / 2 * np.abs(x).max()
+        + sx[:, None, None] * sw[None, None, :] / 4
+    )
     assert np.all(np.abs(y - ref) <= bound)
     assert np.max(np.abs(y - ref)) > 0  # it is quantized
 
@@ -233,8 +236,9 @@ def test_qlinear_backward_bits_match_sequential_oracle():
     dy = rng.standard_normal((B, T, OC)).astype(F)
     sx = [step_oracle(x[b]) for b in range(B)]
     sw = [step_oracle(w[o]) for o in range(OC)]
-    xd = np.array([[[mul_oracle(code_oracle(v, sx[b]), sx[b]) for v in x[b, t]] for t in range(T)]
-                   for b in range(B)], F).reshape(B * T, C)
+    xd = np.array(
+        [[[mul_oracle(code_oracle(v, sx[b]), sx[b]) for v in x[b, t]] for t in range(T)] for b in range(B)], F
+    ).reshape(B * T, C)
     wd = np.array([[mul_oracle(code_oracle(v, sw[o]), sw[o]) for v in w[o]] for o in range(OC)], F)
     d2 = dy.reshape(B * T, OC)
     dx = np.empty((B * T, C), F)
@@ -290,8 +294,7 @@ def test_qlinear_is_batch_invariant():
     w = rng.standard_normal((6, 16)).astype(F)
     dy1 = rng.standard_normal((1, 5, 6)).astype(F)
     xb = np.concatenate([others[:2], x1, others[2:]])
-    dyb = np.concatenate([rng.standard_normal((2, 5, 6)).astype(F), dy1,
-                          rng.standard_normal((1, 5, 6)).astype(F)])
+    dyb = np.concatenate([rng.standard_normal((2, 5, 6)).astype(F), dy1, rng.standard_normal((1, 5, 6)).astype(F)])
     assert Q.qlinear_forward(x1, w)[0].tobytes() == Q.qlinear_forward(xb, w)[2].tobytes()
     assert Q.qlinear_backward(dy1, x1, w)[0][0].tobytes() == Q.qlinear_backward(dyb, xb, w)[0][2].tobytes()
 

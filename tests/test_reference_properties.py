@@ -10,6 +10,7 @@ edge-heavy values (refreplay.testing.strategies):
   bytes: a clean ``InputError`` or a successful load, never another error;
 * round trips of the vector file format ([conf.vectors.c1]).
 """
+
 import json
 
 import numba
@@ -27,8 +28,13 @@ from refreplay.conformance.table import OPS
 from refreplay.errors import InputError
 from refreplay.testing import strategies as rs
 
-SETTINGS = settings(max_examples=15, deadline=None, derandomize=True, database=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+SETTINGS = settings(
+    max_examples=15,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 
 def ref(op, inputs):
@@ -81,9 +87,20 @@ def test_batch_invariance(op):
 
 # ---- thread-count invariance ---------------------------------------------------------------
 
-PARALLEL = ("matmul", "matmul_nt", "matmul_tn", "matmul_i8", "sum", "col_sum", "linear_backward",
-            "softmax_forward", "layernorm_backward", "attention_forward", "attention_backward",
-            "cross_entropy_backward")
+PARALLEL = (
+    "matmul",
+    "matmul_nt",
+    "matmul_tn",
+    "matmul_i8",
+    "sum",
+    "col_sum",
+    "linear_backward",
+    "softmax_forward",
+    "layernorm_backward",
+    "attention_forward",
+    "attention_backward",
+    "cross_entropy_backward",
+)
 
 
 @pytest.mark.threads
@@ -136,24 +153,29 @@ def test_tensor_loader_on_random_bytes(tmp_path_factory, data):
 
 
 @SETTINGS
-@given(st.lists(st.tuples(st.integers(0, 1 << 20), st.integers(0, 255)), min_size=1, max_size=4),
-       st.integers(0, 1 << 20))
+@given(
+    st.lists(st.tuples(st.integers(0, 1 << 20), st.integers(0, 255)), min_size=1, max_size=4), st.integers(0, 1 << 20)
+)
 def test_loaders_on_mutated_files(tmp_path_factory, flips, cut):
     d = _saved_dir(tmp_path_factory.mktemp("m"))
     for name in (store.MANIFEST, "matmul.safetensors"):
         data = bytearray((d / name).read_bytes())
         for pos, val in flips:
             data[pos % len(data)] = val
-        (d / name).write_bytes(bytes(data[:max(1, cut % (len(data) + 1))]))
+        (d / name).write_bytes(bytes(data[: max(1, cut % (len(data) + 1))]))
         _loads_cleanly(lambda: store.load_cases(d))
         _loads_cleanly(lambda: tensorio.load(d / "matmul.safetensors"))
 
 
 @SETTINGS
-@given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
-                    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=8), c, max_size=4),
-                    max_leaves=12),
-       st.sampled_from(["format", "files", "cases", "seed", "spec_version", None]))
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+        lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=8), c, max_size=4),
+        max_leaves=12,
+    ),
+    st.sampled_from(["format", "files", "cases", "seed", "spec_version", None]),
+)
 def test_manifest_loader_on_random_structures(tmp_path_factory, junk, where):
     """A manifest whose fields (or whose one case) are replaced by arbitrary
     JSON: an InputError or a load, nothing else."""
@@ -171,9 +193,21 @@ def test_manifest_loader_on_random_structures(tmp_path_factory, junk, where):
 
 
 @SETTINGS
-@given(st.sampled_from(["matmul", "matmul_tn", "matmul_i8", "sum", "exp", "softmax_backward",
-                        "cross_entropy_forward", "embedding_backward", "adamw_update"]).flatmap(
-    lambda op: st.tuples(st.just(op), rs.op_inputs(op, max_elements=600))))
+@given(
+    st.sampled_from(
+        [
+            "matmul",
+            "matmul_tn",
+            "matmul_i8",
+            "sum",
+            "exp",
+            "softmax_backward",
+            "cross_entropy_forward",
+            "embedding_backward",
+            "adamw_update",
+        ]
+    ).flatmap(lambda op: st.tuples(st.just(op), rs.op_inputs(op, max_elements=600)))
+)
 def test_vector_format_round_trip(tmp_path_factory, drawn):
     """Cases with edge values (NaN payloads, subnormals, -0, empty tensors)
     written and read back: the same ids, clauses and bits, and encoding is

@@ -1,6 +1,7 @@
 """Replay and audit end to end (issue 6): every step of published runs
 replays as verified, and each kind of tampering is caught at the right step,
 localised, and never reported as verified."""
+
 import dataclasses
 import json
 import shutil
@@ -31,8 +32,16 @@ def _cfg():
 
 def _train(path, ranks):
     model, tcfg = _cfg()
-    train.train(model, tcfg, steps=STEPS, checkpoint_every=EVERY, out=path, launcher=InProcess(ranks),
-                byte_cap=1 << 16, progress=None)
+    train.train(
+        model,
+        tcfg,
+        steps=STEPS,
+        checkpoint_every=EVERY,
+        out=path,
+        launcher=InProcess(ranks),
+        byte_cap=1 << 16,
+        progress=None,
+    )
     return path
 
 
@@ -53,7 +62,6 @@ def copy(run1, tmp_path):
     return dst
 
 
-
 @pytest.mark.parametrize("which", ["run1", "run3"])
 def test_every_step_replays_as_verified(which, request):
     r = open_run(request.getfixturevalue(which))
@@ -71,8 +79,9 @@ def test_runs_with_1_and_3_ranks_publish_the_same_hashes(run1, run3):
 
 
 def test_cli_replay_verified(run1):
-    out = subprocess.run([sys.executable, "-m", "refreplay", "replay", str(run1), "--step", "12"],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "refreplay", "replay", str(run1), "--step", "12"], capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "VERIFIED: step 12" in out.stdout
 
@@ -116,6 +125,7 @@ def test_one_token_changed_is_caught_at_its_step(copy):
 
     def flip(samples):
         samples[sid, 5] ^= 1
+
     # the first step from the checkpoint at 10 that reads the sample
     first = min(s for s in range(11, n + 1) if sid in set(_samples_of_step(open_run(copy), s)))
     _rewrite_shard(copy, flip)
@@ -129,6 +139,7 @@ def test_two_samples_swapped_is_caught(copy):
 
     def swap(samples):
         samples[[a, b]] = samples[[b, a]]
+
     _rewrite_shard(copy, swap)
     text = _expect_mismatch(copy, 17, "data")
     assert "data hash" in text
@@ -139,10 +150,10 @@ def test_checkpoint_bit_flip_is_localised_to_tensor_and_chunk(copy):
 
     ck = copy / "checkpoints" / "step-0000010.safetensors"
     tensors, meta = tensorio.load(ck)
-    name = "param/" + sorted(k[len("param/"):] for k in tensors if k.startswith("param/"))[0]
+    name = "param/" + sorted(k[len("param/") :] for k in tensors if k.startswith("param/"))[0]
     raw = bytearray(ck.read_bytes())
     header_len = int.from_bytes(raw[:8], "little")
-    header = json.loads(raw[8:8 + header_len])
+    header = json.loads(raw[8 : 8 + header_len])
     start = header[name]["data_offsets"][0] + 8 + header_len
     raw[start + 2] ^= 0x10
     ck.write_bytes(bytes(raw))
@@ -182,11 +193,9 @@ def test_audit_and_coverage_cli(run1, tmp_path):
     certs = tmp_path / "certs"
     alice, alice_pub = auditor_keys.key_files(tmp_path / "keys", "alice")
     bob, bob_pub = auditor_keys.key_files(tmp_path / "keys", "bob")
-    a = _cli("audit", run1, "--sample", 2, "--beacon", "c0ffee", "--auditor", "alice",
-             "--key", alice, "--out", certs)
+    a = _cli("audit", run1, "--sample", 2, "--beacon", "c0ffee", "--auditor", "alice", "--key", alice, "--out", certs)
     assert a.returncode == 0, a.stdout + a.stderr
-    b = _cli("audit", run1, "--sample", 1, "--beacon", "c0ffee", "--auditor", "bob",
-             "--key", bob, "--out", certs)
+    b = _cli("audit", run1, "--sample", 1, "--beacon", "c0ffee", "--auditor", "bob", "--key", bob, "--out", certs)
     assert b.returncode == 0, b.stdout + b.stderr
     cov = _cli("coverage", run1, certs, "--plot", tmp_path / "cov.png", "--trust", alice_pub, bob_pub)
     assert cov.returncode == 0, cov.stdout + cov.stderr
@@ -241,8 +250,13 @@ def _republish_with_edited_root(path, step):
     head = json.loads((path / "head.json").read_text())
     recs[step]["state_root"] = "ab" * 32
     for i in range(step, len(recs)):
-        recs[i]["chain_link"] = sh.chain_link(recs[i - 1]["chain_link"], recs[i]["state_root"],
-                                              recs[i]["data_hash"], head["recipe_sha256"], recs[i]["loss"])
+        recs[i]["chain_link"] = sh.chain_link(
+            recs[i - 1]["chain_link"],
+            recs[i]["state_root"],
+            recs[i]["data_hash"],
+            head["recipe_sha256"],
+            recs[i]["loss"],
+        )
     p.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in recs))
     head["chain_link"] = recs[-1]["chain_link"]
     (path / "head.json").write_text(json.dumps(head))

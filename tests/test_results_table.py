@@ -1,6 +1,7 @@
 """`refreplay report`: conformance reports of several kernels as one table;
 malformed or contradictory reports are refused (exit 2), never tabulated
 ([conf.runner.c1], [conf.diagnosis.r1])."""
+
 import json
 import subprocess
 from pathlib import Path
@@ -59,16 +60,19 @@ def _mutated(tmp_path, reports, edit):
     return p
 
 
-@pytest.mark.parametrize("edit", [
-    lambda d: d.__setitem__("conformant", True),                        # says conformant, counts say not
-    lambda d: d["ops"]["sum"].__setitem__("fail", -1),
-    lambda d: d["ops"]["sum"].__setitem__("fail", "3"),
-    lambda d: d["ops"]["sum"].pop("pass"),
-    lambda d: d.__setitem__("kernel", 7),
-    lambda d: d.pop("ops"),
-    lambda d: d["diagnosis"].append({"op": "matmul", "message": "x", "clauses": []}),  # op not run
-    lambda d: d["diagnosis"].append({"op": "sum", "message": 3, "clauses": []}),
-])
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda d: d.__setitem__("conformant", True),  # says conformant, counts say not
+        lambda d: d["ops"]["sum"].__setitem__("fail", -1),
+        lambda d: d["ops"]["sum"].__setitem__("fail", "3"),
+        lambda d: d["ops"]["sum"].pop("pass"),
+        lambda d: d.__setitem__("kernel", 7),
+        lambda d: d.pop("ops"),
+        lambda d: d["diagnosis"].append({"op": "matmul", "message": "x", "clauses": []}),  # op not run
+        lambda d: d["diagnosis"].append({"op": "sum", "message": 3, "clauses": []}),
+    ],
+)
 def test_malformed_reports_are_refused(tmp_path, reports, edit, capsys):
     assert report(reports["reference"], _mutated(tmp_path, reports, edit)) == 2
     assert "not a `refreplay conform --json` report" in capsys.readouterr().err
@@ -89,6 +93,7 @@ def test_unreadable_and_inconsistent_sets_are_refused(tmp_path, reports, capsys)
 @pytest.mark.slow
 def test_readme_table_is_generated():
     """The README's published table is what the three kernels give now."""
-    p = subprocess.run(["bash", "scripts/conformance-table", "--check"], cwd=REPO, capture_output=True,
-                       text=True, timeout=1800)
+    p = subprocess.run(
+        ["bash", "scripts/conformance-table", "--check"], cwd=REPO, capture_output=True, text=True, timeout=1800
+    )
     assert p.returncode == 0, p.stdout + p.stderr

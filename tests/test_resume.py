@@ -2,6 +2,7 @@
 uninterrupted run writes, ``replay`` of an incomplete run verifies only steps
 with whole records and never says VERIFIED (exit 4), and the writers leave
 whole files or none ([step.record.c1], docs/run-format.md "After a crash")."""
+
 import json
 import os
 import shutil
@@ -24,8 +25,17 @@ pytestmark = pytest.mark.usefixtures("one_numba_thread")
 
 def _train(out, steps=5, every=2):
     m, t = presets.preset("tiny")
-    return train(m, t, steps=steps, checkpoint_every=every, out=out, launcher=launch.get("inproc", 1),
-                 preset="tiny", byte_cap=BYTE_CAP, progress=None)
+    return train(
+        m,
+        t,
+        steps=steps,
+        checkpoint_every=every,
+        out=out,
+        launcher=launch.get("inproc", 1),
+        preset="tiny",
+        byte_cap=BYTE_CAP,
+        progress=None,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +58,7 @@ def tree(path: Path) -> dict[str, bytes]:
 
 def assert_same_files(a: Path, b: Path):
     ta, tb = tree(a), tree(b)
-    assert sorted(ta) == sorted(tb), (sorted(set(ta) ^ set(tb)))
+    assert sorted(ta) == sorted(tb), sorted(set(ta) ^ set(tb))
     different = [k for k in ta if ta[k] != tb[k]]
     assert not different, different
 
@@ -193,12 +203,20 @@ def test_resume_is_refused_while_another_process_writes_the_run(whole_run, tmp_p
 
     p = crash_copy(whole_run, tmp_path / "run", 3, keep_ckpts={0, 2})
     before = tree(p)
-    holder = subprocess.Popen([sys.executable, "-c",
-                               "import fcntl, os, sys, time\n"
-                               "fd = os.open(sys.argv[1], os.O_RDONLY)\n"
-                               "fcntl.flock(fd, fcntl.LOCK_EX)\n"
-                               "print('locked', flush=True)\n"
-                               "time.sleep(60)\n", str(p)], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys, time\n"
+            "fd = os.open(sys.argv[1], os.O_RDONLY)\n"
+            "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+            "print('locked', flush=True)\n"
+            "time.sleep(60)\n",
+            str(p),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         with pytest.raises(InputError, match="being written by another process"):

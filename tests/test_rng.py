@@ -4,6 +4,7 @@ The oracle is a pure-Python transcription of the spec, written here from the
 clause text with Python integers and fractions; it shares no code with
 ``refreplay.rng``.
 """
+
 import hashlib
 import itertools
 import math
@@ -118,8 +119,7 @@ def test_philox_rejects_bad_words():
 # ---- [rng.counter.c1] -----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("seed,start", [(0, 0), (0x0123456789ABCDEF, 3), (2**64 - 1, 2**34 + 1),
-                                        (12345, 2**64 - 11)])
+@pytest.mark.parametrize("seed,start", [(0, 0), (0x0123456789ABCDEF, 3), (2**64 - 1, 2**34 + 1), (12345, 2**64 - 11)])
 def test_word_stream_matches_transcription(seed, start):
     """[rng.counter.c1] key = seed halves, counter = (block lo, block hi, sub, stream);
     starts that are not block-aligned and blocks above 2**32 included."""
@@ -132,7 +132,7 @@ def test_word_stream_is_independent_of_how_it_is_sliced():
     """[rng.counter.c1] a word depends on its index only (blocks are computed in parallel)."""
     whole = rng.words(99, 1, 3, 5000)
     for start, count in [(0, 1), (1, 4), (37, 500), (4093, 907)]:
-        assert np.array_equal(rng.words(99, 1, 3, count, start), whole[start:start + count])
+        assert np.array_equal(rng.words(99, 1, 3, count, start), whole[start : start + count])
 
 
 def test_streams_and_subs_are_distinct():

@@ -3,6 +3,7 @@ copies built on it, stack lanes and the prefetch hint (``refreplay/_tiles.py``,
 ``refreplay/ops/rowblock.py``).  None of them computes, so each must move
 every element to its place and nothing else: compared here with numpy's
 transpose, element by element, at every width and row count a block can have."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -36,7 +37,7 @@ def test_transpose8_moves_each_element_once():
     for xi, xj, ti, tj in ((0, 0, 0, 0), (3, 5, 9, 2), (12, 13, 0, 11)):
         T = patterns((17, 19), 2)
         want = T.copy()
-        want[ti:ti + 8, tj:tj + 8] = X[xi:xi + 8, xj:xj + 8].T
+        want[ti : ti + 8, tj : tj + 8] = X[xi : xi + 8, xj : xj + 8].T
         _transpose8_at(X, xi, xj, T, ti, tj)
         assert same(T, want)
 
@@ -62,18 +63,18 @@ def test_tile_copies_equal_the_transpose(width, rows):
     i0, c0 = 7, 5
     T = patterns((width, RB), 4)
     want = T.copy()
-    want[:, :rows] = X[i0:i0 + rows, c0:c0 + width].T
+    want[:, :rows] = X[i0 : i0 + rows, c0 : c0 + width].T
     load_chunk(X, i0, rows, c0, T)
     assert same(T, want)  # lanes r >= rows keep what they held
 
     blk = load_block(X[:, :width].copy(), i0, rows)
     want = np.zeros((width, RB), np.float32)
-    want[:, :rows] = X[i0:i0 + rows, :width].T
+    want[:, :rows] = X[i0 : i0 + rows, :width].T
     assert same(blk, want)  # lanes r >= rows are +0
 
     Y = patterns((N, C), 5)
     want = Y.copy()
-    want[i0:i0 + rows, c0:c0 + width] = T[:, :rows].T
+    want[i0 : i0 + rows, c0 : c0 + width] = T[:, :rows].T
     store_chunk(T, Y, i0, rows, c0)
     assert same(Y, want)
 

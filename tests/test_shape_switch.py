@@ -6,6 +6,7 @@ a fast path for J and K multiples of 128, blocked norms, row halves, a
 pairwise token mean, reordered embedding backward, another AdamW formula above
 2^20 elements, a blocked softmax backward, bf16 accumulation above K = 8192).
 Each passes every case below its switch and fails a case just past it."""
+
 import json
 import re
 
@@ -102,14 +103,23 @@ def test_committed_domain_reaches_every_listed_switch():
     from refreplay.conformance.shapes import domain as domain_of
 
     dom = domain_of.manifest_domain(store.read_manifest())
-    past = {("layernorm_backward", "N"): 513, ("cross_entropy_forward", "N"): 1025,
-            ("embedding_backward", "T"): 4097, ("adamw_update", "N"): 2 ** 20 + 1,
-            ("softmax_backward", "V"): 8193, ("bf16_matmul_nt", "K"): 8193, ("rmsnorm_forward", "C"): 8193,
-            ("bf16_layernorm_backward", "N"): 513, ("bf16_cross_entropy_forward", "N"): 1025,
-            ("col_sum", "N"): 8193, ("col_sum", "J"): 1025, ("matmul_tn", "K"): 8193}
+    past = {
+        ("layernorm_backward", "N"): 513,
+        ("cross_entropy_forward", "N"): 1025,
+        ("embedding_backward", "T"): 4097,
+        ("adamw_update", "N"): 2**20 + 1,
+        ("softmax_backward", "V"): 8193,
+        ("bf16_matmul_nt", "K"): 8193,
+        ("rmsnorm_forward", "C"): 8193,
+        ("bf16_layernorm_backward", "N"): 513,
+        ("bf16_cross_entropy_forward", "N"): 1025,
+        ("col_sum", "N"): 8193,
+        ("col_sum", "J"): 1025,
+        ("matmul_tn", "K"): 8193,
+    }
     for (op, letter), size in past.items():
         assert size in dom[op]["axes"][letter], (op, letter)
-    assert max(dom["adamw_update"]["axes"]["N"]) > 2 ** 22
+    assert max(dom["adamw_update"]["axes"]["N"]) > 2**22
     for op in live.LIVE:
         spec = axes._axes(op)
         assert spec is not None, op

@@ -1,6 +1,7 @@
 """The spec itself: well-formed, every worked example reproduces, every label
 cited exists and every normative clause is cited by code and by a test
 ([conv.labels.c1], [conv.values.c1])."""
+
 import shutil
 import subprocess
 import sys
@@ -19,8 +20,7 @@ def test_spec_has_version_and_clauses():
     assert all(c.body for c in CLAUSES.values()), "every clause has a body"
 
 
-@pytest.mark.parametrize("label,line,expr,result", EXAMPLES,
-                         ids=[f"{e[0]}:{e[1]}" for e in EXAMPLES])
+@pytest.mark.parametrize("label,line,expr,result", EXAMPLES, ids=[f"{e[0]}:{e[1]}" for e in EXAMPLES])
 def test_worked_example(label, line, expr, result):
     ok, msg = spec.run_example(expr, result)
     assert ok, f"[{label}] line {line}: {msg}"

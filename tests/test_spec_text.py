@@ -7,6 +7,7 @@ fixed hyper-parameters ([optim.adamw.c1]), the bf16 tied-gradient add
 ([bf16.tensors.c1]) and the x86 FTZ window of [num.flush.c1].  Each test
 reads the text, so an edit of the text that no longer says what the code
 does fails here."""
+
 from __future__ import annotations
 
 import hashlib
@@ -85,8 +86,13 @@ def test_schema_lists_exactly_the_keys_of_the_code():
 
 
 def test_schema_types_and_values_are_the_codes():
-    allowed = {"norm": presets.NORMS, "mlp": presets.MLPS, "linear": presets.LINEARS,
-               "precision": presets.PRECISIONS, "pos": getattr(presets, "POSITIONS", ("rope", "learned"))}
+    allowed = {
+        "norm": presets.NORMS,
+        "mlp": presets.MLPS,
+        "linear": presets.LINEARS,
+        "precision": presets.PRECISIONS,
+        "pos": getattr(presets, "POSITIONS", ("rope", "learned")),
+    }
     for section, cls in (("model", presets.ModelConfig), ("train", presets.TrainConfig)):
         for f in fields(cls):
             text = SCHEMA[section][f.name]
@@ -104,7 +110,7 @@ def test_optional_keys_and_their_omitted_values():
     assert optional == set(presets.OPTIONAL) | set(AHEAD)
     assert not any(v.startswith("optional") for v in SCHEMA["train"].values())
     for key in optional:
-        omitted = re.search(r'(\S+) \(omitted\)', SCHEMA["model"][key]).group(1)
+        omitted = re.search(r"(\S+) \(omitted\)", SCHEMA["model"][key]).group(1)
         want = presets.OPTIONAL.get(key, AHEAD.get(key))
         assert json.loads(omitted) == want, key
         if key in presets.OPTIONAL:  # a key at its omitted value is not written ...
@@ -139,7 +145,7 @@ def test_the_recipe_example_is_what_the_trainer_hashes():
     [step.recipe.keys.c1] is the tiny preset's."""
     m, t = presets.preset("tiny")
     recipe = run.Recipe(m, t, "0" * 64, 31775, "tiny", 1, "inproc", 1000, 100, "0.4.0", "", "")
-    (_, expr, result), = [e for e in CLAUSES["step.recipe.c1"].examples if "spec_version" in e[1]]
+    ((_, expr, result),) = [e for e in CLAUSES["step.recipe.c1"].examples if "spec_version" in e[1]]
     text = re.fullmatch(r"run\.recipe_hash_of_json\('(.*)'\)", expr).group(1)
     assert run.canonical_json(recipe.hashed()).decode() == text
     assert result == f'"{recipe.sha256()}"'
@@ -170,8 +176,18 @@ def test_data_position_is_floor_and_mod():
 def test_quant_step_names_and_shapes():
     """[step.state.c1] one quant.step/<weight name> per QAT weight, [OC]."""
     for mlp, want_mlp in (("gelu", ["mlp.fc.w"]), ("swiglu", ["mlp.gate.w", "mlp.up.w"])):
-        cfg = presets.ModelConfig(width=16, layers=2, heads=2, seq_len=8, mlp_hidden=24, mlp=mlp,
-                                  linear="int8", bias=True, tied=False, norm="layer").validate()
+        cfg = presets.ModelConfig(
+            width=16,
+            layers=2,
+            heads=2,
+            seq_len=8,
+            mlp_hidden=24,
+            mlp=mlp,
+            linear="int8",
+            bias=True,
+            tied=False,
+            norm="layer",
+        ).validate()
         names = state_names(cfg)
         q = {k: v for k, v in names.items() if k.startswith("quant.step/")}
         weights = [f"h.{i:02d}.{w}" for i in range(2) for w in ["attn.qkv.w", "attn.proj.w", *want_mlp, "mlp.proj.w"]]
@@ -185,8 +201,18 @@ def test_quant_step_names_and_shapes():
 
 def test_decayed_parameters_are_those_the_text_lists():
     """[step.hparams.c1] wte, wpe, head.w and every X.w decayed; norm weights and every bias not."""
-    cfg = presets.ModelConfig(width=16, layers=2, heads=2, seq_len=8, mlp_hidden=24, mlp="swiglu",
-                              bias=True, tied=False, norm="layer", pos="learned").validate()
+    cfg = presets.ModelConfig(
+        width=16,
+        layers=2,
+        heads=2,
+        seq_len=8,
+        mlp_hidden=24,
+        mlp="swiglu",
+        bias=True,
+        tied=False,
+        norm="layer",
+        pos="learned",
+    ).validate()
     params = {k: np.zeros(s, np.float32) for k, s in tmodel.param_shapes(cfg).items()}
     no_decay = no_decay_names(params)
     norm_names = {f"h.{i:02d}.{n}.{p}" for i in range(2) for n in ("ln1", "ln2") for p in "wb"} | {"lnf.w", "lnf.b"}
@@ -205,8 +231,7 @@ def test_adamw_update_hyper_parameters_on_the_op():
     got = {k: int(v, 16) for k, v in re.findall(r"(beta1|beta2|eps|wd) = f32\((0x[0-9A-F]{8})\)", text)}
     hp = optim.AdamW()
     bits = lambda x: int(np.array([x], np.float32).view(np.uint32)[0])  # noqa: E731
-    assert got == {"beta1": bits(hp.beta1), "beta2": bits(hp.beta2), "eps": bits(hp.eps),
-                   "wd": bits(hp.weight_decay)}
+    assert got == {"beta1": bits(hp.beta1), "beta2": bits(hp.beta2), "eps": bits(hp.eps), "wd": bits(hp.weight_decay)}
 
 
 def test_bf16_tied_gradient_is_a_binary32_add():
@@ -267,17 +292,21 @@ def test_schema_ranges_are_the_validation(section):
         m = re.match(r"integer in \[(\S+), (\S+?)([\])])", text)
         if m:
             lo = _num(m.group(1))
-            hi = getattr(base, m.group(2)) - 1 if m.group(2) == "schedule_steps" else \
-                _num(m.group(2)) - (m.group(3) == ")")
+            hi = (
+                getattr(base, m.group(2)) - 1
+                if m.group(2) == "schedule_steps"
+                else _num(m.group(2)) - (m.group(3) == ")")
+            )
             assert _accepts(cls, base, key, lo) and _accepts(cls, base, key, hi), (key, lo, hi)
             assert not _accepts(cls, base, key, lo - 1) and not _accepts(cls, base, key, hi + 1), (key, lo, hi)
             checked += 1
         elif text.startswith("binary32"):
-            tiny = np.float32(2.0 ** -126)
+            tiny = np.float32(2.0**-126)
             assert not _accepts(cls, base, key, np.float32(np.inf)) and not _accepts(cls, base, key, -tiny)
             assert _accepts(cls, base, key, np.float32(0)) == ("> 0" not in text), key
             if "< 1" in text:
-                assert not _accepts(cls, base, key, np.float32(1)) and _accepts(cls, base, key, np.nextafter(
-                    np.float32(1), np.float32(0)))
+                assert not _accepts(cls, base, key, np.float32(1)) and _accepts(
+                    cls, base, key, np.nextafter(np.float32(1), np.float32(0))
+                )
             checked += 1
     assert checked == (6 if section == "model" else 12)

@@ -1,5 +1,6 @@
 """[conv.version.c1] A spec version replays the runs of the earlier versions
 it lists, and only what their own version defines."""
+
 from __future__ import annotations
 
 import hashlib
@@ -23,8 +24,21 @@ def _train(path, monkeypatch, *extra):
     """A tiny run made by an implementation of spec ``EARLIER``."""
     with monkeypatch.context() as m:
         m.setattr(spec, "version", lambda *a, **k: EARLIER)
-        res = run_cli("train", "--preset", "tiny", "--steps", 2, "--out", path, "--byte-cap", 1 << 15,
-                      "--checkpoint-every", 1, "--quiet", *extra)
+        res = run_cli(
+            "train",
+            "--preset",
+            "tiny",
+            "--steps",
+            2,
+            "--out",
+            path,
+            "--byte-cap",
+            1 << 15,
+            "--checkpoint-every",
+            1,
+            "--quiet",
+            *extra,
+        )
     assert res.returncode == 0, res.stdout + res.stderr
     assert json.loads((path / "recipe.json").read_text())["recipe"]["spec_version"] == EARLIER
     return path
@@ -58,16 +72,30 @@ def test_this_version_lists_what_it_replays():
     assert spec.replayed_versions()[0] == spec.version() != EARLIER
     assert EARLIER in spec.replayed_versions()
     assert spec.replayed_versions() == ("0.4.0", "0.3.0", "0.2.0")  # 0.4.0 changed no bit of a run
-    assert f"replays runs of\n  {EARLIER}" in spec.parse()["conv.version.c1"].text() or \
-        f"replays runs of {EARLIER}" in " ".join(spec.parse()["conv.version.c1"].text().split())
+    assert f"replays runs of\n  {EARLIER}" in spec.parse()[
+        "conv.version.c1"
+    ].text() or f"replays runs of {EARLIER}" in " ".join(spec.parse()["conv.version.c1"].text().split())
 
 
 def test_a_run_of_the_earlier_version_replays_and_audits(earlier_run, tmp_path):
     res = run_cli("replay", earlier_run, "--step", 2)
     assert res.returncode == 0 and "VERIFIED: step 2" in res.stdout, res.stdout + res.stderr
     private, public = auditor_keys.key_files(tmp_path / "keys")
-    res = run_cli("audit", earlier_run, "--sample", 2, "--beacon", "c0ffee", "--key", private,
-                  "--auditor", "eve", "--out", tmp_path / "certs", "--quiet")
+    res = run_cli(
+        "audit",
+        earlier_run,
+        "--sample",
+        2,
+        "--beacon",
+        "c0ffee",
+        "--key",
+        private,
+        "--auditor",
+        "eve",
+        "--out",
+        tmp_path / "certs",
+        "--quiet",
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     certs = [json.loads(p.read_text()) for p in (tmp_path / "certs").glob("*.json")]
     this_spec = {"version": spec.version(), "sha256": spec.spec_sha256()}

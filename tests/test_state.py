@@ -3,6 +3,7 @@
 The oracle ``py_root`` is written from the spec text with ``hashlib`` and
 ``struct`` only; it shares no code with ``refreplay.state``.
 """
+
 import hashlib
 import struct
 import time
@@ -14,8 +15,7 @@ from refreplay import state
 from refreplay.errors import InputError
 
 MiB = 1 << 20
-CODES = {"float32": 1, "int8": 2, "int32": 3, "int64": 4, "uint32": 5, "uint64": 6,
-         "uint16": 7, "uint8": 8}
+CODES = {"float32": 1, "int8": 2, "int32": 3, "int64": 4, "uint32": 5, "uint64": 6, "uint16": 7, "uint8": 8}
 
 
 def H(*parts: bytes) -> bytes:
@@ -33,12 +33,13 @@ def py_merkle(level, prefix):
 def py_leaf(name, arr):
     """[state.chunks.c1] [state.leaf.c1]"""
     data = np.asarray(arr).astype(np.asarray(arr).dtype.newbyteorder("<")).tobytes()
-    chunks = [data[i:i + MiB] for i in range(0, len(data), MiB)] or [b""]
+    chunks = [data[i : i + MiB] for i in range(0, len(data), MiB)] or [b""]
     croot = py_merkle([H(b"\x00", c) for c in chunks], b"\x01")
     n = name.encode()
     dims = b"".join(struct.pack("<Q", d) for d in np.shape(arr))
-    return H(b"\x02", struct.pack("<I", len(n)), n,
-             bytes([CODES[np.asarray(arr).dtype.name], np.ndim(arr)]), dims, croot)
+    return H(
+        b"\x02", struct.pack("<I", len(n)), n, bytes([CODES[np.asarray(arr).dtype.name], np.ndim(arr)]), dims, croot
+    )
 
 
 def py_root(tensors):
@@ -53,7 +54,7 @@ def mixed_state():
     r = np.random.default_rng(5)
     return {
         "wte": r.standard_normal((655_360 + 3,)).astype(np.float32),  # 3 chunks, last short
-        "big": r.integers(0, 255, 5 * MiB + 1, dtype=np.uint8),        # 6 chunks
+        "big": r.integers(0, 255, 5 * MiB + 1, dtype=np.uint8),  # 6 chunks
         "h.0.q": r.integers(-128, 127, (7, 5), dtype=np.int8),
         "step": np.int64(41),
         "adam.t": np.array(41, dtype=np.int32),
@@ -93,8 +94,7 @@ def test_chunk_tree_odd_rule(k):
     d = state.state_hash({"x": arr}).tensors["x"]
     assert len(d.chunks) == k
     croot = rfc6962([bytes.fromhex(c) for c in d.chunks])
-    assert d.root == H(b"\x02", struct.pack("<I", 1), b"x", bytes([5, 1]),
-                       struct.pack("<Q", arr.size), croot).hex()
+    assert d.root == H(b"\x02", struct.pack("<I", 1), b"x", bytes([5, 1]), struct.pack("<Q", arr.size), croot).hex()
 
 
 def test_dict_order_byte_order_and_layout_do_not_matter():
@@ -177,8 +177,10 @@ def test_threaded_hashing_of_unequal_chunks_matches_serial():
     chunk leaf lands at its own index (many small tensors, an empty one,
     and tensors spanning several chunks)."""
     rng = np.random.default_rng(5)
-    s = {f"w{i:02d}": rng.standard_normal(int(n)).astype(np.float32)
-         for i, n in enumerate(rng.integers(0, 700_000, size=23))}
+    s = {
+        f"w{i:02d}": rng.standard_normal(int(n)).astype(np.float32)
+        for i, n in enumerate(rng.integers(0, 700_000, size=23))
+    }
     s["empty"] = np.zeros(0, np.float32)
     one = state.state_hash(s, threads=1)
     for t in (2, 3, 7, 64):
@@ -210,8 +212,14 @@ def test_chain_link_layout_and_propagation():
     def chain(rs, ls=losses):
         link, out = state.GENESIS, []
         for r, dh, loss in zip(rs, data, ls):
-            want = hashlib.sha256(b"\x05" + bytes.fromhex(link) + bytes.fromhex(r) + bytes.fromhex(dh)
-                                  + bytes.fromhex(recipe) + int(loss, 16).to_bytes(4, "little")).hexdigest()
+            want = hashlib.sha256(
+                b"\x05"
+                + bytes.fromhex(link)
+                + bytes.fromhex(r)
+                + bytes.fromhex(dh)
+                + bytes.fromhex(recipe)
+                + int(loss, 16).to_bytes(4, "little")
+            ).hexdigest()
             link = state.chain_link(link, r, dh, recipe, loss)
             assert link == want
             out.append(link)
@@ -267,7 +275,9 @@ def test_hash_throughput_against_hashlib():
     base = _best_rate(baseline, total)
     one = _best_rate(lambda: state.state_hash(s, threads=1), total)
     two = _best_rate(lambda: state.state_hash(s, threads=2), total)
-    print(f"hashlib {base / 1e9:.2f} GB/s, state_hash 1 thread {one / 1e9:.2f} GB/s "
-          f"({one / base:.2f}x), 2 threads {two / 1e9:.2f} GB/s ({two / base:.2f}x)")
+    print(
+        f"hashlib {base / 1e9:.2f} GB/s, state_hash 1 thread {one / 1e9:.2f} GB/s "
+        f"({one / base:.2f}x), 2 threads {two / 1e9:.2f} GB/s ({two / base:.2f}x)"
+    )
     assert one >= 0.9 * base
     assert two >= 1.6 * base

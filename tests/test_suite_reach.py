@@ -2,6 +2,7 @@
 the sweep lengths the issue asks for, an empty reduction for every sum, the
 branch boundaries of chapter 2 at the value and its neighbours, the ops of
 chapter 5, and generator checks that refuse a vacuous sweep or empty probe."""
+
 import numpy as np
 import pytest
 
@@ -18,13 +19,26 @@ def manifest():
 
 
 def _longest(manifest, op, family, name, axis):
-    return max((t["shape"][axis] for c in manifest["cases"] if c["op"] == op and c["family"] == family
-                for t in c["inputs"] if t["name"] == name), default=0)
+    return max(
+        (
+            t["shape"][axis]
+            for c in manifest["cases"]
+            if c["op"] == op and c["family"] == family
+            for t in c["inputs"]
+            if t["name"] == name
+        ),
+        default=0,
+    )
 
 
 def _lengths(manifest, op, name, axis):
-    return {t["shape"][axis] for c in manifest["cases"] if c["op"] == op and c["family"] == "sweep"
-            for t in c["inputs"] if t["name"] == name}
+    return {
+        t["shape"][axis]
+        for c in manifest["cases"]
+        if c["op"] == op and c["family"] == "sweep"
+        for t in c["inputs"]
+        if t["name"] == name
+    }
 
 
 def test_sweeps_reach_the_production_lengths(manifest):
@@ -40,12 +54,24 @@ def test_sweeps_reach_the_production_lengths(manifest):
     assert _longest(manifest, "matmul_i8", "sweep", "A", 1) == 131071  # [mm.i8.c2]
     ks = _lengths(manifest, "matmul", "A", 1)
     for p in range(6, 13):  # powers of two and both neighbours
-        assert {2 ** p - 1, 2 ** p, 2 ** p + 1} <= ks
+        assert {2**p - 1, 2**p, 2**p + 1} <= ks
 
 
 def test_every_sum_has_an_empty_case(manifest):
-    for op in ("sum", "col_sum", "max", "dot", "matmul", "matmul_nt", "matmul_tn", "matmul_i8", "linear_forward",
-               "linear_backward", "embedding_backward", "quant_step_size"):
+    for op in (
+        "sum",
+        "col_sum",
+        "max",
+        "dot",
+        "matmul",
+        "matmul_nt",
+        "matmul_tn",
+        "matmul_i8",
+        "linear_forward",
+        "linear_backward",
+        "embedding_backward",
+        "quant_step_size",
+    ):
         assert any(c["op"] == op and c["family"] == "empty" for c in manifest["cases"]), op
 
 
@@ -61,8 +87,13 @@ def test_empty_sums_are_plus_zero_and_the_empty_max_minus_inf():
 def test_branch_boundaries_hold_the_value_and_its_neighbours():
     _, cases = store.load_cases(ops={"exp", "tanh", "log", "sin", "rint"})
     edge = {c.op: fp.bits(c.inputs["x"]) for c in cases if c.family == "edge" and "branch" in c.probes}
-    for op, pattern in (("exp", 0x42B17217), ("tanh", 0x3F400000), ("log", 0x3FB504F3), ("sin", 0x46800000),
-                        ("rint", 0x3F000000)):
+    for op, pattern in (
+        ("exp", 0x42B17217),
+        ("tanh", 0x3F400000),
+        ("log", 0x3FB504F3),
+        ("sin", 0x46800000),
+        ("rint", 0x3F000000),
+    ):
         assert {pattern - 1, pattern, pattern + 1} <= set(edge[op].tolist()), op
     assert (edge["tanh"] == 0x3F400000 - 200).any()  # where two formulas meet: 200 ulps either side
 

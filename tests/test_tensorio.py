@@ -1,5 +1,6 @@
 """Tensor files: deterministic layout [state.file.c1] and the validating
 reader [state.fileread.c1]."""
+
 import json
 import os
 import struct
@@ -18,8 +19,9 @@ def f32_bits(*bits):
 
 def sample():
     return {
-        "w": f32_bits(0x7FC00001, 0xFFC12345, 0x7F800001, 0x80000000, 0x00000001,
-                      0x807FFFFF, 0x3F800000, 0xFF800000).reshape(2, 4),
+        "w": f32_bits(
+            0x7FC00001, 0xFFC12345, 0x7F800001, 0x80000000, 0x00000001, 0x807FFFFF, 0x3F800000, 0xFF800000
+        ).reshape(2, 4),
         "q": np.array([-128, 127, 0], dtype=np.int8),
         "step": np.int64(-3),
         "n": np.array(2**31 - 1, dtype=np.int32),
@@ -40,7 +42,7 @@ def test_round_trip_is_bit_exact(tmp_path):
     """[state.file.c1] [state.fileread.c1] storage copies bits: NaN payloads,
     -0, subnormals, every dtype, 0-d and empty tensors, unicode metadata."""
     s = sample()
-    meta = json.dumps({"recipe": "tiny", "note": "é\n\"x\" \U0001F600"})
+    meta = json.dumps({"recipe": "tiny", "note": 'é\n"x" \U0001f600'})
     tensorio.save(tmp_path / "a.safetensors", s, meta)
     got, got_meta = tensorio.load(tmp_path / "a.safetensors")
     assert got_meta == meta
@@ -58,8 +60,16 @@ def py_file(tensors, metadata):
     header, data, off = {}, b"", 0
     for n in names:
         a = np.asarray(tensors[n])
-        code = {"float32": "F32", "int8": "I8", "int32": "I32", "int64": "I64", "uint32": "U32",
-                "uint64": "U64", "uint16": "U16", "uint8": "U8"}[a.dtype.name]
+        code = {
+            "float32": "F32",
+            "int8": "I8",
+            "int32": "I32",
+            "int64": "I64",
+            "uint32": "U32",
+            "uint64": "U64",
+            "uint16": "U16",
+            "uint8": "U8",
+        }[a.dtype.name]
         b = a.astype(a.dtype.newbyteorder("<")).tobytes()
         header[n] = {"data_offsets": [off, off + len(b)], "dtype": code, "shape": list(a.shape)}
         data += b
@@ -161,17 +171,16 @@ def test_bad_json_and_bad_entries(tmp_path):
     refused(raw_file(tmp_path / "dupkey", b'{"a": 1, "a": 2}'), "duplicate key 'a'")
     refused(raw_file(tmp_path / "nan", b'{"a": NaN}'), "non-standard JSON constant NaN")
     refused(raw_file(tmp_path / "deep", b"[" * 100_000), "not valid JSON")
-    refused(raw_file(tmp_path / "dtype", {"a": entry("F16", [1], 0, 2)}, bytes(2)),
-            "unknown dtype 'F16'")
-    refused(raw_file(tmp_path / "bf16", {"a": entry("BF16", [1], 0, 2)}, bytes(2)),
-            "stored as U16 bits")
-    refused(raw_file(tmp_path / "shape", {"a": entry("F32", [3], 0, 8)}, bytes(8)),
-            "needs 12 bytes but data_offsets \\[0, 8\\] span 8")
+    refused(raw_file(tmp_path / "dtype", {"a": entry("F16", [1], 0, 2)}, bytes(2)), "unknown dtype 'F16'")
+    refused(raw_file(tmp_path / "bf16", {"a": entry("BF16", [1], 0, 2)}, bytes(2)), "stored as U16 bits")
+    refused(
+        raw_file(tmp_path / "shape", {"a": entry("F32", [3], 0, 8)}, bytes(8)),
+        "needs 12 bytes but data_offsets \\[0, 8\\] span 8",
+    )
     refused(raw_file(tmp_path / "neg", {"a": entry("F32", [-1], 0, 0)}), "shape must be")
     refused(raw_file(tmp_path / "boolshape", {"a": entry("U8", [True], 0, 1)}, bytes(1)), "shape must be")
     refused(raw_file(tmp_path / "offs", {"a": entry("U8", [1], 1, 0)}, bytes(1)), "data_offsets must be")
-    refused(raw_file(tmp_path / "keys", {"a": {"dtype": "U8", "shape": [1]}}, bytes(1)),
-            "exactly the keys")
+    refused(raw_file(tmp_path / "keys", {"a": {"dtype": "U8", "shape": [1]}}, bytes(1)), "exactly the keys")
     meta2 = {"__metadata__": {"refreplay": "x", "other": "y"}}
     refused(raw_file(tmp_path / "meta", meta2), "__metadata__ must be")
     refused(raw_file(tmp_path / "metatype", {"__metadata__": {"refreplay": 3}}), "__metadata__ must be")
@@ -213,8 +222,11 @@ def test_a_fifo_or_directory_is_refused_without_blocking(tmp_path, loader):
 
 def test_mapped_and_read_loads_agree(tmp_path):
     """[state.fileread.c1] One validating reader: the same tensors, mapped read-only or read writable."""
-    t = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.array([1, 2], np.int64),
-         "c": np.zeros((0,), np.float32)}
+    t = {
+        "a": np.arange(6, dtype=np.float32).reshape(2, 3),
+        "b": np.array([1, 2], np.int64),
+        "c": np.zeros((0,), np.float32),
+    }
     tensorio.save(tmp_path / "x", t, "m")
     (r, m), (q, n) = tensorio.load(tmp_path / "x"), tensorio.load_mapped(tmp_path / "x")
     assert m == n == "m" and list(r) == list(q) == sorted(t)

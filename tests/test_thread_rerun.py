@@ -1,6 +1,7 @@
 """A ``threads`` test never compares one thread with one thread: in a process
 whose Numba pool has one worker it runs in a 2-thread subprocess, and a
 failure there fails it here."""
+
 import os
 import subprocess
 import sys
@@ -14,9 +15,14 @@ def _pytest(tmp_path, body, threads):
     (tmp_path / "conftest.py").write_text((HERE / "conftest.py").read_text())
     (tmp_path / "test_probe.py").write_text(textwrap.dedent(body))
     env = dict(os.environ, NUMBA_NUM_THREADS=str(threads))
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "-p", "no:randomly", "test_probe.py"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "test_probe.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 PROBE = """

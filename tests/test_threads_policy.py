@@ -4,6 +4,7 @@ the machine is full, the user's fixed count when there is one
 (``REFREPLAY_THREADS``, ``set_threads``, ``train --threads``), and the bits
 never depend on the count.  Not timed: benchmarks/bench_threads.py measures
 the speed."""
+
 from __future__ import annotations
 
 import hashlib
@@ -58,8 +59,12 @@ def test_a_fully_loaded_machine_gives_one_thread(monkeypatch):
 @pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="needs Linux /proc/stat")
 def test_a_machine_really_full_of_spinning_processes_gives_one_thread():
     cpus = environ.affinity()
-    spin = [subprocess.Popen([sys.executable, "-c", "import time\nt = time.monotonic() + 20\n"
-                              "while time.monotonic() < t: pass"]) for _ in cpus]
+    spin = [
+        subprocess.Popen(
+            [sys.executable, "-c", "import time\nt = time.monotonic() + 20\nwhile time.monotonic() < t: pass"]
+        )
+        for _ in cpus
+    ]
     try:
         time.sleep(0.5)
         load = environ._Load()
@@ -86,8 +91,10 @@ def test_the_load_window_subtracts_this_process_and_counts_only_its_cpus(monkeyp
     stat = tmp_path / "stat"
 
     def write(busy1, busy7):
-        stat.write_text(f"cpu  1 1 1 1 1 1 1 1\ncpu0 5 0 0 900 0 0 0 0 0 0\ncpu1 {busy1} 0 0 5 0 0 0 0 0 0\n"
-                        f"cpu7 {busy7} 0 0 5 0 0 0 0 0 0\nintr 1 2 3\n")
+        stat.write_text(
+            f"cpu  1 1 1 1 1 1 1 1\ncpu0 5 0 0 900 0 0 0 0 0 0\ncpu1 {busy1} 0 0 5 0 0 0 0 0 0\n"
+            f"cpu7 {busy7} 0 0 5 0 0 0 0 0 0\nintr 1 2 3\n"
+        )
 
     real = environ._cpu_ticks
     monkeypatch.setattr(environ, "_cpu_ticks", lambda cpus: real(cpus, str(stat)))
@@ -158,8 +165,9 @@ def test_set_threads_refuses_a_count_that_is_not_one(bad):
         environ.set_threads(bad)
 
 
-@pytest.mark.parametrize("value, ok", [("auto", True), ("AUTO", True), ("3", True), ("0", False),
-                                       ("two", False), ("-1", False)])
+@pytest.mark.parametrize(
+    "value, ok", [("auto", True), ("AUTO", True), ("3", True), ("0", False), ("two", False), ("-1", False)]
+)
 def test_the_variable_is_checked(value, ok):
     if ok:
         environ.check({environ.THREADS_ENV: value})
@@ -170,8 +178,9 @@ def test_the_variable_is_checked(value, ok):
 
 def test_a_bad_variable_stops_the_command_line_with_exit_2():
     env = dict(os.environ, PYTHONPATH=REPO, REFREPLAY_THREADS="zero")
-    out = subprocess.run([sys.executable, "-m", "refreplay", "doctor"], env=env, capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "refreplay", "doctor"], env=env, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 2 and "REFREPLAY_THREADS" in out.stderr and "Traceback" not in out.stderr
 
 
@@ -206,6 +215,7 @@ def test_the_trainer_paces_its_threads(monkeypatch):
 
 
 # --- bits never depend on the count -------------------------------------------
+
 
 def _port_step_hash() -> tuple[str, list[int]]:
     """sha256 of the loss and every gradient of one step of the small
@@ -295,7 +305,7 @@ def test_the_step_hash_sees_a_flipped_input_bit():
         with torch.no_grad():
             w = next(iter(net.parameters())).view(-1)
             i = int(w.abs().argmax())
-            w[i:i + 1].view(torch.int32).bitwise_xor_(1)  # the last bit of its largest element
+            w[i : i + 1].view(torch.int32).bitwise_xor_(1)  # the last bit of its largest element
         return net
 
     port.build = tampered
@@ -308,12 +318,15 @@ def test_the_step_hash_sees_a_flipped_input_bit():
 
 # --- the OpenMP layer: sleeping pools only --------------------------------------
 
+
 def _layer(code_first: str) -> list:
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "NUMBA_THREADING_LAYER")}
     env["PYTHONPATH"] = REPO
-    code = code_first + ("; import refreplay, os, json, numba; from refreplay import _env; "
-                         "print(json.dumps([os.environ.get('OMP_WAIT_POLICY'), numba.config.THREADING_LAYER, "
-                         "_env._numba_omp_shared()]))")
+    code = code_first + (
+        "; import refreplay, os, json, numba; from refreplay import _env; "
+        "print(json.dumps([os.environ.get('OMP_WAIT_POLICY'), numba.config.THREADING_LAYER, "
+        "_env._numba_omp_shared()]))"
+    )
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])

@@ -3,6 +3,7 @@ stands for a tensor whose flat element i is pattern[i mod P].  The loader
 bounds P, the tiled size and the manifest's total before reading anything,
 and checks the stored pattern's shape; the writer refuses a tensor that is
 not its pattern tiled."""
+
 import json
 import shutil
 
@@ -35,7 +36,7 @@ def _tiled(m):
 def test_tiled_cases_load_whole_and_past_2_22_elements():
     m, cases = store.load_cases(ops=["adamw_update"])
     big = [c for c in cases if c.tiles]
-    assert big and max(c.inputs["p"].size for c in big) == 2 ** 22 + 1
+    assert big and max(c.inputs["p"].size for c in big) == 2**22 + 1
     for c in big:
         for key, p in c.tiles.items():
             kind, _, name = key.partition("/")
@@ -43,13 +44,16 @@ def test_tiled_cases_load_whole_and_past_2_22_elements():
             assert p == axes.TILE and (a.view(np.uint32) == np.resize(a[:p], a.size).view(np.uint32)).all()
 
 
-@pytest.mark.parametrize("tile,shape,why", [
-    (0, None, "tile must be an integer"),
-    (True, None, "tile must be an integer"),
-    ("251", None, "tile must be an integer"),
-    (10 ** 6, [7], "tile must be an integer"),
-    (251, [1 << 20, 1 << 20], "tile must be an integer"),   # 2^40 elements claimed: refused, never allocated
-])
+@pytest.mark.parametrize(
+    "tile,shape,why",
+    [
+        (0, None, "tile must be an integer"),
+        (True, None, "tile must be an integer"),
+        ("251", None, "tile must be an integer"),
+        (10**6, [7], "tile must be an integer"),
+        (251, [1 << 20, 1 << 20], "tile must be an integer"),  # 2^40 elements claimed: refused, never allocated
+    ],
+)
 def test_adversarial_tiles_are_refused_before_reading(tmp_path, tile, shape, why):
     d, m = _copy(tmp_path)
     t = _tiled(m)["inputs"][0]

@@ -2,6 +2,7 @@
 trained from token files ([data.tokenfile.c1], [data.vocab.c1],
 [data.shards.c1], [data.hash.c1]).  The files are generated here; nothing is
 downloaded."""
+
 import hashlib
 import json
 
@@ -75,21 +76,37 @@ def _llmc_bytes(ids, version=1, count=None, magic=tokens.LLMC_MAGIC):
     return h.tobytes() + np.asarray(ids, "<u2" if version == 1 else "<u4").tobytes()
 
 
-@pytest.mark.parametrize("content, vocab, message", [
-    (_llmc_bytes([1, 2, 300]), V, r"token id 300 at position 2 is outside the vocabulary \[0, 300\)"),
-    (_llmc_bytes([1, 2, 3])[:-1], V, "truncated"),
-    (_llmc_bytes([1, 2, 3], count=4), V, "declares 4 tokens .*truncated"),
-    (_llmc_bytes([1, 2, 3], count=2), V, "trailing bytes"),
-    (_llmc_bytes([1, 2, 3], count=(1 << 31) - 1), V, "declares 2147483647 tokens"),
-    (_llmc_bytes([1, 2, 3], count=-5), V, "declares -5 tokens"),
-    (_llmc_bytes([1, 2, 3], count=0), V, "declares 0 tokens"),
-    (_llmc_bytes([1, 2, 3], version=3), V, "version 3"),
-    (_llmc_bytes([1, 2, 3], magic=20240521), V, "no llm.c header"),
-    (b"\x01\x00" * 10, V, "shorter than the llm.c header"),
-    (_llmc_bytes([1, 2, 3]), None, "vocabulary size is not known"),
-    (_llmc_bytes([1, 2, 3]), 1 << 21, r"--vocab must be an integer in \[1, 2\^20\]"),
-], ids=["id-ge-V", "cut", "count-over", "count-under", "count-absurd", "count-negative", "count-zero",
-        "version", "magic", "short", "no-vocab", "vocab-absurd"])
+@pytest.mark.parametrize(
+    "content, vocab, message",
+    [
+        (_llmc_bytes([1, 2, 300]), V, r"token id 300 at position 2 is outside the vocabulary \[0, 300\)"),
+        (_llmc_bytes([1, 2, 3])[:-1], V, "truncated"),
+        (_llmc_bytes([1, 2, 3], count=4), V, "declares 4 tokens .*truncated"),
+        (_llmc_bytes([1, 2, 3], count=2), V, "trailing bytes"),
+        (_llmc_bytes([1, 2, 3], count=(1 << 31) - 1), V, "declares 2147483647 tokens"),
+        (_llmc_bytes([1, 2, 3], count=-5), V, "declares -5 tokens"),
+        (_llmc_bytes([1, 2, 3], count=0), V, "declares 0 tokens"),
+        (_llmc_bytes([1, 2, 3], version=3), V, "version 3"),
+        (_llmc_bytes([1, 2, 3], magic=20240521), V, "no llm.c header"),
+        (b"\x01\x00" * 10, V, "shorter than the llm.c header"),
+        (_llmc_bytes([1, 2, 3]), None, "vocabulary size is not known"),
+        (_llmc_bytes([1, 2, 3]), 1 << 21, r"--vocab must be an integer in \[1, 2\^20\]"),
+    ],
+    ids=[
+        "id-ge-V",
+        "cut",
+        "count-over",
+        "count-under",
+        "count-absurd",
+        "count-negative",
+        "count-zero",
+        "version",
+        "magic",
+        "short",
+        "no-vocab",
+        "vocab-absurd",
+    ],
+)
 def test_bad_llmc_files_are_refused(tmp_path, content, vocab, message):
     """[data.tokenfile.c1] ids >= V, truncation, header lies, absurd sizes."""
     p = tmp_path / "t.bin"
@@ -98,17 +115,21 @@ def test_bad_llmc_files_are_refused(tmp_path, content, vocab, message):
         tokens.load_tokens([p], vocab)
 
 
-@pytest.mark.parametrize("content, sidecar, vocab, message", [
-    (b"\x01\x00\x02", {"dtype": "uint16", "vocab": V}, None, "odd byte count"),
-    (b"\x01\x00\x02\x00\x03\x00", {"dtype": "uint32", "vocab": V}, None, "not a whole number of uint32"),
-    (b"", {"dtype": "uint16", "vocab": V}, None, "empty token file"),
-    (b"\x01\x00", {"dtype": "int16", "vocab": V}, None, "dtype must be one of"),
-    (b"\x01\x00", {"dtype": "uint16", "vocab": 2 ** 40}, None, r"vocab must be an integer in \[1, 2\^20\]"),
-    (b"\x01\x00", {"dtype": "uint16", "vocab": "300"}, None, "vocab must be an integer"),
-    (b"\x01\x00", {"dtype": "uint16", "vocab": V, "bos": 0}, None, "expected a JSON object with keys"),
-    (b"\x01\x00", {"dtype": "uint16", "vocab": V}, 301, r"different vocabulary sizes \[300, 301\]"),
-    (b"\x01\x00\xff\xff", {"dtype": "uint16", "vocab": V}, None, "token id 65535 at position 1"),
-], ids=["odd", "u32-odd", "empty", "dtype", "vocab-absurd", "vocab-str", "extra-key", "vocab-differs", "id-ge-V"])
+@pytest.mark.parametrize(
+    "content, sidecar, vocab, message",
+    [
+        (b"\x01\x00\x02", {"dtype": "uint16", "vocab": V}, None, "odd byte count"),
+        (b"\x01\x00\x02\x00\x03\x00", {"dtype": "uint32", "vocab": V}, None, "not a whole number of uint32"),
+        (b"", {"dtype": "uint16", "vocab": V}, None, "empty token file"),
+        (b"\x01\x00", {"dtype": "int16", "vocab": V}, None, "dtype must be one of"),
+        (b"\x01\x00", {"dtype": "uint16", "vocab": 2**40}, None, r"vocab must be an integer in \[1, 2\^20\]"),
+        (b"\x01\x00", {"dtype": "uint16", "vocab": "300"}, None, "vocab must be an integer"),
+        (b"\x01\x00", {"dtype": "uint16", "vocab": V, "bos": 0}, None, "expected a JSON object with keys"),
+        (b"\x01\x00", {"dtype": "uint16", "vocab": V}, 301, r"different vocabulary sizes \[300, 301\]"),
+        (b"\x01\x00\xff\xff", {"dtype": "uint16", "vocab": V}, None, "token id 65535 at position 1"),
+    ],
+    ids=["odd", "u32-odd", "empty", "dtype", "vocab-absurd", "vocab-str", "extra-key", "vocab-differs", "id-ge-V"],
+)
 def test_bad_flat_files_are_refused(tmp_path, content, sidecar, vocab, message):
     """[data.tokenfile.c1] the sidecar is checked field by field."""
     p = tmp_path / "t.bin"
@@ -137,8 +158,11 @@ def test_sidecar_that_is_not_json_or_huge(tmp_path):
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(head=st.lists(st.integers(-2 ** 31, 2 ** 31 - 1), min_size=3, max_size=3),
-       body=st.binary(max_size=64), magic=st.booleans())
+@given(
+    head=st.lists(st.integers(-(2**31), 2**31 - 1), min_size=3, max_size=3),
+    body=st.binary(max_size=64),
+    magic=st.booleans(),
+)
 def test_fuzzed_llmc_files_are_read_or_refused(tmp_path, head, body, magic):
     """[data.tokenfile.c1] any header and body: tokens that match the header
     exactly, or an InputError; never another exception."""
@@ -200,8 +224,17 @@ def token_run(tmp_path_factory):
     _flat(d / "b.bin", ids[1000:])
     out = d / "run"
     m, t = presets.preset("tiny")
-    s = train(m, t, steps=3, checkpoint_every=2, out=out, launcher=launch.get("inproc", 1), preset="tiny",
-              token_files=[d / "a.bin", d / "b.bin"], progress=None)
+    s = train(
+        m,
+        t,
+        steps=3,
+        checkpoint_every=2,
+        out=out,
+        launcher=launch.get("inproc", 1),
+        preset="tiny",
+        token_files=[d / "a.bin", d / "b.bin"],
+        progress=None,
+    )
     return d, out, s
 
 
@@ -223,8 +256,17 @@ def test_token_run_is_rank_count_invariant(token_run, tmp_path):
     m, t = presets.preset("tiny")
     for ranks in (3, 8):
         o = tmp_path / f"r{ranks}"
-        s = train(m, t, steps=3, checkpoint_every=2, out=o, launcher=launch.get("inproc", ranks),
-                  preset="tiny", token_files=[d / "a.bin", d / "b.bin"], progress=None)
+        s = train(
+            m,
+            t,
+            steps=3,
+            checkpoint_every=2,
+            out=o,
+            launcher=launch.get("inproc", ranks),
+            preset="tiny",
+            token_files=[d / "a.bin", d / "b.bin"],
+            progress=None,
+        )
         assert s.head == s1.head
         assert (o / "steps.jsonl").read_text() == (out / "steps.jsonl").read_text()
 
@@ -236,8 +278,17 @@ def test_a_changed_token_changes_the_run(token_run, tmp_path):
     ids[5] = (int(ids[5]) + 1) % V
     _flat(tmp_path / "b.bin", ids)
     m, t = presets.preset("tiny")
-    s = train(m, t, steps=1, checkpoint_every=1, out=tmp_path / "o", launcher=launch.get("inproc", 1),
-              preset="tiny", token_files=[d / "a.bin", tmp_path / "b.bin"], progress=None)
+    s = train(
+        m,
+        t,
+        steps=1,
+        checkpoint_every=1,
+        out=tmp_path / "o",
+        launcher=launch.get("inproc", 1),
+        preset="tiny",
+        token_files=[d / "a.bin", tmp_path / "b.bin"],
+        progress=None,
+    )
     assert s.recipe_sha256 != s1.recipe_sha256
 
 
@@ -261,8 +312,23 @@ def test_cli_trains_from_token_files_and_refuses_bad_ones(token_run, tmp_path, c
     """`train --tokens` exits 0 on good files and 2 on an id >= V, a
     truncated file, or --vocab without --tokens."""
     d, _, s1 = token_run
-    ok = main(["train", "--preset", "tiny", "--steps", "3", "--checkpoint-every", "2", "--quiet",
-               "--tokens", str(d / "a.bin"), str(d / "b.bin"), "--out", str(tmp_path / "ok")])
+    ok = main(
+        [
+            "train",
+            "--preset",
+            "tiny",
+            "--steps",
+            "3",
+            "--checkpoint-every",
+            "2",
+            "--quiet",
+            "--tokens",
+            str(d / "a.bin"),
+            str(d / "b.bin"),
+            "--out",
+            str(tmp_path / "ok"),
+        ]
+    )
     cap = capsys.readouterr()
     assert ok == 0, cap.err
     assert s1.head in cap.out
@@ -279,8 +345,7 @@ def test_cli_trains_from_token_files_and_refuses_bad_ones(token_run, tmp_path, c
         (["--vocab", "300"], "--vocab applies to --tokens files only"),
     ]
     for i, (extra, message) in enumerate(cases):
-        code = main(["train", "--preset", "tiny", "--steps", "1", "--quiet", "--out", str(tmp_path / f"b{i}"),
-                     *extra])
+        code = main(["train", "--preset", "tiny", "--steps", "1", "--quiet", "--out", str(tmp_path / f"b{i}"), *extra])
         cap = capsys.readouterr()
         assert code == 2, (extra, cap.err)
         assert message in cap.err and "Traceback" not in cap.err

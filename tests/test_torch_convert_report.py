@@ -3,6 +3,7 @@ each with its cause and fix: bare Parameters, a tied weight, and the
 PyTorch arithmetic written in forward (read from the source); the port of
 the same model (examples/nanogpt_port) converts and its tie works with
 fork."""
+
 from __future__ import annotations
 
 import math
@@ -133,8 +134,14 @@ def test_the_ported_model_converts_its_tie_works_through_fork_and_matches_pytorc
     assert np.array_equal(g.numpy().view(np.uint32), again.wte.weight.grad.numpy().view(np.uint32))
 
 
-@pytest.mark.parametrize("make", [lambda: rt.nn.GELU("none"), lambda: F.gelu(torch.ones(2), approximate="none"),
-                                  lambda: rt.convert(nn.Sequential(nn.GELU()))])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: rt.nn.GELU("none"),
+        lambda: F.gelu(torch.ones(2), approximate="none"),
+        lambda: rt.convert(nn.Sequential(nn.GELU())),
+    ],
+)
 def test_the_erf_gelu_is_refused_naming_the_tanh_form(make):
     with pytest.raises(rt.Unsupported, match=r"why\.gelu\.erf\.r1.*approximate=.tanh."):
         make()

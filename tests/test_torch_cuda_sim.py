@@ -9,6 +9,7 @@ tensors to the ``cuda`` backend (``backend_of`` patched in a subprocess with
 arguments, shapes, saved statistics), not the device copies of a real CUDA
 tensor, which stay untested here (docs/torch.md, "Limits").
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -78,8 +79,7 @@ print(json.dumps(out))
 @pytest.fixture(scope="module")
 def results():
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-    r = subprocess.run([sys.executable, "-c", CHILD], cwd=ROOT, env=env, capture_output=True, text=True,
-                       timeout=900)
+    r = subprocess.run([sys.executable, "-c", CHILD], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -126,7 +126,8 @@ def test_the_torch_gpt_on_the_twin_gives_the_reference_models_micro_batch_bits()
     every gradient equal the CPU reference model's (minutes: 6 for both on a
     loaded 2-core machine)."""
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-    r = subprocess.run([sys.executable, "-c", MICRO_BATCH], cwd=ROOT, env=env, capture_output=True, text=True,
-                       timeout=1800)
+    r = subprocess.run(
+        [sys.executable, "-c", MICRO_BATCH], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads(r.stdout.strip().splitlines()[-1]) == {"tiny": True, "layer-swiglu-int8": True}

@@ -7,6 +7,7 @@ examples/torch_gpt/train_dist.py on the `tiny` preset (M = 8).
 * a rank that dies or hangs mid-step stops the others with an error, and
   nothing is published for that step.
 """
+
 from __future__ import annotations
 
 import json
@@ -79,8 +80,26 @@ def test_all_reduce_is_not_invariant(fold_runs, tmp_path, text):
 @pytest.mark.parametrize("how", ["exit", "hang"])
 def test_a_rank_that_dies_mid_step_stops_the_others_and_nothing_is_published(tmp_path, text, how):
     out = tmp_path / "run"
-    res = ranks(2, "--out", out, "--steps", 3, "--checkpoint-every", 1, "--data", text, "--timeout", 8,
-                "--die-rank", 1, "--die-step", 2, "--die-how", how, timeout=90)
+    res = ranks(
+        2,
+        "--out",
+        out,
+        "--steps",
+        3,
+        "--checkpoint-every",
+        1,
+        "--data",
+        text,
+        "--timeout",
+        8,
+        "--die-rank",
+        1,
+        "--die-step",
+        2,
+        "--die-how",
+        how,
+        timeout=90,
+    )
     (rc0, _, err0), (rc1, _, _) = res
     assert rc0 not in (0, None) and rc1 != 0, res
     assert "step 2" in err0 and "a rank died or hung" in err0, err0
@@ -191,8 +210,11 @@ def test_exchanged_blocks_with_a_gap_or_overlap_are_refused(group1):
     sent = exchange_blocks([Block(0, 2, value), Block(2, 1, value)], names, shapes, 3)
     assert [(b.start, b.size) for b in sent] == [(0, 2), (2, 1)]
     assert all(np.array_equal(b.value[k], value[k]) for b in sent for k in names)
-    short, overlap, gap = ([Block(0, 2, value)], [Block(0, 2, value), Block(1, 1, value)],
-                           [Block(0, 2, value), Block(3, 1, value)])
+    short, overlap, gap = (
+        [Block(0, 2, value)],
+        [Block(0, 2, value), Block(1, 1, value)],
+        [Block(0, 2, value), Block(3, 1, value)],
+    )
     for bad in (short, overlap, gap):
         with pytest.raises(CollectiveError, match="step 7"):
             _fold_exchanged(named, bad, 3, 7)

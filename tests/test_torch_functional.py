@@ -4,6 +4,7 @@ PyTorch's own float64 autograd within tolerance (an independent sanity
 check), and refuse what the spec does not cover instead of computing it
 with a PyTorch kernel.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -57,7 +58,7 @@ def rand(rng, shape, scale=1.0, edge=None):
     if edge:
         flat = a.reshape(-1)
         pos = rng.choice(flat.size, size=min(len(edge), flat.size), replace=False)
-        flat[pos] = np.array(edge[:len(pos)], np.float32)
+        flat[pos] = np.array(edge[: len(pos)], np.float32)
     return a
 
 
@@ -92,67 +93,162 @@ TARGETS = np.array([2, 0, -1, 6, 6, 1], np.int64)  # one ignored token
 #          n_diff, ours(*tensors), ref_fwd(*arrays), ref_bwd(dout, *arrays) -> grads,
 #          torch64(*float64 tensors) or None, tolerance of the float64 check, edge values)
 CASES = {
-    "linear": (lambda rng, e: [rand(rng, (2, 3, 8), 1, e), rand(rng, (5, 8), 0.5), rand(rng, (5,))], 3,
-               rF.linear,
-               lambda x, W, b: L.linear_forward(x.reshape(-1, 8), W, b).reshape(2, 3, 5),
-               lambda d, x, W, b: (lambda r: (r[0].reshape(x.shape), r[1], r[2]))(
-                   L.linear_backward(d.reshape(-1, 5), x.reshape(-1, 8), W, True)),
-               TF.linear, 1e-5, TAME),
-    "linear_no_bias": (lambda rng, e: [rand(rng, (6, 8), 1, e), rand(rng, (5, 8), 0.5)], 2,
-                       rF.linear, L.linear_forward,
-                       lambda d, x, W: L.linear_backward(d, x, W, False)[:2],
-                       TF.linear, 1e-5, TAME),
-    "qlinear": (lambda rng, e: [rand(rng, (2, 4, 8), 1, e), rand(rng, (5, 8), 0.5), rand(rng, (5,))], 3,
-                rF.qlinear, Q.qlinear_forward,
-                lambda d, x, W, b: Q.qlinear_backward(d, x, W, True),
-                TF.linear, 0.05, TAME[:4]),  # int8 rounding: a loose sanity bound
-    "layer_norm": (lambda rng, e: [rand(rng, (2, 3, 16), 2, e), rand(rng, (16,)), rand(rng, (16,))], 3,
-                   lambda x, w, b: rF.layer_norm(x, (16,), w, b),
-                   lambda x, w, b: _ln_ref(x, w, b)[0].reshape(x.shape),
-                   lambda d, x, w, b: (lambda r: (r[0].reshape(x.shape), r[1], r[2]))(
-                       N.layernorm_backward(d.reshape(-1, 16), x.reshape(-1, 16), w, *_ln_ref(x, w, b)[1:])),
-                   lambda x, w, b: TF.layer_norm(x, (16,), w, b, float(EPS)), 1e-4, TAME),
-    "rms_norm": (lambda rng, e: [rand(rng, (2, 3, 16), 2, e), rand(rng, (16,))], 2,
-                 lambda x, w: rF.rms_norm(x, (16,), w),
-                 lambda x, w: _rms_ref(x, w)[0].reshape(x.shape),
-                 lambda d, x, w: (lambda r: (r[0].reshape(x.shape), r[1]))(
-                     N.rmsnorm_backward(d.reshape(-1, 16), x.reshape(-1, 16), w, _rms_ref(x, w)[1])),
-                 _rms64, 1e-4, TAME),
-    "embedding": (lambda rng, e: [rand(rng, (11, 8), 1, e)], 1,
-                  lambda w: rF.embedding(torch.from_numpy(TOKENS), w),
-                  lambda w: E.embedding_forward(w, TOKENS.astype(np.int32)),
-                  lambda d, w: (E.embedding_backward(d, TOKENS.astype(np.int32), 11),),
-                  lambda w: TF.embedding(torch.from_numpy(TOKENS), w), 1e-6, TAME),
-    "gelu": (lambda rng, e: [rand(rng, (3, 50), 3, e)], 1, rF.gelu, A.gelu_forward,
-             lambda d, x: (A.gelu_backward(d, x),), lambda x: TF.gelu(x, approximate="tanh"), 1e-4, WILD),
-    "silu": (lambda rng, e: [rand(rng, (3, 50), 3, e)], 1, rF.silu, A.silu_forward,
-             lambda d, x: (A.silu_backward(d, x),), TF.silu, 1e-4, WILD),
-    "swiglu": (lambda rng, e: [rand(rng, (3, 50), 3, e), rand(rng, (3, 50), 1, e)], 2, rF.swiglu,
-               A.swiglu_forward, A.swiglu_backward, lambda a, b: TF.silu(a) * b, 1e-4, WILD),
-    "rope": (lambda rng, e: [rand(rng, (2, 2, 6, 8), 1, e)], 1,
-             lambda x: rF.rope(x, *(torch.from_numpy(t) for t in _rope_tables())),
-             lambda x: R.rope_forward(x, *_rope_tables()),
-             lambda d, x: (R.rope_backward(d, *_rope_tables()),),
-             lambda x: _rope64(x, *_rope_tables()), 1e-5, TAME),
-    "causal_attention": (lambda rng, e: [rand(rng, (2, 2, 5, 4), 1, e), rand(rng, (2, 2, 5, 4)),
-                                         rand(rng, (2, 2, 5, 4))], 3,
-                         rF.causal_attention, lambda q, k, v: AT.attention_forward(q, k, v)[0],
-                         lambda d, q, k, v: AT.attention_backward(d, q, k, v, AT.attention_forward(q, k, v)[1]),
-                         lambda q, k, v: TF.scaled_dot_product_attention(q, k, v, is_causal=True), 1e-4,
-                         TAME[:4]),
-    "softmax": (lambda rng, e: [rand(rng, (4, 9), 2, e)], 1, rF.softmax, S.softmax_forward,
-                lambda d, x: (S.softmax_backward(d, S.softmax_forward(x)),),
-                lambda x: torch.softmax(x, -1), 1e-4, WILD),
-    "log_softmax": (lambda rng, e: [rand(rng, (4, 9), 2, e)], 1, rF.log_softmax, S.log_softmax_forward,
-                    lambda d, x: (S.log_softmax_backward(d, S.log_softmax_forward(x)),),
-                    lambda x: torch.log_softmax(x, -1), 1e-4, WILD),
-    "cross_entropy": (lambda rng, e: [rand(rng, (6, 7), 2, e)], 1,
-                      lambda z: rF.cross_entropy(z, torch.from_numpy(TARGETS)),
-                      lambda z: np.float32(LO.cross_entropy_forward(z, TARGETS.astype(np.int32))[1]),
-                      lambda d, z: (LO.cross_entropy_backward(z, TARGETS.astype(np.int32), dloss=np.float32(d)),),
-                      lambda z: TF.cross_entropy(z, torch.from_numpy(TARGETS), ignore_index=-1), 1e-4, TAME),
-    "add": (lambda rng, e: [rand(rng, (3, 7), 1, e), rand(rng, (3, 7), 1, e)], 2, rF.add, EW.add,
-            lambda d, a, b: (d, d), lambda a, b: a + b, 1e-6, WILD),
+    "linear": (
+        lambda rng, e: [rand(rng, (2, 3, 8), 1, e), rand(rng, (5, 8), 0.5), rand(rng, (5,))],
+        3,
+        rF.linear,
+        lambda x, W, b: L.linear_forward(x.reshape(-1, 8), W, b).reshape(2, 3, 5),
+        lambda d, x, W, b: (lambda r: (r[0].reshape(x.shape), r[1], r[2]))(
+            L.linear_backward(d.reshape(-1, 5), x.reshape(-1, 8), W, True)
+        ),
+        TF.linear,
+        1e-5,
+        TAME,
+    ),
+    "linear_no_bias": (
+        lambda rng, e: [rand(rng, (6, 8), 1, e), rand(rng, (5, 8), 0.5)],
+        2,
+        rF.linear,
+        L.linear_forward,
+        lambda d, x, W: L.linear_backward(d, x, W, False)[:2],
+        TF.linear,
+        1e-5,
+        TAME,
+    ),
+    "qlinear": (
+        lambda rng, e: [rand(rng, (2, 4, 8), 1, e), rand(rng, (5, 8), 0.5), rand(rng, (5,))],
+        3,
+        rF.qlinear,
+        Q.qlinear_forward,
+        lambda d, x, W, b: Q.qlinear_backward(d, x, W, True),
+        TF.linear,
+        0.05,
+        TAME[:4],
+    ),  # int8 rounding: a loose sanity bound
+    "layer_norm": (
+        lambda rng, e: [rand(rng, (2, 3, 16), 2, e), rand(rng, (16,)), rand(rng, (16,))],
+        3,
+        lambda x, w, b: rF.layer_norm(x, (16,), w, b),
+        lambda x, w, b: _ln_ref(x, w, b)[0].reshape(x.shape),
+        lambda d, x, w, b: (lambda r: (r[0].reshape(x.shape), r[1], r[2]))(
+            N.layernorm_backward(d.reshape(-1, 16), x.reshape(-1, 16), w, *_ln_ref(x, w, b)[1:])
+        ),
+        lambda x, w, b: TF.layer_norm(x, (16,), w, b, float(EPS)),
+        1e-4,
+        TAME,
+    ),
+    "rms_norm": (
+        lambda rng, e: [rand(rng, (2, 3, 16), 2, e), rand(rng, (16,))],
+        2,
+        lambda x, w: rF.rms_norm(x, (16,), w),
+        lambda x, w: _rms_ref(x, w)[0].reshape(x.shape),
+        lambda d, x, w: (lambda r: (r[0].reshape(x.shape), r[1]))(
+            N.rmsnorm_backward(d.reshape(-1, 16), x.reshape(-1, 16), w, _rms_ref(x, w)[1])
+        ),
+        _rms64,
+        1e-4,
+        TAME,
+    ),
+    "embedding": (
+        lambda rng, e: [rand(rng, (11, 8), 1, e)],
+        1,
+        lambda w: rF.embedding(torch.from_numpy(TOKENS), w),
+        lambda w: E.embedding_forward(w, TOKENS.astype(np.int32)),
+        lambda d, w: (E.embedding_backward(d, TOKENS.astype(np.int32), 11),),
+        lambda w: TF.embedding(torch.from_numpy(TOKENS), w),
+        1e-6,
+        TAME,
+    ),
+    "gelu": (
+        lambda rng, e: [rand(rng, (3, 50), 3, e)],
+        1,
+        rF.gelu,
+        A.gelu_forward,
+        lambda d, x: (A.gelu_backward(d, x),),
+        lambda x: TF.gelu(x, approximate="tanh"),
+        1e-4,
+        WILD,
+    ),
+    "silu": (
+        lambda rng, e: [rand(rng, (3, 50), 3, e)],
+        1,
+        rF.silu,
+        A.silu_forward,
+        lambda d, x: (A.silu_backward(d, x),),
+        TF.silu,
+        1e-4,
+        WILD,
+    ),
+    "swiglu": (
+        lambda rng, e: [rand(rng, (3, 50), 3, e), rand(rng, (3, 50), 1, e)],
+        2,
+        rF.swiglu,
+        A.swiglu_forward,
+        A.swiglu_backward,
+        lambda a, b: TF.silu(a) * b,
+        1e-4,
+        WILD,
+    ),
+    "rope": (
+        lambda rng, e: [rand(rng, (2, 2, 6, 8), 1, e)],
+        1,
+        lambda x: rF.rope(x, *(torch.from_numpy(t) for t in _rope_tables())),
+        lambda x: R.rope_forward(x, *_rope_tables()),
+        lambda d, x: (R.rope_backward(d, *_rope_tables()),),
+        lambda x: _rope64(x, *_rope_tables()),
+        1e-5,
+        TAME,
+    ),
+    "causal_attention": (
+        lambda rng, e: [rand(rng, (2, 2, 5, 4), 1, e), rand(rng, (2, 2, 5, 4)), rand(rng, (2, 2, 5, 4))],
+        3,
+        rF.causal_attention,
+        lambda q, k, v: AT.attention_forward(q, k, v)[0],
+        lambda d, q, k, v: AT.attention_backward(d, q, k, v, AT.attention_forward(q, k, v)[1]),
+        lambda q, k, v: TF.scaled_dot_product_attention(q, k, v, is_causal=True),
+        1e-4,
+        TAME[:4],
+    ),
+    "softmax": (
+        lambda rng, e: [rand(rng, (4, 9), 2, e)],
+        1,
+        rF.softmax,
+        S.softmax_forward,
+        lambda d, x: (S.softmax_backward(d, S.softmax_forward(x)),),
+        lambda x: torch.softmax(x, -1),
+        1e-4,
+        WILD,
+    ),
+    "log_softmax": (
+        lambda rng, e: [rand(rng, (4, 9), 2, e)],
+        1,
+        rF.log_softmax,
+        S.log_softmax_forward,
+        lambda d, x: (S.log_softmax_backward(d, S.log_softmax_forward(x)),),
+        lambda x: torch.log_softmax(x, -1),
+        1e-4,
+        WILD,
+    ),
+    "cross_entropy": (
+        lambda rng, e: [rand(rng, (6, 7), 2, e)],
+        1,
+        lambda z: rF.cross_entropy(z, torch.from_numpy(TARGETS)),
+        lambda z: np.float32(LO.cross_entropy_forward(z, TARGETS.astype(np.int32))[1]),
+        lambda d, z: (LO.cross_entropy_backward(z, TARGETS.astype(np.int32), dloss=np.float32(d)),),
+        lambda z: TF.cross_entropy(z, torch.from_numpy(TARGETS), ignore_index=-1),
+        1e-4,
+        TAME,
+    ),
+    "add": (
+        lambda rng, e: [rand(rng, (3, 7), 1, e), rand(rng, (3, 7), 1, e)],
+        2,
+        rF.add,
+        EW.add,
+        lambda d, a, b: (d, d),
+        lambda a, b: a + b,
+        1e-6,
+        WILD,
+    ),
 }
 
 
@@ -198,8 +294,9 @@ def test_gradients_agree_with_pytorch_float64(name):
     diff, rest = inputs[:n_diff], inputs[n_diff:]
     out64 = torch64(*[torch.tensor(a, dtype=torch.float64) for a in inputs])
     dout = rand(rng, tuple(out64.shape))
-    want_out, want_grads = autograd(lambda *t: torch64(*t, *[torch.tensor(a, dtype=torch.float64) for a in rest]),
-                                    diff, dout)
+    want_out, want_grads = autograd(
+        lambda *t: torch64(*t, *[torch.tensor(a, dtype=torch.float64) for a in rest]), diff, dout
+    )
     out, grads = _run_ours(name, inputs, dout)
     assert rel_err(out.detach().numpy(), want_out) <= tol, name
     for k, (g, w) in enumerate(zip(grads, want_grads)):
@@ -269,8 +366,18 @@ def _x(shape=(2, 4), dtype=torch.float32):
 def _no_pytorch_kernels(monkeypatch):
     """Make every PyTorch kernel these functions could fall back to raise,
     so a refusal cannot hide a silent fallback."""
-    for fn in ("linear", "layer_norm", "rms_norm", "embedding", "gelu", "silu", "softmax", "log_softmax",
-               "cross_entropy", "scaled_dot_product_attention"):
+    for fn in (
+        "linear",
+        "layer_norm",
+        "rms_norm",
+        "embedding",
+        "gelu",
+        "silu",
+        "softmax",
+        "log_softmax",
+        "cross_entropy",
+        "scaled_dot_product_attention",
+    ):
         monkeypatch.setattr(TF, fn, lambda *a, **k: (_ for _ in ()).throw(AssertionError("fell back")))
 
 
@@ -291,10 +398,12 @@ REFUSED = {
     "torch's ignore index": lambda: rF.cross_entropy(_x(), torch.tensor([0, 1]), ignore_index=-100),
     "class weights": lambda: rF.cross_entropy(_x(), torch.tensor([0, 1]), weight=torch.ones(4)),
     "probability targets": lambda: rF.cross_entropy(_x(), torch.softmax(_x(), -1)),
-    "non-causal attention": lambda: rF.scaled_dot_product_attention(_x((1, 1, 3, 4)), _x((1, 1, 3, 4)),
-                                                                    _x((1, 1, 3, 4)), is_causal=False),
-    "attention mask": lambda: rF.scaled_dot_product_attention(*[_x((1, 1, 3, 4))] * 3, is_causal=True,
-                                                              attn_mask=torch.ones(3, 3, dtype=torch.bool)),
+    "non-causal attention": lambda: rF.scaled_dot_product_attention(
+        _x((1, 1, 3, 4)), _x((1, 1, 3, 4)), _x((1, 1, 3, 4)), is_causal=False
+    ),
+    "attention mask": lambda: rF.scaled_dot_product_attention(
+        *[_x((1, 1, 3, 4))] * 3, is_causal=True, attn_mask=torch.ones(3, 3, dtype=torch.bool)
+    ),
     "dropout": lambda: rF.scaled_dot_product_attention(*[_x((1, 1, 3, 4))] * 3, is_causal=True, dropout_p=0.1),
     "custom scale": lambda: rF.scaled_dot_product_attention(*[_x((1, 1, 3, 4))] * 3, is_causal=True, scale=0.5),
     "eps not a binary32": lambda: rF.layer_norm(_x(), (4,), torch.ones(4), torch.zeros(4), eps=1e-5),
@@ -326,6 +435,7 @@ def test_a_cuda_tensor_without_a_usable_twin_is_refused(monkeypatch):
 
     def no_twin(device=None):
         raise backends.InputError("--device cuda: no usable CUDA GPU")
+
     monkeypatch.setattr(backends, "get", no_twin)
     with pytest.raises(Unsupported, match="cuda.*no usable CUDA GPU"):
         _bridge.backend_of(FakeCuda())
@@ -357,9 +467,11 @@ def _py(code: str) -> subprocess.CompletedProcess:
 
 
 def test_import_refreplay_never_imports_torch():
-    r = _py("import sys, refreplay, refreplay.training.step, refreplay.cli, refreplay.ops, "
-            "refreplay.training.treefold\n"
-            "assert 'torch' not in sys.modules, 'torch was imported'\nprint('ok')")
+    r = _py(
+        "import sys, refreplay, refreplay.training.step, refreplay.cli, refreplay.ops, "
+        "refreplay.training.treefold\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\nprint('ok')"
+    )
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr
 
 
@@ -402,9 +514,15 @@ def test_inside_torch_compile_the_functions_run_eagerly_with_the_reference_bits(
 
 # ---- shapes and layouts, fuzzed ------------------------------------------------------------
 
+
 @settings(max_examples=30, deadline=None)
-@given(lead=st.lists(st.integers(1, 3), min_size=0, max_size=3), C=st.integers(1, 9), OC=st.integers(1, 5),
-       transpose=st.booleans(), seed=st.integers(0, 2**32 - 1))
+@given(
+    lead=st.lists(st.integers(1, 3), min_size=0, max_size=3),
+    C=st.integers(1, 9),
+    OC=st.integers(1, 5),
+    transpose=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
 def test_any_leading_shape_and_layout_gives_the_row_ops_bits(lead, C, OC, transpose, seed):
     """Linear, the norms and the softmaxes flatten any leading axes into
     rows (row n of the flattened input is row n of the op); a transposed

@@ -4,6 +4,7 @@ vectors/steps.json bit for bit: state roots, data hashes, losses and chain
 links ([conf.steps.c1]).  Chain links are computed by refreplay's own
 ``state.chain_link`` and compared with whatever steps.json is in the tree.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -101,7 +102,7 @@ def test_micro_batches_folded_out_of_order_change_the_bits():
         opt.zero_grad()
         fold = rt.GradFold(named)
         for m in order:
-            x, y = inputs_targets(batch[2 * m:2 * m + 2])
+            x, y = inputs_targets(batch[2 * m : 2 * m + 2])
             loss = model(torch.from_numpy(x), torch.from_numpy(y))
             loss.backward()
             fold.push(loss)
@@ -118,7 +119,7 @@ def test_micro_batch_gradients_equal_the_reference_model_whatever_pytorchs_setti
     deterministic algorithms off (the default) or on, and 1 or 2 intra-op
     threads, one micro-batch's loss and every gradient equal the reference
     model's ([model.forward.c1] [model.backward.c1])."""
-    x, y = inputs_targets(case.samples[:case.train.micro_batch_size])
+    x, y = inputs_targets(case.samples[: case.train.micro_batch_size])
     ref = Model(case.model).loss_and_grads(init_params(case.model, case.train.seed), x, y)
     threads, det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     try:
@@ -187,12 +188,16 @@ def test_the_guard_names_autograds_own_gradient_sum():
             y.backward(torch.ones(4, 8))
 
 
-@pytest.mark.parametrize("op, name", [
-    (lambda d: d.to(torch.float32), "_to_copy"),
-    (lambda d: torch.empty(3).copy_(d), "copy_"),
-    (lambda d: torch.full((3,), 0.1), "full"),
-    (lambda d: torch.empty(3).fill_(0.1), "fill_"),
-], ids=["to", "copy_", "full", "fill_"])
+@pytest.mark.parametrize(
+    "op, name",
+    [
+        (lambda d: d.to(torch.float32), "_to_copy"),
+        (lambda d: torch.empty(3).copy_(d), "copy_"),
+        (lambda d: torch.full((3,), 0.1), "full"),
+        (lambda d: torch.empty(3).fill_(0.1), "fill_"),
+    ],
+    ids=["to", "copy_", "full", "fill_"],
+)
 def test_the_guard_refuses_copies_and_fills_that_round(op, name):
     d = torch.ones(3, dtype=torch.float64)
     with pytest.raises(rt.Unsupported, match=f"aten.{name} "), rt.guard():
@@ -213,7 +218,7 @@ def test_ranks_holding_contiguous_micro_batches_give_the_one_device_bits():
     model, named, opt, _ = TRAIN.build(case.model, case.train)
     micro = []  # each micro-batch's (loss, gradients), computed once
     for m in range(8):
-        x, y = inputs_targets(case.samples[2 * m:2 * m + 2])
+        x, y = inputs_targets(case.samples[2 * m : 2 * m + 2])
         loss = model(torch.from_numpy(x), torch.from_numpy(y))
         loss.backward()
         micro.append((loss.detach(), {k: p.grad for k, p in named.items()}))

@@ -1,6 +1,7 @@
 """refreplay.torch.guard: the first leak raised with its origin, or with
 collect=True every leak of a step in one pass, each with the op, forward
 or backward, the module path and the fix; a clean model has none."""
+
 from __future__ import annotations
 
 import sys
@@ -63,8 +64,9 @@ def test_collect_lists_every_leak_kind_with_its_origin():
     assert ("aten.relu", "forward", "<root>") in got  # the stray functional op
     assert ("aten.add", "backward", "<root>") in got  # the tied weight, summed when the embedding's arrives
     assert ("aten.add", "backward", "block.fc") in got  # the unforked stream of the block
-    tied = next(leak for leak in leaks
-                if leak.phase == "backward" and leak.module == "<root>" and leak.op == "aten.add")
+    tied = next(
+        leak for leak in leaks if leak.phase == "backward" and leak.module == "<root>" and leak.op == "aten.add"
+    )
     assert tied.node == "EmbeddingBackward" and "fork" in tied.fix
     residual = next(leak for leak in leaks if leak.phase == "forward" and leak.op == "aten.add")
     assert "functional.add" in residual.fix

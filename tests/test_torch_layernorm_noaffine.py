@@ -3,6 +3,7 @@
 refreplay.torch give the spec's op with the weight 1 and the bias -0, bit for
 bit; the -0 the clause's example keeps is kept; forward and gradients stay
 close to PyTorch's own op; ``convert`` swaps such a module."""
+
 import numpy as np
 import pytest
 import torch

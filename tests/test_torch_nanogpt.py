@@ -7,6 +7,7 @@ is the head `refreplay train` computes for the same recipe, `refreplay
 replay` verifies it with the reference trainer (exit 0), `audit`
 certifies the sampled steps, and a flipped checkpoint bit fails (exit 1).  R = 3 and 4 under `-m slow`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -47,16 +48,38 @@ def text(tmp_path_factory):
     """The corpus, and one single-process nanoGPT run first so that every
     kernel is in the on-disk cache before several ranks start."""
     path = corpus(tmp_path_factory.mktemp("corpus") / "corpus.txt")
-    res = ranks(1, "--out", tmp_path_factory.mktemp("warm") / "warm", "--steps", 1, "--data", path,
-                "--nanogpt", "nobias", timeout=900)
+    res = ranks(
+        1,
+        "--out",
+        tmp_path_factory.mktemp("warm") / "warm",
+        "--steps",
+        1,
+        "--data",
+        path,
+        "--nanogpt",
+        "nobias",
+        timeout=900,
+    )
     assert res[0][0] == 0, res
     return path
 
 
 def _run(tmp, world, text, variant):
     out = tmp / f"run-{variant}-{world}"
-    res = torchrun(world, "--out", out, "--steps", STEPS, "--checkpoint-every", 1, "--data", text,
-                   "--nanogpt", variant, timeout=400)
+    res = torchrun(
+        world,
+        "--out",
+        out,
+        "--steps",
+        STEPS,
+        "--checkpoint-every",
+        1,
+        "--data",
+        text,
+        "--nanogpt",
+        variant,
+        timeout=400,
+    )
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
     return out
 
@@ -200,8 +223,9 @@ def test_the_head_is_refreplay_train_s(runs, tmp_path, text):
     train = train_to_json(TINY_TRAIN)
     cfg.write_text(json.dumps({"model": model_to_json(CFG[variant]), "train": train}))
     out = tmp_path / "ref"
-    res = run_cli("train", "--config", cfg, "--steps", STEPS, "--checkpoint-every", 1, "--data", text,
-                  "--out", out, "--quiet")
+    res = run_cli(
+        "train", "--config", cfg, "--steps", STEPS, "--checkpoint-every", 1, "--data", text, "--out", out, "--quiet"
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     assert _records(out) == _records(by_r[2])
     assert (out / "head.json").read_bytes() == (by_r[2] / "head.json").read_bytes()
@@ -228,8 +252,21 @@ def test_audit_certifies_the_sampled_steps_and_coverage_accepts_them(runs, tmp_p
     run = runs[1][2]
     key, pub = auditor_keys.key_files(tmp_path / "keys", "ann")
     certs = tmp_path / "certs"
-    aud = run_cli("audit", run, "--sample", STEPS, "--beacon", "c0ffee", "--auditor", "ann", "--key", key,
-                  "--out", certs, "--quiet")
+    aud = run_cli(
+        "audit",
+        run,
+        "--sample",
+        STEPS,
+        "--beacon",
+        "c0ffee",
+        "--auditor",
+        "ann",
+        "--key",
+        key,
+        "--out",
+        certs,
+        "--quiet",
+    )
     assert aud.returncode == 0 and aud.stdout.count("VERIFIED") == STEPS, aud.stdout + aud.stderr
     cov = run_cli("coverage", run, certs, "--trust", pub)
     assert cov.returncode == 0, cov.stdout + cov.stderr

@@ -4,6 +4,7 @@ converted makes strict conversion raise with its name; AdamW, clipping and
 the LR schedule equal ``refreplay.ops.optim`` bit for bit and refuse
 hyper-parameters that are not binary32.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -34,8 +35,9 @@ class Toy(nn.Module):
     def __init__(self, eps=EPS32):
         super().__init__()
         self.emb = nn.Embedding(16, 8)
-        self.body = nn.Sequential(nn.LayerNorm(8, eps=eps), nn.Linear(8, 12), nn.GELU(approximate="tanh"),
-                                  nn.Linear(12, 8, bias=False))
+        self.body = nn.Sequential(
+            nn.LayerNorm(8, eps=eps), nn.Linear(8, 12), nn.GELU(approximate="tanh"), nn.Linear(12, 8, bias=False)
+        )
         self.out = nn.ModuleDict({"norm": nn.RMSNorm(8, eps=EPS32), "drop": nn.Dropout(0.0)})
 
     def forward(self, idx):
@@ -87,16 +89,20 @@ class WithOwnParameter(nn.Module):
         self.fc = nn.Linear(8, 8)
 
 
-@pytest.mark.parametrize("model, name", [
-    (WithAttention(), "blocks.0.1"),
-    (WithOwnParameter(), "inner"),
-    (nn.Sequential(nn.Linear(4, 4), nn.ReLU()), "1"),
-    (nn.Sequential(nn.Linear(4, 4), nn.GELU()), "1"),  # the erf form
-    (nn.Sequential(nn.LayerNorm(4)), "0"),  # eps 1e-5 is not a binary32
-    (nn.Sequential(nn.Embedding(4, 4, padding_idx=0)), "0"),
-    (nn.Sequential(nn.Dropout(0.1)), "0"),
-    (nn.Sequential(nn.Conv1d(2, 2, 3)), "0"),
-], ids=["attention", "own-parameter", "relu", "erf-gelu", "eps", "padding", "dropout", "conv"])
+@pytest.mark.parametrize(
+    "model, name",
+    [
+        (WithAttention(), "blocks.0.1"),
+        (WithOwnParameter(), "inner"),
+        (nn.Sequential(nn.Linear(4, 4), nn.ReLU()), "1"),
+        (nn.Sequential(nn.Linear(4, 4), nn.GELU()), "1"),  # the erf form
+        (nn.Sequential(nn.LayerNorm(4)), "0"),  # eps 1e-5 is not a binary32
+        (nn.Sequential(nn.Embedding(4, 4, padding_idx=0)), "0"),
+        (nn.Sequential(nn.Dropout(0.1)), "0"),
+        (nn.Sequential(nn.Conv1d(2, 2, 3)), "0"),
+    ],
+    ids=["attention", "own-parameter", "relu", "erf-gelu", "eps", "padding", "dropout", "conv"],
+)
 def test_strict_convert_names_what_it_cannot_replace_and_changes_nothing(model, name):
     before = [(n, type(m)) for n, m in model.named_modules()]
     with pytest.raises(rt.ConversionError, match=rf"(^|\W){name}( \(|: )"):
@@ -125,6 +131,7 @@ def test_a_root_with_parameters_of_its_own_is_unsupported():
             super().__init__()
             self.pos = nn.Parameter(torch.zeros(4))
             self.fc = nn.Linear(4, 4)
+
     with pytest.raises(rt.ConversionError, match="<root>"):
         rt.convert(Root())
 
@@ -132,17 +139,21 @@ def test_a_root_with_parameters_of_its_own_is_unsupported():
 # ---- modules refuse what the spec does not cover -------------------------------------------
 
 
-@pytest.mark.parametrize("build", [
-    lambda: rnn.LayerNorm(8, eps=1e-5),
-    lambda: rnn.RMSNorm((2, 4)),
-    lambda: rnn.GELU("none"),
-    lambda: rnn.Embedding(4, 4, padding_idx=1),
-    lambda: rnn.Linear(4, 4, quant="int4"),
-    lambda: rnn.Softmax(dim=0),
-    lambda: rnn.CrossEntropyLoss(reduction="sum"),
-    lambda: rnn.MLP(8, 16, kind="relu"),
-    lambda: rnn.CausalSelfAttention(8, 3, 4),
-], ids=["eps", "two-axes", "erf", "padding", "int4", "dim0", "sum", "relu", "heads"])
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: rnn.LayerNorm(8, eps=1e-5),
+        lambda: rnn.RMSNorm((2, 4)),
+        lambda: rnn.GELU("none"),
+        lambda: rnn.Embedding(4, 4, padding_idx=1),
+        lambda: rnn.Linear(4, 4, quant="int4"),
+        lambda: rnn.Softmax(dim=0),
+        lambda: rnn.CrossEntropyLoss(reduction="sum"),
+        lambda: rnn.MLP(8, 16, kind="relu"),
+        lambda: rnn.CausalSelfAttention(8, 3, 4),
+    ],
+    ids=["eps", "two-axes", "erf", "padding", "int4", "dim0", "sum", "relu", "heads"],
+)
 def test_modules_refuse_uncovered_configurations(build):
     with pytest.raises(Unsupported):
         build()
@@ -175,11 +186,19 @@ def test_adamw_equals_the_reference_over_steps_with_and_without_decay():
         assert opt.state[w]["step"] == t
 
 
-@pytest.mark.parametrize("kwargs", [
-    dict(lr=1e-3), dict(lr=np.float32(1e-3), betas=(0.9, 0.999)), dict(lr=np.float32(1e-3), eps=1e-8),
-    dict(lr=np.float32(1e-3), weight_decay=0.01), dict(lr=np.float32(1e-3), amsgrad=True),
-    dict(lr=np.float32(1e-3), foreach=True), dict(lr=np.float32(1e-3), maximize=True),
-], ids=["lr", "betas", "eps", "wd", "amsgrad", "foreach", "maximize"])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(lr=1e-3),
+        dict(lr=np.float32(1e-3), betas=(0.9, 0.999)),
+        dict(lr=np.float32(1e-3), eps=1e-8),
+        dict(lr=np.float32(1e-3), weight_decay=0.01),
+        dict(lr=np.float32(1e-3), amsgrad=True),
+        dict(lr=np.float32(1e-3), foreach=True),
+        dict(lr=np.float32(1e-3), maximize=True),
+    ],
+    ids=["lr", "betas", "eps", "wd", "amsgrad", "foreach", "maximize"],
+)
 def test_adamw_refuses_hyper_parameters_that_are_not_binary32_or_not_covered(kwargs):
     with pytest.raises(Unsupported):
         AdamW([nn.Parameter(torch.zeros(3))], **kwargs)

@@ -3,6 +3,7 @@ gloo ranks) is the run `refreplay train` writes for the same recipe, file
 for file, and `refreplay replay` / `audit` / `coverage` verify it with the
 reference trainer alone; tampered variants fail at the step they affect.
 The model -> ModelConfig mapping refuses what spec/20 cannot express."""
+
 from __future__ import annotations
 
 import json
@@ -45,8 +46,9 @@ def published(tmp_path_factory, text):
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, text):
     out = tmp_path_factory.mktemp("ref") / "run"
-    res = run_cli("train", "--preset", "tiny", "--steps", STEPS, "--checkpoint-every", 2, "--data", text,
-                  "--out", out, "--quiet")
+    res = run_cli(
+        "train", "--preset", "tiny", "--steps", STEPS, "--checkpoint-every", 2, "--data", text, "--out", out, "--quiet"
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     return out
 
@@ -75,8 +77,21 @@ def test_replay_audit_and_coverage_verify_the_published_run(published, tmp_path)
 
     certs = tmp_path / "certs"
     key, pub = auditor_keys.key_files(tmp_path / "keys", "ann")
-    aud = run_cli("audit", published, "--sample", STEPS, "--beacon", "c0ffee", "--auditor", "ann",
-                  "--key", key, "--out", certs, "--quiet")
+    aud = run_cli(
+        "audit",
+        published,
+        "--sample",
+        STEPS,
+        "--beacon",
+        "c0ffee",
+        "--auditor",
+        "ann",
+        "--key",
+        key,
+        "--out",
+        certs,
+        "--quiet",
+    )
     assert aud.returncode == 0 and aud.stdout.count("VERIFIED") == STEPS, aud.stdout + aud.stderr
     cov = run_cli("coverage", published, certs, "--trust", pub)
     assert cov.returncode == 0, cov.stdout + cov.stderr
@@ -123,8 +138,9 @@ def test_one_step_summed_by_all_reduce_is_named(published, tmp_path, text):
     with another head; replay names step 2 (exit 1)."""
     run = _publish(tmp_path / "run", text, "--all-reduce-steps", 2, world=3)
     assert (run / "head.json").read_bytes() != (published / "head.json").read_bytes()
-    assert (json.loads((run / "steps.jsonl").read_text().splitlines()[1])
-            == json.loads((published / "steps.jsonl").read_text().splitlines()[1]))
+    assert json.loads((run / "steps.jsonl").read_text().splitlines()[1]) == json.loads(
+        (published / "steps.jsonl").read_text().splitlines()[1]
+    )
     assert "first divergence at step 2" in _first_divergence(run, 2)
 
 
@@ -228,6 +244,12 @@ def test_publisher_refuses_steps_out_of_order_and_a_used_directory(tmp_path, tex
     import dataclasses
 
     with pytest.raises(InputError, match="vocabulary 512"):  # refused before any data is written
-        Publisher(tmp_path / "other", dataclasses.replace(cfg, vocab=512), tcfg, steps=2, checkpoint_every=1,
-                  corpus_files=[text])
+        Publisher(
+            tmp_path / "other",
+            dataclasses.replace(cfg, vocab=512),
+            tcfg,
+            steps=2,
+            checkpoint_every=1,
+            corpus_files=[text],
+        )
     assert not (tmp_path / "other" / "data" / "manifest.json").exists()

@@ -1,6 +1,7 @@
 """refreplay.torch.functional.scaled_dot_product_attention(is_causal=True):
 the reference's causal attention bit for bit, forward and backward, and
 within tolerance of PyTorch's own op; every uncovered argument refused."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -37,8 +38,15 @@ def test_sdpa_is_the_reference_bit_for_bit_and_near_pytorch(seed):
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("kw", [dict(is_causal=False), dict(is_causal=True, dropout_p=0.1),
-                                dict(is_causal=True, scale=0.5), dict(is_causal=True, enable_gqa=True)])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(is_causal=False),
+        dict(is_causal=True, dropout_p=0.1),
+        dict(is_causal=True, scale=0.5),
+        dict(is_causal=True, enable_gqa=True),
+    ],
+)
 def test_sdpa_refuses_what_the_spec_does_not_cover(kw):
     q, k, v = _qkv(0)
     with pytest.raises(Unsupported, match="scaled_dot_product_attention"):

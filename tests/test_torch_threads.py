@@ -5,6 +5,7 @@ refreplay.torch op runs on PyTorch's intra-op thread count, one thread
 when it is small, restoring the caller's count.  Bits never depend on any
 of it (tests/test_torch_gpt.py runs the model at 1 and 2 threads).
 """
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,7 @@ def _fresh(code: str, **env) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-_REPORT = ("import os, json, numba; print(json.dumps([os.environ.get('OMP_WAIT_POLICY'), "
-           "numba.config.THREADING_LAYER]))")
+_REPORT = "import os, json, numba; print(json.dumps([os.environ.get('OMP_WAIT_POLICY'), numba.config.THREADING_LAYER]))"
 
 
 def test_refreplay_first_makes_the_openmp_pool_sleep_and_keeps_numbas_layer():
@@ -62,8 +62,9 @@ def test_a_spinning_pool_loaded_first_sends_numba_to_the_workqueue():
 
 def test_torch_first_keeps_numbas_own_sleeping_pool():
     """A PyTorch wheel brings a private libgomp: Numba's pool is another, loaded later, PASSIVE."""
-    shared = _fresh("import torch, refreplay, json; from refreplay import _env; "
-                    "print(json.dumps(_env._numba_omp_shared()))")
+    shared = _fresh(
+        "import torch, refreplay, json; from refreplay import _env; print(json.dumps(_env._numba_omp_shared()))"
+    )
     if shared:
         pytest.skip("here torch and Numba share one OpenMP runtime")
     policy, layer = _fresh("import torch, refreplay; " + _REPORT)
@@ -129,7 +130,9 @@ def test_ops_from_several_python_threads_give_the_same_bits(first):
     """Under the workqueue (Numba's runtime loaded first) ops take turns; under
     Numba's own OpenMP pool (torch first) they run side by side."""
     pre = _numba_runtime_first() if first == "workqueue" else ""
-    code = pre + """
+    code = (
+        pre
+        + """
 import torch, refreplay, json, threading
 import refreplay.torch.functional as F
 x = torch.linspace(-3, 3, 512 * 512).reshape(512, 512)
@@ -139,6 +142,7 @@ ts = [threading.Thread(target=lambda: out.append(bool(torch.equal(F.gelu(x), ref
 [t.start() for t in ts]; [t.join(60) for t in ts]
 import numba; print(json.dumps([numba.threading_layer(), out]))
 """
+    )
     layer, out = _fresh(code)
     assert out == [True] * 4
     if first == "workqueue":

@@ -2,6 +2,7 @@
 [fold.ranks.c1], [data.batch.c1]), the run directory and its validation
 ([step.state.c1], [step.record.c1], [step.recipe.c1], [step.loss.c1],
 [step.hparams.c1]), learning, and the command line's exit codes."""
+
 import dataclasses
 import hashlib
 import json
@@ -23,8 +24,17 @@ pytestmark = pytest.mark.usefixtures("one_numba_thread")
 
 def _train(out, ranks, model=None, tcfg=None, steps=4, every=2, preset="tiny"):
     m, t = presets.preset("tiny")
-    return train(model or m, tcfg or t, steps=steps, checkpoint_every=every, out=out,
-                 launcher=launch.get("inproc", ranks), preset=preset, byte_cap=BYTE_CAP, progress=None)
+    return train(
+        model or m,
+        tcfg or t,
+        steps=steps,
+        checkpoint_every=every,
+        out=out,
+        launcher=launch.get("inproc", ranks),
+        preset=preset,
+        byte_cap=BYTE_CAP,
+        progress=None,
+    )
 
 
 def _records(path):
@@ -59,8 +69,18 @@ def test_ragged_ranks_other_architecture(tmp_path):
     1+2+1+2 and 1+1+1+1+2) with LayerNorm, SwiGLU, biases, an untied head and
     int8 QAT linears: identical records, and the re-pinned step sizes are in
     the state."""
-    m = presets.ModelConfig(width=16, layers=1, heads=2, seq_len=16, mlp_hidden=32, norm="layer",
-                            mlp="swiglu", tied=False, bias=True, linear="int8")
+    m = presets.ModelConfig(
+        width=16,
+        layers=1,
+        heads=2,
+        seq_len=16,
+        mlp_hidden=32,
+        norm="layer",
+        mlp="swiglu",
+        tied=False,
+        bias=True,
+        linear="int8",
+    )
     t = presets.TrainConfig(micro_batches=6, micro_batch_size=2, schedule_steps=20)
     outs = []
     for r in (1, 4, 5):
@@ -69,8 +89,13 @@ def test_ragged_ranks_other_architecture(tmp_path):
         outs.append(_records(out))
     assert outs[0] == outs[1] == outs[2]
     st = run.open_run(tmp_path / "r4").load_checkpoint(3)
-    assert sorted(st.qsteps) == ["h.00.attn.proj.w", "h.00.attn.qkv.w", "h.00.mlp.gate.w",
-                                 "h.00.mlp.proj.w", "h.00.mlp.up.w"]
+    assert sorted(st.qsteps) == [
+        "h.00.attn.proj.w",
+        "h.00.attn.qkv.w",
+        "h.00.mlp.gate.w",
+        "h.00.mlp.proj.w",
+        "h.00.mlp.up.w",
+    ]
 
 
 def test_run_directory_reads_back_and_replays(tiny_run):
@@ -133,8 +158,10 @@ def test_step_loss_and_hparams(tiny_run):
     batch = r.batch(1)
     from refreplay.training.data import inputs_targets
 
-    losses = np.array([[tr.model.loss_and_grads(st0.params, *inputs_targets(batch[2 * m:2 * m + 2])).loss]
-                       for m in range(8)], dtype=np.float32)
+    losses = np.array(
+        [[tr.model.loss_and_grads(st0.params, *inputs_targets(batch[2 * m : 2 * m + 2])).loss] for m in range(8)],
+        dtype=np.float32,
+    )
     want = treefold.scale(treefold.fold_rows(losses), 8)
     assert np.float32(r.records[1].loss).tobytes() == want.tobytes()
     from refreplay.training.step import no_decay_names
@@ -147,8 +174,16 @@ def test_loss_decreases_over_thirty_steps(tmp_path):
     """The tiny model learns: over 30 steps on the default corpus the mean loss
     of the last 5 steps is clearly below that of the first 5."""
     m, t = presets.preset("tiny")
-    s = train(m, dataclasses.replace(t, schedule_steps=30), steps=30, checkpoint_every=30,
-              out=tmp_path / "run", launcher=launch.get("inproc", 1), byte_cap=BYTE_CAP, progress=None)
+    s = train(
+        m,
+        dataclasses.replace(t, schedule_steps=30),
+        steps=30,
+        checkpoint_every=30,
+        out=tmp_path / "run",
+        launcher=launch.get("inproc", 1),
+        byte_cap=BYTE_CAP,
+        progress=None,
+    )
     first, last = np.mean(s.losses[:5]), np.mean(s.losses[-5:])
     assert last < first - 0.5, (first, last)
 
@@ -158,8 +193,15 @@ def test_loss_decreases_over_three_hundred_steps(tmp_path):
     """The tiny model learns the default corpus: 300 steps take the loss from
     ln(256) = 5.55 to below 3.0 nats per byte."""
     m, t = presets.preset("tiny")
-    s = train(m, dataclasses.replace(t, schedule_steps=300), steps=300, checkpoint_every=100,
-              out=tmp_path / "run", launcher=launch.get("inproc", 1), progress=None)
+    s = train(
+        m,
+        dataclasses.replace(t, schedule_steps=300),
+        steps=300,
+        checkpoint_every=100,
+        out=tmp_path / "run",
+        launcher=launch.get("inproc", 1),
+        progress=None,
+    )
     assert s.losses[0] > 5.3 and np.mean(s.losses[-10:]) < 3.0, (s.losses[0], s.losses[-10:])
 
 
@@ -186,26 +228,43 @@ def _flip_byte(path, offset_from_end=20):
 CORRUPTIONS = {
     "missing recipe": (lambda p: (p / "recipe.json").unlink(), "missing recipe file"),
     "recipe not JSON": (lambda p: (p / "recipe.json").write_text("{oops"), "not valid JSON"),
-    "edited hyper-parameter": (lambda p: _edit_recipe(p, lambda o: o["recipe"]["train"].update(lr="0x3B449BA7")),
-                               "the recipe was edited"),
+    "edited hyper-parameter": (
+        lambda p: _edit_recipe(p, lambda o: o["recipe"]["train"].update(lr="0x3B449BA7")),
+        "the recipe was edited",
+    ),
     "unknown preset": (lambda p: _edit_recipe(p, lambda o: o["run"].update(preset="huge")), "unknown preset 'huge'"),
-    "unknown field": (lambda p: _edit_recipe(p, lambda o: o["recipe"]["model"].update(dropout=0)),
-                      "unknown field(s) dropout"),
-    "bad float field": (lambda p: _edit_recipe(p, lambda o: o["recipe"]["train"].update(eps="tiny")),
-                        "binary32 bit pattern"),
-    "other spec version": (lambda p: _edit_recipe(p, lambda o: o["recipe"].update(spec_version="9.9")),
-                           "made under spec '9.9'"),
+    "unknown field": (
+        lambda p: _edit_recipe(p, lambda o: o["recipe"]["model"].update(dropout=0)),
+        "unknown field(s) dropout",
+    ),
+    "bad float field": (
+        lambda p: _edit_recipe(p, lambda o: o["recipe"]["train"].update(eps="tiny")),
+        "binary32 bit pattern",
+    ),
+    "other spec version": (
+        lambda p: _edit_recipe(p, lambda o: o["recipe"].update(spec_version="9.9")),
+        "made under spec '9.9'",
+    ),
     "missing shard": (lambda p: (p / "data" / "shard-00000.zst").unlink(), "missing file"),
-    "edited manifest": (lambda p: (p / "data" / "manifest.json").write_text(
-        (p / "data" / "manifest.json").read_text().replace('"vocab": 256', '"vocab": 256 ')),
-        "does not match the recipe's manifest_sha256"),
+    "edited manifest": (
+        lambda p: (p / "data" / "manifest.json").write_text(
+            (p / "data" / "manifest.json").read_text().replace('"vocab": 256', '"vocab": 256 ')
+        ),
+        "does not match the recipe's manifest_sha256",
+    ),
     "missing checkpoint": (lambda p: (p / "checkpoints" / "step-0000002.safetensors").unlink(), "missing file"),
-    "truncated records": (lambda p: (p / "steps.jsonl").write_text(
-        "".join((p / "steps.jsonl").read_text().splitlines(True)[:3])), "incomplete or truncated"),
+    "truncated records": (
+        lambda p: (p / "steps.jsonl").write_text("".join((p / "steps.jsonl").read_text().splitlines(True)[:3])),
+        "incomplete or truncated",
+    ),
     "missing head": (lambda p: (p / "head.json").unlink(), "missing chain head file"),
-    "shard outside the run": (lambda p: ((p / "data" / "shard-00000.zst").unlink(),
-                                         (p / "data" / "shard-00000.zst").symlink_to("/etc/hostname")),
-                              "leads outside the run directory"),
+    "shard outside the run": (
+        lambda p: (
+            (p / "data" / "shard-00000.zst").unlink(),
+            (p / "data" / "shard-00000.zst").symlink_to("/etc/hostname"),
+        ),
+        "leads outside the run directory",
+    ),
 }
 
 
@@ -261,8 +320,23 @@ def test_cli_trains_and_reports(tmp_path, capsys):
     from refreplay.cli import main
 
     out = tmp_path / "run"
-    code = main(["train", "--preset", "tiny", "--steps", "2", "--ranks", "3", "--out", str(out),
-                 "--byte-cap", str(BYTE_CAP), "--seed", "5"])
+    code = main(
+        [
+            "train",
+            "--preset",
+            "tiny",
+            "--steps",
+            "2",
+            "--ranks",
+            "3",
+            "--out",
+            str(out),
+            "--byte-cap",
+            str(BYTE_CAP),
+            "--seed",
+            "5",
+        ]
+    )
     cap = capsys.readouterr()
     assert code == 0, cap.err
     assert "step 2/2" in cap.err and "loss" in cap.err and "tok/s" in cap.err
@@ -289,8 +363,10 @@ def test_cli_bad_input_exits_2(tmp_path, capsys):
     cases = [
         (["--preset", "huge", "--steps", "1", "--out", out], "unknown preset 'huge'"),
         (["--preset", "tiny", "--steps", "1", "--out", out, "--ranks", "9"], "exceeds the 8 micro-batches"),
-        (["--preset", "tiny", "--steps", "1", "--out", out, "--data", str(tmp_path / "nope.txt")],
-         "corpus file not found"),
+        (
+            ["--preset", "tiny", "--steps", "1", "--out", out, "--data", str(tmp_path / "nope.txt")],
+            "corpus file not found",
+        ),
         (["--config", str(cfg), "--steps", "1", "--out", out], "unknown preset 'giant'"),
         (["--config", str(cfg2), "--steps", "1", "--out", out], "norm must be one of"),
         (["--config", str(cfg3), "--steps", "1", "--out", out], "not valid JSON"),
@@ -303,12 +379,15 @@ def test_cli_bad_input_exits_2(tmp_path, capsys):
         assert "refreplay train: error:" in err and message in err, (args, err)
 
 
-@pytest.mark.parametrize("what,message", [
-    ("missing recipe", "missing recipe file"),
-    ("unknown preset", "unknown preset 'huge'"),
-    ("missing shard", "missing data shard"),
-    ("garbage shard", "is corrupt"),
-])
+@pytest.mark.parametrize(
+    "what,message",
+    [
+        ("missing recipe", "missing recipe file"),
+        ("unknown preset", "unknown preset 'huge'"),
+        ("missing shard", "missing data shard"),
+        ("garbage shard", "is corrupt"),
+    ],
+)
 def test_command_line_refuses_a_damaged_run_with_exit_2(tiny_run, tmp_path, capsys, what, message):
     """A corrupt or missing recipe or shard, or a recipe naming an unknown
     preset: the command that reads the run (`refreplay replay`) exits 2 with a

@@ -12,6 +12,7 @@ mpmath stays within the bound each clause states.
   points per function; ``pytest -m slow`` sweeps 400,000.
 * The array forms give the same bits with 1 and 2 Numba threads.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -29,20 +30,65 @@ from refreplay import numerics, spec
 from refreplay.numerics import elementwise as ew
 
 FUNCTIONS = ["exp", "log", "tanh", "sigmoid", "sin", "cos"]
-CLAUSE = {"exp": "num.exp.c1", "log": "num.log.c1", "tanh": "num.tanh.c1",
-          "sigmoid": "num.sigmoid.c1", "sin": "num.sincos.c1", "cos": "num.sincos.c1"}
+CLAUSE = {
+    "exp": "num.exp.c1",
+    "log": "num.log.c1",
+    "tanh": "num.tanh.c1",
+    "sigmoid": "num.sigmoid.c1",
+    "sin": "num.sincos.c1",
+    "cos": "num.sincos.c1",
+}
 
 # Random inputs are drawn from the domain where the function is interesting.
-DOMAIN = {"exp": (-90.0, 90.0), "log": (0.0, 4.0), "tanh": (-10.0, 10.0),
-          "sigmoid": (-90.0, 30.0), "sin": (-16400.0, 16400.0), "cos": (-16400.0, 16400.0)}
+DOMAIN = {
+    "exp": (-90.0, 90.0),
+    "log": (0.0, 4.0),
+    "tanh": (-10.0, 10.0),
+    "sigmoid": (-90.0, 30.0),
+    "sin": (-16400.0, 16400.0),
+    "cos": (-16400.0, 16400.0),
+}
 
 EDGE_BITS = [
-    0x00000000, 0x00000001, 0x007FFFFF, 0x00800000, 0x00800001, 0x33800000, 0x3F000000,
-    0x3F317218, 0x3F3FFFFF, 0x3F400000, 0x3F400001, 0x3F490FDB, 0x3F800000, 0x3FB504F3,
-    0x3FB504F4, 0x3FC90FDB, 0x40000000, 0x40490FDB, 0x402DF854, 0x41100000, 0x41A00000,
-    0x42300000, 0x42B00000, 0x42B00001, 0x42AEAC4F, 0x42AEAC50, 0x42B17217, 0x42B17218,
-    0x45800000, 0x46000000, 0x467FFFFF, 0x46800000, 0x46800001, 0x4B000000, 0x7F7FFFFF,
-    0x7F800000, 0x7F800001, 0x7FC00000, 0x7FFFFFFF,
+    0x00000000,
+    0x00000001,
+    0x007FFFFF,
+    0x00800000,
+    0x00800001,
+    0x33800000,
+    0x3F000000,
+    0x3F317218,
+    0x3F3FFFFF,
+    0x3F400000,
+    0x3F400001,
+    0x3F490FDB,
+    0x3F800000,
+    0x3FB504F3,
+    0x3FB504F4,
+    0x3FC90FDB,
+    0x40000000,
+    0x40490FDB,
+    0x402DF854,
+    0x41100000,
+    0x41A00000,
+    0x42300000,
+    0x42B00000,
+    0x42B00001,
+    0x42AEAC4F,
+    0x42AEAC50,
+    0x42B17217,
+    0x42B17218,
+    0x45800000,
+    0x46000000,
+    0x467FFFFF,
+    0x46800000,
+    0x46800001,
+    0x4B000000,
+    0x7F7FFFFF,
+    0x7F800000,
+    0x7F800001,
+    0x7FC00000,
+    0x7FFFFFFF,
 ]
 EDGE_BITS += [b | 0x80000000 for b in EDGE_BITS]
 
@@ -55,14 +101,18 @@ def inputs(name: str, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     lo, hi = DOMAIN[name]
     edges = f32_array(EDGE_BITS)
-    neighbours = f32_array(np.concatenate([(edges.view(np.uint32).astype(np.int64) + d)
-                                           for d in (-2, -1, 1, 2)]).clip(0, 2 ** 32 - 1))
-    return np.concatenate([
-        rng.uniform(lo, hi, 60_000).astype(np.float32),
-        rng.uniform(-1.0, 1.0, 10_000).astype(np.float32),
-        f32_array(rng.integers(0, 2 ** 32, 30_000, dtype=np.uint64)),
-        edges, neighbours,
-    ])
+    neighbours = f32_array(
+        np.concatenate([(edges.view(np.uint32).astype(np.int64) + d) for d in (-2, -1, 1, 2)]).clip(0, 2**32 - 1)
+    )
+    return np.concatenate(
+        [
+            rng.uniform(lo, hi, 60_000).astype(np.float32),
+            rng.uniform(-1.0, 1.0, 10_000).astype(np.float32),
+            f32_array(rng.integers(0, 2**32, 30_000, dtype=np.uint64)),
+            edges,
+            neighbours,
+        ]
+    )
 
 
 def bits_of(x: np.ndarray) -> np.ndarray:
@@ -78,9 +128,11 @@ def test_equals_transcription_bit_for_bit(name):
     want = np.array([naive.bits(oracle(v)) for v in x], dtype=np.uint32)
     got = bits_of(getattr(ew, name)(x))
     bad = np.nonzero(got != want)[0]
-    assert bad.size == 0, (f"[{CLAUSE[name]}] {name}(0x{int(bits_of(x)[bad[0]]):08X}) = "
-                           f"0x{int(got[bad[0]]):08X}, transcription says 0x{int(want[bad[0]]):08X} "
-                           f"({bad.size} mismatches)")
+    assert bad.size == 0, (
+        f"[{CLAUSE[name]}] {name}(0x{int(bits_of(x)[bad[0]]):08X}) = "
+        f"0x{int(got[bad[0]]):08X}, transcription says 0x{int(want[bad[0]]):08X} "
+        f"({bad.size} mismatches)"
+    )
     scalar = getattr(numerics, name)
     sample = x[::101]
     got_scalar = np.array([np.float32(scalar(v)).view(np.uint32) for v in sample], np.uint32)
@@ -88,6 +140,7 @@ def test_equals_transcription_bit_for_bit(name):
 
 
 # ---- accuracy against mpmath --------------------------------------------------
+
 
 def stated_bound(name: str) -> float:
     """The 'at most X ulp' of the function's clause (for sin/cos, its own)."""
@@ -127,11 +180,15 @@ def sweep(name: str, n: int, seed: int) -> np.ndarray:
     """A dense sweep: an even grid over the accurate domain plus random points,
     plus log-uniform points for log."""
     rng = np.random.default_rng(seed)
-    lo, hi = {"exp": (-87.3, 88.72), "log": (0.25, 4.0), "tanh": (-9.5, 9.5),
-              "sigmoid": (-87.0, 30.0), "sin": (-16384.0, 16384.0),
-              "cos": (-16384.0, 16384.0)}[name]
-    parts = [np.linspace(lo, hi, n // 2, dtype=np.float32),
-             rng.uniform(lo, hi, n // 4).astype(np.float32)]
+    lo, hi = {
+        "exp": (-87.3, 88.72),
+        "log": (0.25, 4.0),
+        "tanh": (-9.5, 9.5),
+        "sigmoid": (-87.0, 30.0),
+        "sin": (-16384.0, 16384.0),
+        "cos": (-16384.0, 16384.0),
+    }[name]
+    parts = [np.linspace(lo, hi, n // 2, dtype=np.float32), rng.uniform(lo, hi, n // 4).astype(np.float32)]
     if name == "log":
         parts.append(f32_array(rng.integers(0x00800000, 0x7F800000, n // 4, dtype=np.uint64)))
     else:
@@ -165,6 +222,7 @@ def test_stated_bound_is_checked(monkeypatch):
 
 
 # ---- symmetry and special values the clauses promise --------------------------
+
 
 def test_odd_and_even_symmetry_is_exact():
     """[num.tanh.c1] tanh(-x) = -tanh(x); [num.sincos.c1] sin is odd and cos
@@ -227,8 +285,9 @@ def test_identical_bits_with_one_and_two_threads():
     digests = []
     for threads in ("1", "2"):
         env = dict(os.environ, NUMBA_NUM_THREADS=threads)
-        out = subprocess.run([sys.executable, "-c", _THREAD_SCRIPT], env=env,
-                             capture_output=True, text=True, timeout=300)
+        out = subprocess.run(
+            [sys.executable, "-c", _THREAD_SCRIPT], env=env, capture_output=True, text=True, timeout=300
+        )
         assert out.returncode == 0, out.stderr[-2000:]
         digests.append(out.stdout.strip())
     assert digests[0] == digests[1] and len(digests[0]) == 64

@@ -1,6 +1,7 @@
 """TreeFold ([fold.leaves.c1], [fold.tree.c1], [fold.final.c1], [fold.ranks.c1],
 [fold.scale.c1]) against an oracle written from the spec text: a recursive
 evaluation of the tree in float64-free NumPy float32 arithmetic."""
+
 import numpy as np
 import pytest
 

@@ -2,6 +2,7 @@
 manifest is complete and cites real clauses, probes cannot be vacuous, and a
 corrupted file or manifest is refused with exit 2 ([conf.vectors.c1],
 [conf.verify.c1], [conf.probes.c1])."""
+
 import json
 import shutil
 
@@ -71,8 +72,18 @@ def test_manifest_is_complete_and_cites_existing_clauses():
 
 def test_matmul_has_every_probe_family():
     fams = {c["family"] for c in store.read_manifest()["cases"] if c["op"] == "matmul"}
-    assert fams >= {"random", "edge", "fma", "order", "ftz_before_rounding", "flush", "input_zeroing",
-                    "nan", "signed_zero", "tf32"}
+    assert fams >= {
+        "random",
+        "edge",
+        "fma",
+        "order",
+        "ftz_before_rounding",
+        "flush",
+        "input_zeroing",
+        "nan",
+        "signed_zero",
+        "tf32",
+    }
 
 
 def test_ftz_window_probe_products_round_up_to_flt_min():
@@ -109,7 +120,7 @@ def test_isolation_check_rejects_a_vacuous_probe():
     with pytest.raises(separation.ProbeError):
         builders.check_isolation("fma", (a, b), np.zeros(1, np.float32))
     # an order-sensitive sum is no nan probe
-    x = np.array([[1.0, 2.0 ** -24, 2.0 ** -24]], np.float32)
+    x = np.array([[1.0, 2.0**-24, 2.0**-24]], np.float32)
     with pytest.raises(separation.ProbeError):
         builders.check_isolation("nan", (x, None), orders.spec_order(False)(x))
 
@@ -123,7 +134,7 @@ def _copy_vectors(tmp_path):
 def _offset(data: bytes, key: str) -> int:
     """Byte offset of a tensor's data in a safetensors file."""
     n = int.from_bytes(data[:8], "little")
-    header = json.loads(data[8:8 + n])
+    header = json.loads(data[8 : 8 + n])
     return 8 + n + header[key]["data_offsets"][0]
 
 

@@ -2,6 +2,7 @@
 FTZ, not as ARM FZ and not as conformant: a C program under the exec
 protocol ([conf.exec.c1]) that loads, multiplies, flushes and canonicalises
 exactly as the spec says, except that the hardware flush mode is on."""
+
 import json
 import platform
 import shutil
@@ -77,8 +78,11 @@ def programs(tmp_path_factory):
     out = {}
     for name, ftz in (("ieee", 0), ("ftz", 1)):
         out[name] = d / f"mul_{name}"
-        subprocess.run(["gcc", "-O2", "-ffp-contract=off", f"-DFTZ={ftz}", "-o", str(out[name]), str(d / "mul.c")],
-                       check=True, capture_output=True)
+        subprocess.run(
+            ["gcc", "-O2", "-ffp-contract=off", f"-DFTZ={ftz}", "-o", str(out[name]), str(d / "mul.c")],
+            check=True,
+            capture_output=True,
+        )
     return out
 
 

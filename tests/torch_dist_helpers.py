@@ -1,5 +1,6 @@
 """Launching a few real torch.distributed processes (gloo, 127.0.0.1) for
 the distributed tests: every process has a timeout and is killed at the end."""
+
 from __future__ import annotations
 
 import os
@@ -37,8 +38,21 @@ def _env(extra=None) -> dict:
 
 def torchrun(ranks: int, *args, timeout: float = 300) -> subprocess.CompletedProcess:
     """``torchrun --nproc-per-node R SCRIPT ARGS`` as a user runs it."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--max-restarts", "0",
-           "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(SCRIPT), *map(str, args)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(ranks),
+        "--max-restarts",
+        "0",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        str(SCRIPT),
+        *map(str, args),
+    ]
     return subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=timeout)
 
 
@@ -55,8 +69,9 @@ def warm(tmp: Path, text: Path) -> None:
         _WARM.append(True)
 
 
-def ranks(world: int, *args, script: Path = SCRIPT, timeout: float = 300,
-          grace: float = 5) -> list[tuple[int, str, str]]:
+def ranks(
+    world: int, *args, script: Path = SCRIPT, timeout: float = 300, grace: float = 5
+) -> list[tuple[int, str, str]]:
     """One process per rank (RANK, WORLD_SIZE, MASTER_* set as torchrun sets
     them), without torchrun's agent, so a survivor's own error is seen;
     returns (exit status, stdout, stderr) per rank.  Every process still
@@ -65,11 +80,24 @@ def ranks(world: int, *args, script: Path = SCRIPT, timeout: float = 300,
     port = free_port()
     procs = []
     for q in range(world):
-        env = _env({"RANK": str(q), "LOCAL_RANK": str(q), "WORLD_SIZE": str(world),
-                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+        env = _env(
+            {
+                "RANK": str(q),
+                "LOCAL_RANK": str(q),
+                "WORLD_SIZE": str(world),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+            }
+        )
         files = (tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+"))  # no pipe can fill up
-        procs.append((subprocess.Popen([sys.executable, str(script), *map(str, args)], env=env,
-                                       stdout=files[0], stderr=files[1], text=True), files))
+        procs.append(
+            (
+                subprocess.Popen(
+                    [sys.executable, str(script), *map(str, args)], env=env, stdout=files[0], stderr=files[1], text=True
+                ),
+                files,
+            )
+        )
     import time
 
     deadline = time.monotonic() + timeout

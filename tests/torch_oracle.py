@@ -11,11 +11,11 @@ The library never imports this module (nor torch).  Conventions:
 * errors are normwise: max|got - want| / max|want| (an elementwise relative
   error is meaningless where the true gradient is near zero).
 """
+
 from __future__ import annotations
 
 import numpy as np
 import torch
-
 
 
 def t64(a, grad: bool = False) -> torch.Tensor:
@@ -76,7 +76,7 @@ def rel_err(got, want) -> float:
 # ---- float32 transcription helpers --------------------------------------------
 
 F32 = np.float32
-_FLT_MIN = np.float32(2.0 ** -126)
+_FLT_MIN = np.float32(2.0**-126)
 
 
 def flush32(x):

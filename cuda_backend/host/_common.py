@@ -12,6 +12,7 @@ host inputs are copied over: the device-resident step (``refreplay.training.back
 keeps parameters, activations, gradients and optimizer state there.  Scalars
 (a mean loss, a clipping coefficient) always come back to the host.
 """
+
 from __future__ import annotations
 
 import functools
@@ -40,6 +41,7 @@ def _has_device(x) -> bool:
 def device_aware(fn):
     """Run an entry point in device-resident mode when any argument is a device
     array (nested entry points decide for themselves, then restore the mode)."""
+
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         prev = getattr(_MODE, "resident", False)
@@ -48,6 +50,7 @@ def device_aware(fn):
             return fn(*args, **kwargs)
         finally:
             _MODE.resident = prev
+
     return wrapper
 
 
@@ -101,8 +104,7 @@ def check_state(params, **others):
             raise ValueError(f"{dname} must have exactly the names of params")
         for k in sorted(params):
             a = d[k]
-            if not (isinstance(a, np.ndarray) or is_device(a)) or a.dtype != np.float32 \
-                    or not _contiguous(a):
+            if not (isinstance(a, np.ndarray) or is_device(a)) or a.dtype != np.float32 or not _contiguous(a):
                 raise TypeError(f"{dname}[{k!r}] must be a C-contiguous float32 array")
             if tuple(a.shape) != tuple(params[k].shape):
                 raise ValueError(f"{dname}[{k!r}] has shape {a.shape}, params has {params[k].shape}")

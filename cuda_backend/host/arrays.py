@@ -3,6 +3,7 @@ the exact copies that rearrange them, on the device.  A device array stays
 there; ``to_host`` is the one way a tensor comes back (to be hashed or
 published).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -45,8 +46,7 @@ def split_heads(x, j, B, T, NH, HS):
         raise ValueError(f"split_heads: x of shape {x.shape} has no part {j} of [{B}*{T}, {C}] heads")
     heads = cuda.device_array((B, NH, T, HS), np.float32)
     if heads.size:
-        K.split_heads_k[blocks(heads.size), THREADS](_dev(x),
-                                                     j * C, heads)
+        K.split_heads_k[blocks(heads.size), THREADS](_dev(x), j * C, heads)
     return _ret(heads)
 
 

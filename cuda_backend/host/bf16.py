@@ -3,6 +3,7 @@ calling conventions of ``refreplay.numerics.bf16`` (``encode``, ``decode``,
 ``load``, ``round_f32``, ``round_inplace``), the same TypeErrors, the same
 bits.  Device arrays in -> results stay on the device (the device-resident
 step rounds its activations with ``round_inplace`` where they live)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -70,8 +71,7 @@ def round_inplace(x):
         if x.size:
             K.round_k[blocks(x.size), THREADS](flat, flat)
         return x
-    if not (isinstance(x, np.ndarray) and x.dtype == np.float32 and x.flags.c_contiguous
-            and x.flags.writeable):
+    if not (isinstance(x, np.ndarray) and x.dtype == np.float32 and x.flags.c_contiguous and x.flags.writeable):
         raise TypeError("bf16.round_inplace: expected a writeable C-contiguous float32 array")
     flat = x.reshape(-1)
     d = cuda.to_device(flat)

@@ -1,5 +1,5 @@
-"""Host entry points of the fixed-order linear algebra (spec chapters 3-4), as ``refreplay.linalg``.
-"""
+"""Host entry points of the fixed-order linear algebra (spec chapters 3-4), as ``refreplay.linalg``."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -10,6 +10,7 @@ from ._common import THREADS, _array, _contracted, _dev, _output, blocks, device
 
 
 I8_MAX_K = 131071  # [mm.i8.c2]
+
 
 def _matmul(kernel, what, A, B, IJ, ka, kb, out, accumulate):
     _contracted(what, ka, kb)
@@ -27,24 +28,21 @@ def _matmul(kernel, what, A, B, IJ, ka, kb, out, accumulate):
 def matmul(A, B, out=None, accumulate=False):
     """[mm.nn.c1] C = A·B, A: I×K, B: K×J -> C: I×J; ``accumulate`` adds into ``out``."""
     A, B = _array("A", A, ndim=2), _array("B", B, ndim=2)
-    return _matmul(L.mm_nn_k, "matmul", A, B, (A.shape[0], B.shape[1]), A.shape[1], B.shape[0],
-                   out, accumulate)
+    return _matmul(L.mm_nn_k, "matmul", A, B, (A.shape[0], B.shape[1]), A.shape[1], B.shape[0], out, accumulate)
 
 
 @device_aware
 def matmul_nt(A, B, out=None, accumulate=False):
     """[mm.nt.c1] C = A·Bᵀ, A: I×K, B: J×K -> C: I×J."""
     A, B = _array("A", A, ndim=2), _array("B", B, ndim=2)
-    return _matmul(L.mm_nt_k, "matmul_nt", A, B, (A.shape[0], B.shape[0]), A.shape[1], B.shape[1],
-                   out, accumulate)
+    return _matmul(L.mm_nt_k, "matmul_nt", A, B, (A.shape[0], B.shape[0]), A.shape[1], B.shape[1], out, accumulate)
 
 
 @device_aware
 def matmul_tn(A, B, out=None, accumulate=False):
     """[mm.tn.c1] C = Aᵀ·B, A: K×I, B: K×J -> C: I×J."""
     A, B = _array("A", A, ndim=2), _array("B", B, ndim=2)
-    return _matmul(L.mm_tn_k, "matmul_tn", A, B, (A.shape[1], B.shape[1]), A.shape[0], B.shape[0],
-                   out, accumulate)
+    return _matmul(L.mm_tn_k, "matmul_tn", A, B, (A.shape[1], B.shape[1]), A.shape[0], B.shape[0], out, accumulate)
 
 
 @device_aware

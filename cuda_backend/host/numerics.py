@@ -2,6 +2,7 @@
 
 Any shape (binary ops: equal shapes); a NumPy scalar in gives a NumPy scalar out.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -31,6 +32,7 @@ def _unary(kernel, name, doc, out_dtype=np.float32):
     @device_aware
     def op(x):
         return _elementwise(kernel, out_dtype, _scalar_or_array("x", x))
+
     op.__name__, op.__doc__ = name, doc
     return op
 
@@ -39,6 +41,7 @@ def _binary(kernel, name, doc):
     @device_aware
     def op(a, b):
         return _elementwise(kernel, np.float32, _scalar_or_array("a", a), _scalar_or_array("b", b))
+
     op.__name__, op.__doc__ = name, doc
     return op
 
@@ -66,5 +69,6 @@ cos = _unary(TR.cos_k, "cos", "[num.sincos.c1] cosine elementwise (|x| <= 2^14, 
 @device_aware
 def mul_add(a, b, c):
     """[num.nofma.c1] add(mul(a, b), c) elementwise: two roundings."""
-    return _elementwise(N.mul_add_k, np.float32, _scalar_or_array("a", a),
-                        _scalar_or_array("b", b), _scalar_or_array("c", c))
+    return _elementwise(
+        N.mul_add_k, np.float32, _scalar_or_array("a", a), _scalar_or_array("b", b), _scalar_or_array("c", c)
+    )

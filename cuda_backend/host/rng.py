@@ -1,5 +1,5 @@
-"""Host entry points of the Philox random numbers (spec chapter 5), as ``refreplay.rng``.
-"""
+"""Host entry points of the Philox random numbers (spec chapter 5), as ``refreplay.rng``."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -20,6 +20,7 @@ def _uint(value, bits, what):
 
 def _key(seed):
     from refreplay.rng import seed_key  # [rng.counter.c1] (lo(s), hi(s))
+
     return seed_key(seed)
 
 
@@ -44,8 +45,7 @@ def philox4x32(counter, key, rounds=R.ROUNDS):
     cs = np.ascontiguousarray(c.reshape(-1, 4), dtype=np.uint32)
     out = cuda.device_array(cs.shape, dtype=np.uint32)
     if cs.shape[0]:
-        R.philox_k[blocks(cs.shape[0]), THREADS](_dev(cs), _dev(k.astype(np.uint32)),
-                                                 int(rounds), out)
+        R.philox_k[blocks(cs.shape[0]), THREADS](_dev(cs), _dev(k.astype(np.uint32)), int(rounds), out)
     return _ret(out).reshape(c.shape)
 
 
@@ -93,6 +93,7 @@ def symmetric(w, a):
 def init_uniform(seed, name, shape, a):
     """[rng.init.c1] Initial value of parameter ``name`` (float32 of ``shape``)."""
     from refreplay.rng import name_tag
+
     k0, k1 = _key(seed)
     tag = np.uint64(name_tag(name))
     dims = tuple(int(d) for d in shape)

@@ -1,5 +1,5 @@
-"""Host entry points of TreeFold (spec chapter 22), as ``refreplay.training.treefold``.
-"""
+"""Host entry points of TreeFold (spec chapter 22), as ``refreplay.training.treefold``."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -6,6 +6,7 @@ Elementwise: all arrays of a call are 1-D of length N (the caller flattens
 any shape), one thread per element, grid ``blocks(N)``, outputs overwritten.
 The constants are the reference's (bit patterns written in the spec).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -43,8 +44,7 @@ def gelu_backward_k(dx, dout, x):
         th = tanh(shim.mul(GELU_SCALE, shim.add(x_i, cube)))  # forward: th
         sech2 = shim.sub(ONE, shim.mul(th, th))
         dinner = shim.mul(GELU_SCALE, shim.add(ONE, shim.mul(shim.mul(GELU_CUBE3, x_i), x_i)))
-        local = shim.add(shim.mul(HALF, shim.add(ONE, th)),
-                         shim.mul(shim.mul(shim.mul(HALF, x_i), sech2), dinner))
+        local = shim.add(shim.mul(HALF, shim.add(ONE, th)), shim.mul(shim.mul(shim.mul(HALF, x_i), sech2), dinner))
         dx[i] = shim.mul(dout[i], local)
 
 

@@ -16,6 +16,7 @@ thread ([attn.batch.c1], [attn.order.r1]):
 
 Grids ``blocks(B*NH*T)`` and ``blocks(B*NH*T*HS)``; outputs overwritten.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -42,9 +43,9 @@ def _dot(a, ia, b, ib, HS):
 @kernel(f"void({_X}, {_X}, {_X}, float32, {_X}, {_X})")
 def attention_forward_k(q, k, v, scale, out, att):
     """[attn.scores.c1] [attn.mask.c1] [attn.out.c1] for row (b, h, t):
-        att[t, s] = dot(q[t], k[s]) * scale for s <= t; softmax of att[t, 0..t]
-        (max from -inf, sum from -0, y = e * recip(sum)); att[t, s > t] = +0;
-        out[t, d] = sum over s <= t increasing of att[t, s] * v[s, d], from -0."""
+    att[t, s] = dot(q[t], k[s]) * scale for s <= t; softmax of att[t, 0..t]
+    (max from -inf, sum from -0, y = e * recip(sum)); att[t, s > t] = +0;
+    out[t, d] = sum over s <= t increasing of att[t, s] * v[s, d], from -0."""
     g = cuda.grid(1)
     B, NH, T, HS = q.shape
     if g >= B * NH * T:
@@ -78,9 +79,9 @@ def attention_forward_k(q, k, v, scale, out, att):
 @kernel(f"void({_X}, {_X}, {_X}, {_X}, {_X}, float32, {_X}, {_X})")
 def attention_backward_rows_k(dout, q, k, v, att, scale, dz, dq):
     """[attn.bwd.c1] for row (b, h, t), s = 0 .. t:
-        dp[s] = dot(dout[t], v[s]); c = sum over s of dp[s] * att[t, s] from -0;
-        dz[t, s] = (att[t, s] * (dp[s] - c)) * scale;
-        dq[t, d] = sum over s increasing of dz[t, s] * k[s, d], from -0."""
+    dp[s] = dot(dout[t], v[s]); c = sum over s of dp[s] * att[t, s] from -0;
+    dz[t, s] = (att[t, s] * (dp[s] - c)) * scale;
+    dq[t, d] = sum over s increasing of dz[t, s] * k[s, d], from -0."""
     g = cuda.grid(1)
     B, NH, T, HS = q.shape
     if g >= B * NH * T:
@@ -106,7 +107,7 @@ def attention_backward_rows_k(dout, q, k, v, att, scale, dz, dq):
 @kernel(f"void({_X}, {_X}, {_X}, {_X}, {_X}, {_X})")
 def attention_backward_keys_k(dout, q, att, dz, dk, dv):
     """[attn.bwd.c1] for key entry (b, h, s, d), t = s .. T-1 increasing, from -0:
-        dk[s, d] = dk[s, d] + dz[t, s] * q[t, d];  dv[s, d] = dv[s, d] + att[t, s] * dout[t, d]."""
+    dk[s, d] = dk[s, d] + dz[t, s] * q[t, d];  dv[s, d] = dv[s, d] + att[t, s] * dout[t, d]."""
     g = cuda.grid(1)
     B, NH, T, HS = q.shape
     if g >= B * NH * T * HS:

@@ -7,6 +7,7 @@ range-checked); out, dout [N, C].  No atomics: in the backward each channel
 c has one thread that walks the tokens in increasing i, so every element of
 dwte receives its additions in the order of the clause.
 """
+
 from __future__ import annotations
 
 import numpy as np

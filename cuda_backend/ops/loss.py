@@ -6,6 +6,7 @@ per row (grid ``blocks(N)``) for the per-token losses and the gradient; the
 mean over counted tokens is one sequential sum in increasing n, run by one
 thread.  m, s and log(s) are those of the softmax row ([softmax.fwd.c1]).
 """
+
 from __future__ import annotations
 
 import numpy as np

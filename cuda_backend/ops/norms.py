@@ -9,6 +9,7 @@ one thread (grid ``blocks(C)``), which sums over n in increasing order.
 inv_C = recip(f32(C)) is the same value in every thread ([norm.meanop.c1]).
 The backward recomputes norm with the forward's operations (same bits).
 """
+
 from __future__ import annotations
 
 import numpy as np

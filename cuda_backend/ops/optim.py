@@ -8,6 +8,7 @@ corrections, one tensor's sum of squares, the clip coefficient, the learning
 rate -- are sequential by definition and run in one thread (grid 1 x 1),
 writing to a small output array.
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -11,6 +11,7 @@ Row kernels: x [R, K] with one step s[r] per row; one thread per row for the
 step sizes (grid ``blocks(R)``), one thread per element otherwise (grid
 ``blocks(R*K)``).  recip(s[r]) is the same value in every thread of a row.
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -5,6 +5,7 @@ Shapes: x, out, dout, dx [B, NH, T, HS]; tables cos_t, sin_t [T, HS/2].
 One thread per table entry (t, i), or per rotated pair (b, h, t, i) with
 i < HS/2: grid ``blocks(count)``; outputs overwritten.
 """
+
 from __future__ import annotations
 
 import numpy as np

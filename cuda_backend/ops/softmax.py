@@ -7,6 +7,7 @@ row gets one thread (grid ``blocks(N)``) that runs the row's max, its sum
 from -0 over j increasing, and the outputs, exactly as the reference's row
 kernels; outputs are overwritten.
 """
+
 from __future__ import annotations
 
 from numba import cuda

@@ -9,6 +9,7 @@ the same model from ``torch.nn`` and ``torch.nn.functional`` (PyTorch's
 own kernels, nanoGPT as written): the speed yardstick of
 benchmarks/bench_torch.py and the tolerance oracle of the tests.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

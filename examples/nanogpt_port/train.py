@@ -7,6 +7,7 @@ Random tokens from a fixed seed stand in for a corpus.  Every step prints
 its loss (hex) and state root; two runs, or runs at any thread count,
 print the same lines.  Exit 0.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,12 +35,14 @@ class Run:
         decay = [p for _, p in sorted(self.named.items()) if p.dim() >= 2]
         no_decay = [p for _, p in sorted(self.named.items()) if p.dim() < 2]
         lr = np.float32(1e-3)
-        self.opt = AdamW([{"params": decay, "weight_decay": np.float32(0.1)},
-                          {"params": no_decay, "weight_decay": np.float32(0.0)}],
-                         lr=lr, betas=(np.float32(0.9), np.float32(0.95)), eps=np.float32(1e-8))
+        self.opt = AdamW(
+            [{"params": decay, "weight_decay": np.float32(0.1)}, {"params": no_decay, "weight_decay": np.float32(0.0)}],
+            lr=lr,
+            betas=(np.float32(0.9), np.float32(0.95)),
+            eps=np.float32(1e-8),
+        )
         self.schedule = LRSchedule(self.opt, 1, max(steps, 2), lr, np.float32(1e-4), "cosine")
-        samples = np.random.default_rng(seed).integers(0, cfg.vocab, (8 * M * B, cfg.block + 1),
-                                                       dtype=np.uint16)
+        samples = np.random.default_rng(seed).integers(0, cfg.vocab, (8 * M * B, cfg.block + 1), dtype=np.uint16)
         self.stream = Stream(samples, seed, Batching(M, B))
         self.M, self.B = M, B
 
@@ -49,7 +52,7 @@ class Run:
         self.opt.zero_grad()  # .grad = None: nothing for autograd to add to
         fold = rt.GradFold(self.named)
         for m in range(self.M):  # micro-batches in global sample order
-            x, y = inputs_targets(batch[m * self.B:(m + 1) * self.B])
+            x, y = inputs_targets(batch[m * self.B : (m + 1) * self.B])
             loss = self.model(torch.from_numpy(x), torch.from_numpy(y))
             loss.backward()
             fold.push(loss)  # takes every .grad, clears it

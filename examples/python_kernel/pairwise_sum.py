@@ -10,6 +10,7 @@ The module form of a Python kernel: one function per op, named after the op,
 taking the op's inputs positionally (docs/conformance.md).  Ops it lacks
 are reported as not implemented.
 """
+
 import numpy as np
 
 

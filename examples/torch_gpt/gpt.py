@@ -20,6 +20,7 @@ nanoGPT's architecture: a learned position table ``wpe`` added to the
 token rows (no rotary), LayerNorm with or without bias, tanh GELU, the
 head tied to ``wte`` ([model.pos.c1], [norm.layer.nobias.c1]).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,8 +42,9 @@ def nanogpt_config(base, bias: bool = True):
     """nanoGPT's architecture at ``base``'s shape: learned positions,
     LayerNorm, GELU (tanh), tied head; linear and norm biases both on or
     both off (nanoGPT's ``bias`` flag)."""
-    return dataclasses.replace(base, norm="layer", mlp="gelu", tied=True, pos="learned", bias=bias,
-                               norm_bias=bias).validate()
+    return dataclasses.replace(
+        base, norm="layer", mlp="gelu", tied=True, pos="learned", bias=bias, norm_bias=bias
+    ).validate()
 
 
 class Block(nn.Module):
@@ -50,8 +52,9 @@ class Block(nn.Module):
         super().__init__()
         quant = "int8" if cfg.linear == "int8" else None
         self.ln1 = _norm(cfg)
-        self.attn = rnn.CausalSelfAttention(cfg.width, cfg.heads, cfg.seq_len, cfg.rope_theta, cfg.bias, quant,
-                                            rope=cfg.pos == "rope")
+        self.attn = rnn.CausalSelfAttention(
+            cfg.width, cfg.heads, cfg.seq_len, cfg.rope_theta, cfg.bias, quant, rope=cfg.pos == "rope"
+        )
         self.ln2 = _norm(cfg)
         self.mlp = rnn.MLP(cfg.width, cfg.mlp_hidden, cfg.mlp, cfg.bias, quant)
 
@@ -111,5 +114,8 @@ def named_state(model: GPT) -> dict:
 
 def quant_names(model: GPT) -> list[str]:
     """The int8 weights whose re-pinned step sizes the state holds ([model.quant.c1])."""
-    return sorted(reference_name(f"{n}.weight") for n, m in model.named_modules()
-                  if isinstance(m, rnn.Linear) and m.quant == "int8")
+    return sorted(
+        reference_name(f"{n}.weight")
+        for n, m in model.named_modules()
+        if isinstance(m, rnn.Linear) and m.quant == "int8"
+    )

@@ -16,6 +16,7 @@ chain link ([step.record.c1]).  Everything that decides a bit is pinned:
 Run it: ``python examples/torch_gpt/train.py`` (the `tiny` case of
 vectors/steps.json; prints each record and whether it matches).
 """
+
 from __future__ import annotations
 
 import sys
@@ -48,18 +49,32 @@ def build(model_cfg, train_cfg, start=None):
             p.copy_(torch.from_numpy(init[name]))
     decay = [p for _, p in sorted(named.items()) if p.dim() >= 2]
     no_decay = [p for _, p in sorted(named.items()) if p.dim() < 2]
-    opt = AdamW([{"params": decay, "weight_decay": train_cfg.weight_decay},
-                 {"params": no_decay, "weight_decay": np.float32(0.0)}],
-                lr=train_cfg.lr, betas=(train_cfg.beta1, train_cfg.beta2), eps=train_cfg.eps)
+    opt = AdamW(
+        [
+            {"params": decay, "weight_decay": train_cfg.weight_decay},
+            {"params": no_decay, "weight_decay": np.float32(0.0)},
+        ],
+        lr=train_cfg.lr,
+        betas=(train_cfg.beta1, train_cfg.beta2),
+        eps=train_cfg.eps,
+    )
     if start is not None:
         load_state(start, named, opt)
-    schedule = LRSchedule(opt, train_cfg.warmup_steps, train_cfg.schedule_steps, train_cfg.lr,
-                          train_cfg.min_lr, "cosine", next_update=1 if start is None else start.step + 1)
+    schedule = LRSchedule(
+        opt,
+        train_cfg.warmup_steps,
+        train_cfg.schedule_steps,
+        train_cfg.lr,
+        train_cfg.min_lr,
+        "cosine",
+        next_update=1 if start is None else start.step + 1,
+    )
     return model, named, opt, schedule
 
 
-def train(model_cfg, train_cfg, samples: np.ndarray, steps: int, recipe_hash: str, start=None,
-          link: str = GENESIS) -> list[dict]:
+def train(
+    model_cfg, train_cfg, samples: np.ndarray, steps: int, recipe_hash: str, start=None, link: str = GENESIS
+) -> list[dict]:
     """Records of steps 0..steps, in the format of vectors/steps.json; or,
     from ``start`` (a state, with ``link`` the chain link of its step: what
     an auditor replays from a checkpoint), of steps start.step+1..steps."""
@@ -77,7 +92,7 @@ def train(model_cfg, train_cfg, samples: np.ndarray, steps: int, recipe_hash: st
         opt.zero_grad()  # set_to_none: the first backward must not add to anything
         fold = GradFold(named)
         for m in range(M):
-            x, y = inputs_targets(batch[m * B:(m + 1) * B])
+            x, y = inputs_targets(batch[m * B : (m + 1) * B])
             loss = model(torch.from_numpy(x), torch.from_numpy(y))
             loss.backward()
             fold.push(loss)
@@ -89,8 +104,7 @@ def train(model_cfg, train_cfg, samples: np.ndarray, steps: int, recipe_hash: st
         root = st.root()
         link = chain_link(link, root, data_hash, recipe_hash, loss)
         loss_hex = f32_hex(loss)
-        records.append({"step": n, "state_root": root, "data_hash": data_hash, "loss": loss_hex,
-                        "chain_link": link})
+        records.append({"step": n, "state_root": root, "data_hash": data_hash, "loss": loss_hex, "chain_link": link})
     return records
 
 
@@ -104,8 +118,10 @@ def main() -> int:
     for want, have in zip(case.records, got):
         same = all(want.get(k) == have.get(k) for k in ("state_root", "data_hash", "loss", "chain_link"))
         ok &= same
-        print(f"step {have['step']}: root {have['state_root'][:16]}  loss {have.get('loss')}  "
-              f"{'matches' if same else 'DIFFERS'}")
+        print(
+            f"step {have['step']}: root {have['state_root'][:16]}  loss {have.get('loss')}  "
+            f"{'matches' if same else 'DIFFERS'}"
+        )
     return 0 if ok else 1
 
 

@@ -19,6 +19,7 @@ Switches that exist to show what is NOT conformant (the tests use them):
 (``--die-how hang``: sleep) makes rank q exit in the middle of step n (the others must stop with an
 error and publish nothing for step n).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,7 +53,7 @@ def all_reduce_step(model, named, batch, M, B, a, b):
     sums in the backend's order, then x (1/M)."""
     total = torch.zeros(1)
     for m in range(a, b):
-        x, y = inputs_targets(batch[m * B:(m + 1) * B])
+        x, y = inputs_targets(batch[m * B : (m + 1) * B])
         loss = model(torch.from_numpy(x), torch.from_numpy(y))
         loss.backward()
         total += loss.detach()
@@ -69,8 +70,12 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--preset", default="tiny")
     ap.add_argument("--data", nargs="+", default=None, help="corpus files (default: refreplay's corpus)")
-    ap.add_argument("--nanogpt", choices=("bias", "nobias"), default=None,
-                    help="nanoGPT's architecture at the preset's shape, with or without biases")
+    ap.add_argument(
+        "--nanogpt",
+        choices=("bias", "nobias"),
+        default=None,
+        help="nanoGPT's architecture at the preset's shape, with or without biases",
+    )
     ap.add_argument("--checkpoint-every", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds before a missing rank is an error")
     ap.add_argument("--all-reduce-steps", default="", help="comma-separated steps summed by dist.all_reduce")
@@ -88,8 +93,15 @@ def main(argv=None) -> int:
             model_cfg, preset = nanogpt_config(model_cfg, bias=args.nanogpt == "bias"), None
         reduce_steps = {int(s) for s in args.all_reduce_steps.split(",") if s}
         # the model is built for the data's vocabulary; Publisher checks it
-        pub = Publisher(args.out, model_cfg, train_cfg, steps=args.steps, checkpoint_every=args.checkpoint_every,
-                        corpus_files=args.data, preset=preset)
+        pub = Publisher(
+            args.out,
+            model_cfg,
+            train_cfg,
+            steps=args.steps,
+            checkpoint_every=args.checkpoint_every,
+            corpus_files=args.data,
+            preset=preset,
+        )
         model, named, opt, schedule = build(pub.model, train_cfg)
         cfg = model_config(model, named, init_std=model_cfg.init_std, rope_theta=model_cfg.rope_theta)
         assert dataclasses.asdict(cfg) == dataclasses.asdict(pub.model)
@@ -109,7 +121,7 @@ def main(argv=None) -> int:
                         if args.die_how == "hang":
                             time.sleep(3600)  # a rank that stops answering
                         os._exit(17)  # a crash in the middle of the step
-                    x, y = inputs_targets(batch[m * B:(m + 1) * B])
+                    x, y = inputs_targets(batch[m * B : (m + 1) * B])
                     loss = model(torch.from_numpy(x), torch.from_numpy(y))
                     loss.backward()
                     fold.push(loss)

@@ -3,18 +3,35 @@ tasks (``refreplay.verify.cluster``); shared by ``audit`` and ``replay``."""
 
 
 def add_arguments(p, estimate: bool):
-    p.add_argument("--cluster", metavar="SPEC", default=None,
-                   help="replay on Dask workers: local:N (N worker processes here, loopback) or "
-                        "tcp://HOST:PORT (an existing scheduler; the run directory must be readable by "
-                        "every worker at the same path). Default: in this process")
-    p.add_argument("--replicas", type=int, default=1, metavar="R",
-                   help="with --cluster: replay each step R times; differing results are a disagreement")
-    p.add_argument("--retries", type=int, default=2, metavar="N",
-                   help="with --cluster: reruns of a task that raised (a killed worker's task is rerun "
-                        "by the scheduler in any case)")
+    p.add_argument(
+        "--cluster",
+        metavar="SPEC",
+        default=None,
+        help="replay on Dask workers: local:N (N worker processes here, loopback) or "
+        "tcp://HOST:PORT (an existing scheduler; the run directory must be readable by "
+        "every worker at the same path). Default: in this process",
+    )
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        metavar="R",
+        help="with --cluster: replay each step R times; differing results are a disagreement",
+    )
+    p.add_argument(
+        "--retries",
+        type=int,
+        default=2,
+        metavar="N",
+        help="with --cluster: reruns of a task that raised (a killed worker's task is rerun "
+        "by the scheduler in any case)",
+    )
     if estimate:
-        p.add_argument("--estimate", action="store_true",
-                       help="print the predicted cost (cluster-wide with --cluster) and exit without replaying")
+        p.add_argument(
+            "--estimate",
+            action="store_true",
+            help="print the predicted cost (cluster-wide with --cluster) and exit without replaying",
+        )
 
 
 def _check(args):
@@ -67,8 +84,10 @@ def print_estimate(args, r, targets) -> int:
     for line in c.lines(None):
         print(line)
     print(f"{len(targets)} task(s), {total} step(s) replayed in all: {serial:.1f} s in one process")
-    print(f"on {n} worker(s): about {wall:.1f} s (each worker one replay at a time, "
-          f"{c.seconds:.1f} s per step measured here; the longest task alone {longest * c.seconds:.1f} s)")
+    print(
+        f"on {n} worker(s): about {wall:.1f} s (each worker one replay at a time, "
+        f"{c.seconds:.1f} s per step measured here; the longest task alone {longest * c.seconds:.1f} s)"
+    )
     return 0
 
 
@@ -92,6 +111,7 @@ def _progress(quiet, total, what, predict=None, stream=None):
         else:
             eta = "?" if predicted is None else f"{max(0.0, predicted - elapsed):.0f} s (estimate)"
         print(f"\r{what} {done}/{total}  ETA {eta}", end="" if done < total else "\n", file=stream, flush=True)
+
     show(0)
     return show
 
@@ -102,6 +122,7 @@ def _predictor(r, targets, workers):
 
         c = estimate.estimate(r.recipe.model, r.recipe.train)
         return cluster_seconds(r.checkpoints, targets, workers, c.seconds)[1]
+
     return predict
 
 
@@ -135,9 +156,18 @@ def _run(args, r, targets, settled, what):
             def on_settled(t, out):
                 settled(t, out)
                 show(len(out.results) + len(out.failed) + len(out.disagreements) + len(out.errors))
-            return cluster.run_tasks(client, r.path, r.head["chain_link"], targets, device=args.device,
-                                     max_memory=args.max_memory, replicas=args.replicas, retries=args.retries,
-                                     on_settled=on_settled)
+
+            return cluster.run_tasks(
+                client,
+                r.path,
+                r.head["chain_link"],
+                targets,
+                device=args.device,
+                max_memory=args.max_memory,
+                replicas=args.replicas,
+                retries=args.retries,
+                on_settled=on_settled,
+            )
         finally:
             cluster.close(client, lc)
     except (OSError, TimeoutError) as exc:  # distributed's CommClosedError is an OSError
@@ -175,8 +205,7 @@ def audit(args, r, sample, key, auditor, out_dir) -> int:
     def settled(t, out):
         if t in out.results:
             x = out.results[t]
-            cert, path = cluster.certify_and_write(r, t, x["result"], x["platform"], sample, key, auditor,
-                                                   out_dir)
+            cert, path = cluster.certify_and_write(r, t, x["result"], x["platform"], sample, key, auditor, out_dir)
             bad[0] += cert["verdict"] != "verified"
             print(f"  step {t}: {cert['verdict'].upper()}  -> {path}  (worker {x['worker']})")
             print_artifacts(x["result"], "  ")
@@ -185,8 +214,10 @@ def audit(args, r, sample, key, auditor, out_dir) -> int:
 
     out = _run(args, r, steps, settled, "audit: steps settled")
     _report_unsettled(out, "step")
-    print(f"{len(out.results) - bad[0]} of {len(steps)} sampled steps verified"
-          + (f"; {len(steps) - len(out.results)} not certified" if len(out.results) < len(steps) else ""))
+    print(
+        f"{len(out.results) - bad[0]} of {len(steps)} sampled steps verified"
+        + (f"; {len(steps) - len(out.results)} not certified" if len(out.results) < len(steps) else "")
+    )
     return _exit(out, bad[0])
 
 
@@ -217,8 +248,10 @@ def replay_segment(args, r) -> int:
         if t in out.results:
             res = out.results[t]["result"]
             bad[0] += not res.verified
-            print(f"  steps {res.start + 1}..{t}: {'VERIFIED' if res.verified else 'MISMATCH'}"
-                  f"  (worker {out.results[t]['worker']})")
+            print(
+                f"  steps {res.start + 1}..{t}: {'VERIFIED' if res.verified else 'MISMATCH'}"
+                f"  (worker {out.results[t]['worker']})"
+            )
             if res.divergence is not None:
                 for line in res.divergence.lines():
                     print(f"    {line}")
@@ -234,6 +267,9 @@ def replay_segment(args, r) -> int:
         out = _run(args, r, targets, settled, "replay: segments settled")
     _report_unsettled(out, "segment ending at step")
     ok = not bad[0] and len(out.results) == len(targets)
-    print(f"VERIFIED: steps {first}..{last} reproduce bit for bit" if ok else
-          f"NOT VERIFIED: steps {first}..{last} (see above)")
+    print(
+        f"VERIFIED: steps {first}..{last} reproduce bit for bit"
+        if ok
+        else f"NOT VERIFIED: steps {first}..{last} (see above)"
+    )
     return _exit(out, bad[0])

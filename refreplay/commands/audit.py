@@ -1,25 +1,42 @@
-HELP = ("audit a published run: your key's signature of (chain head, beacon) picks the steps, replay each, "
-        "write one signed certificate per step")
+HELP = (
+    "audit a published run: your key's signature of (chain head, beacon) picks the steps, replay each, "
+    "write one signed certificate per step"
+)
 
 
 def add_arguments(p):
     p.add_argument("run", metavar="RUN", help="published run directory")
     p.add_argument("--sample", type=int, required=True, metavar="K", help="number of steps to certify")
-    p.add_argument("--beacon", required=True, metavar="HEX",
-                   help="a public random value published AFTER the run's chain head and your key's "
-                        "registration (e.g. a drand round)")
-    p.add_argument("--key", required=True, metavar="FILE",
-                   help="your private key (refreplay keygen); it fixes your sample and signs the certificates")
+    p.add_argument(
+        "--beacon",
+        required=True,
+        metavar="HEX",
+        help="a public random value published AFTER the run's chain head and your key's "
+        "registration (e.g. a drand round)",
+    )
+    p.add_argument(
+        "--key",
+        required=True,
+        metavar="FILE",
+        help="your private key (refreplay keygen); it fixes your sample and signs the certificates",
+    )
     p.add_argument("--auditor", metavar="ID", help="your name, recorded in certificates (default: key-<fingerprint>)")
     p.add_argument("--out", required=True, metavar="DIR", help="directory for the certificates")
     p.add_argument("--expect-head", metavar="HEX", help="the chain head published out of band")
     p.add_argument("--quiet", action="store_true", help="no progress line")
-    p.add_argument("--max-memory", metavar="GIB", default=None,
-                   help="memory budget in GiB: state and gradients in memory-mapped files when a step "
-                        "would not fit (bits never change)")
-    p.add_argument("--no-memory-check", action="store_true",
-                   help="audit even when a step's predicted memory exceeds what this machine has available "
-                        "(by default such a recipe is refused before anything is allocated)")
+    p.add_argument(
+        "--max-memory",
+        metavar="GIB",
+        default=None,
+        help="memory budget in GiB: state and gradients in memory-mapped files when a step "
+        "would not fit (bits never change)",
+    )
+    p.add_argument(
+        "--no-memory-check",
+        action="store_true",
+        help="audit even when a step's predicted memory exceeds what this machine has available "
+        "(by default such a recipe is refused before anything is allocated)",
+    )
     from ..training.backend import add_argument
 
     add_argument(p)
@@ -42,8 +59,11 @@ def run(args) -> int:
 
     key = keys.load_private(args.key)
     if keys.readable_by_others(args.key):
-        print(f"warning: {args.key} can be read by other users; anyone who reads it can sign as you "
-              f"(chmod 600 {args.key})", file=sys.stderr)
+        print(
+            f"warning: {args.key} can be read by other users; anyone who reads it can sign as you "
+            f"(chmod 600 {args.key})",
+            file=sys.stderr,
+        )
     auditor = args.auditor or f"key-{key.public.fingerprint[:16]}"
     if not audit.AUDITOR_RE.fullmatch(auditor):
         raise InputError("--auditor must be 1-64 characters of letters, digits, _ . @ -")

@@ -1,6 +1,7 @@
 """`refreplay conform KERNEL --op OP --shape ...` / `--shapes PRESET`: live
 cases, reported exactly like the committed vectors (``conform.py`` hands
 over here when a shape is given)."""
+
 from __future__ import annotations
 
 from ..errors import InputError
@@ -48,8 +49,9 @@ def _wanted(args, bound, not_run=None) -> list[tuple[str, dict, str]]:
                     out.append((op, live.validate(op, dims, bound), f"{args.shapes} {label}"))
                 except InputError as exc:  # a shape of a large model above the bound: said, not hidden
                     print(f"(not run: {exc}; raise --max-elements to run it)")
-                    not_run.append(f"{op} {args.shapes} {label} {live.format_dims(dims)}: above the bound of "
-                                   f"{bound:,} elements")
+                    not_run.append(
+                        f"{op} {args.shapes} {label} {live.format_dims(dims)}: above the bound of {bound:,} elements"
+                    )
         if not out:
             raise InputError(f"every shape of preset {args.shapes} for {', '.join(ops)} is above the bound")
     return out

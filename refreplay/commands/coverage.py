@@ -1,16 +1,29 @@
-HELP = ("combine auditors' certificates for a run: count those signed by trusted keys (one auditor per key), "
-        "report coverage and escape probabilities")
+HELP = (
+    "combine auditors' certificates for a run: count those signed by trusted keys (one auditor per key), "
+    "report coverage and escape probabilities"
+)
 
 
 def add_arguments(p):
     p.add_argument("run", metavar="RUN", help="published run directory")
     p.add_argument("certs", nargs="+", metavar="CERT", help="certificate files (JSON) or directories of them")
-    p.add_argument("--trust", required=True, nargs="+", metavar="KEYS",
-                   help="the auditors' public keys registered before the beacon: PEM files (or lines of hex "
-                        "DER) or directories of *.pem files; certificates of any other key are rejected")
+    p.add_argument(
+        "--trust",
+        required=True,
+        nargs="+",
+        metavar="KEYS",
+        help="the auditors' public keys registered before the beacon: PEM files (or lines of hex "
+        "DER) or directories of *.pem files; certificates of any other key are rejected",
+    )
     p.add_argument("--beacon", metavar="HEX", help="the audit's beacon: certificates sampled with another are rejected")
-    p.add_argument("--tampered", type=int, nargs="+", default=None, metavar="T",
-                   help="numbers of tampered steps to quote escape probabilities for (default 1 2 5 10)")
+    p.add_argument(
+        "--tampered",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="T",
+        help="numbers of tampered steps to quote escape probabilities for (default 1 2 5 10)",
+    )
     p.add_argument("--plot", metavar="FILE.png", help="draw steps, certified steps and the loss curve (matplotlib)")
 
 
@@ -57,8 +70,10 @@ def run(args) -> int:
     names = ", ".join(f"{a} ({fp[:16]})" for fp, a in sorted(cov.auditors.items(), key=lambda x: (x[1], x[0])))
     print(f"{good} valid certificate(s) from {len(cov.auditors)} auditor key(s): {names or '-'}")
     for fp, missing in sorted(cov.incomplete.items()):
-        print(f"INCOMPLETE sample of {cov.auditors[fp]} ({fp[:16]}): no certificate for sampled steps {missing}; "
-              "its steps count as covered, but it is left out of the escape probabilities")
+        print(
+            f"INCOMPLETE sample of {cov.auditors[fp]} ({fp[:16]}): no certificate for sampled steps {missing}; "
+            "its steps count as covered, but it is left out of the escape probabilities"
+        )
     print(f"certified steps: {sorted(cov.certified)}")
     print(f"coverage: {len(cov.certified)} of {n} steps = {cov.percent:.1f}%")
     for step, who in sorted(cov.disagreements.items()):
@@ -66,8 +81,10 @@ def run(args) -> int:
     if cov.mismatched_steps:
         print(f"MISMATCH certified at steps {cov.mismatched_steps}")
     if cov.sample_sizes:
-        print(f"probability that t tampered steps all escaped the samples of {len(cov.sample_sizes)} distinct "
-              "key(s) with complete samples (exact, hypergeometric per key):")
+        print(
+            f"probability that t tampered steps all escaped the samples of {len(cov.sample_sizes)} distinct "
+            "key(s) with complete samples (exact, hypergeometric per key):"
+        )
         for t in args.tampered or [1, 2, 5, 10]:
             if 0 < t <= n:
                 p = audit.escape_probability(n, cov.sample_sizes, t)

@@ -1,5 +1,7 @@
-HELP = ("property-based differential testing: generated shapes and edge-heavy inputs, the kernel against the "
-        "live reference; a difference is shrunk to a minimal case, diagnosed and saved (needs hypothesis)")
+HELP = (
+    "property-based differential testing: generated shapes and edge-heavy inputs, the kernel against the "
+    "live reference; a difference is shrunk to a minimal case, diagnosed and saved (needs hypothesis)"
+)
 
 DEFAULT_SAVE = "refreplay-fuzz"  # under the working directory, only when a case fails
 SHOWN = 16  # inputs with at most this many elements are printed in hex
@@ -10,15 +12,25 @@ def add_arguments(p):
     p.add_argument("--op", required=True, metavar="OP", help="the op to fuzz")
     p.add_argument("--examples", type=int, default=100, metavar="N", help="examples to try (default 100)")
     p.add_argument("--seed", type=int, default=0, metavar="S", help="hypothesis seed (default 0); same seed, same run")
-    p.add_argument("--max-elements", type=int, default=1 << 16, metavar="E",
-                   help="bound on the elements of one case, inputs and outputs (default 65536)")
-    p.add_argument("--save", metavar="DIR",
-                   help=f"where a failing case is saved as vectors (default ./{DEFAULT_SAVE}/OP-seedS)")
+    p.add_argument(
+        "--max-elements",
+        type=int,
+        default=1 << 16,
+        metavar="E",
+        help="bound on the elements of one case, inputs and outputs (default 65536)",
+    )
+    p.add_argument(
+        "--save", metavar="DIR", help=f"where a failing case is saved as vectors (default ./{DEFAULT_SAVE}/OP-seedS)"
+    )
     p.add_argument("--json", metavar="FILE", help="also write the report of the failing case as JSON")
     p.add_argument("--junit", metavar="FILE", help="also write JUnit XML")
-    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
-                   help="exec: kernels: seconds per example before the program's whole process group is "
-                        "killed (default: 120)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="exec: kernels: seconds per example before the program's whole process group is killed (default: 120)",
+    )
 
 
 def _inputs_text(case) -> list[str]:
@@ -46,9 +58,15 @@ def _order_findings(op, r):
     if not names:
         return []
     clauses = [c for c in OPS[op].clauses if c.startswith(("mm.", "red."))]
-    return [diagnose.Finding(op, f"sums in another order: on the shrunk case the output matches {len(names)} "
-                                 f"candidate order{'s' if len(names) > 1 else ''} ({'; '.join(names[:4])}"
-                                 f"{'; ...' if len(names) > 4 else ''})", clauses)]
+    return [
+        diagnose.Finding(
+            op,
+            f"sums in another order: on the shrunk case the output matches {len(names)} "
+            f"candidate order{'s' if len(names) > 1 else ''} ({'; '.join(names[:4])}"
+            f"{'; ...' if len(names) > 4 else ''})",
+            clauses,
+        )
+    ]
 
 
 def _write_json(obj, path):
@@ -64,13 +82,26 @@ def _write_pass(args, run_info):
     import xml.etree.ElementTree as ET
 
     if args.json:
-        _write_json({"kernel": args.kernel, "conformant": True, "counts": {"pass": run_info["examples"]},
-                     "diagnosis": [], "cases": [], "fuzz": run_info}, args.json)
+        _write_json(
+            {
+                "kernel": args.kernel,
+                "conformant": True,
+                "counts": {"pass": run_info["examples"]},
+                "diagnosis": [],
+                "cases": [],
+                "fuzz": run_info,
+            },
+            args.json,
+        )
     if args.junit:
         root = ET.Element("testsuites", name=f"refreplay fuzz {args.kernel}")
         suite = ET.SubElement(root, "testsuite", name=args.op, tests="1", failures="0", errors="0", skipped="0")
-        ET.SubElement(suite, "testcase", classname=f"refreplay.fuzz.{args.op}",
-                      name=f"{args.op}-fuzz ({run_info['examples']} examples, seed {run_info['seed']})")
+        ET.SubElement(
+            suite,
+            "testcase",
+            classname=f"refreplay.fuzz.{args.op}",
+            name=f"{args.op}-fuzz ({run_info['examples']} examples, seed {run_info['seed']})",
+        )
         from ..files import write_atomic
 
         write_atomic(args.junit, ET.tostring(root, encoding="utf-8", xml_declaration=True))
@@ -118,11 +149,17 @@ def run(args) -> int:
     live.require_fit()
     out = fuzz.fuzz(kernel, args.op, args.examples, seed, args.max_elements)
     head = f"refreplay fuzz {args.kernel} --op {args.op} --seed {seed} --max-elements {args.max_elements}"
-    run_info = {"op": args.op, "seed": seed, "max_elements": args.max_elements, "examples": out.examples,
-                "found_after": out.found_after, "dims": out.dims, "seconds": round(out.seconds, 3)}
+    run_info = {
+        "op": args.op,
+        "seed": seed,
+        "max_elements": args.max_elements,
+        "examples": out.examples,
+        "found_after": out.found_after,
+        "dims": out.dims,
+        "seconds": round(out.seconds, 3),
+    }
     if out.result is None:
-        print(f"{head}: {out.examples} examples, every one matches the reference bit for bit "
-              f"({out.seconds:.1f} s)")
+        print(f"{head}: {out.examples} examples, every one matches the reference bit for bit ({out.seconds:.1f} s)")
         _write_pass(args, run_info)
         return 0
     r = out.result
@@ -131,8 +168,10 @@ def run(args) -> int:
     summary.findings += _order_findings(args.op, r) if r.status == "fail" else []
     live_save.save([r.case], directory, seed)  # first: a closed stdout must not lose the case
     what = {"fail": "a difference", "error": "the kernel failed", "skip": "the kernel declined the op"}[r.status]
-    print(f"{head}: {what} after {out.found_after} examples, shrunk to "
-          f"{live.format_dims(out.dims)} ({out.examples} examples in all, {out.seconds:.1f} s)")
+    print(
+        f"{head}: {what} after {out.found_after} examples, shrunk to "
+        f"{live.format_dims(out.dims)} ({out.examples} examples in all, {out.seconds:.1f} s)"
+    )
     print("\n".join(_inputs_text(r.case)))
     print(report.text(summary, verbose=True))
     if args.json:

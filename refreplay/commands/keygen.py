@@ -1,10 +1,16 @@
-HELP = ("make an auditor's key pair: NAME.key (private, mode 0600) and NAME.pub.pem (public, to register "
-        "before the beacon is published)")
+HELP = (
+    "make an auditor's key pair: NAME.key (private, mode 0600) and NAME.pub.pem (public, to register "
+    "before the beacon is published)"
+)
 
 
 def add_arguments(p):
-    p.add_argument("--out", required=True, metavar="PATH",
-                   help="writes PATH.key and PATH.pub.pem (PATH: a directory and a name, e.g. keys/alice)")
+    p.add_argument(
+        "--out",
+        required=True,
+        metavar="PATH",
+        help="writes PATH.key and PATH.pub.pem (PATH: a directory and a name, e.g. keys/alice)",
+    )
     p.add_argument("--bits", type=int, default=None, metavar="N", help="RSA modulus size (default 3072; 2048-8192)")
 
 

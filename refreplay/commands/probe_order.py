@@ -2,12 +2,19 @@ HELP = "reveal a black-box kernel's accumulation tree (FPRev) and print it besid
 
 
 def add_arguments(p):
-    p.add_argument("kernel", metavar="KERNEL", help="as for `refreplay conform`: reference, numpy, torch, "
-                                                     "package.module[:function] or exec:COMMAND")
+    p.add_argument(
+        "kernel",
+        metavar="KERNEL",
+        help="as for `refreplay conform`: reference, numpy, torch, package.module[:function] or exec:COMMAND",
+    )
     p.add_argument("--op", required=True, choices=("sum", "dot", "matmul"), help="the reduction to probe")
-    p.add_argument("--n", required=True, metavar="N[,N...]",
-                   help="reduction length N (1..256), or several separated by commas (e.g. 16,64,256): a kernel "
-                        "may sum in another tree at each length, and each tree found is reported")
+    p.add_argument(
+        "--n",
+        required=True,
+        metavar="N[,N...]",
+        help="reduction length N (1..256), or several separated by commas (e.g. 16,64,256): a kernel "
+        "may sum in another tree at each length, and each tree found is reported",
+    )
 
 
 def _lengths(text):
@@ -49,8 +56,10 @@ def _probe_one(args, n, kernels, P, clauses):
         print(f"kernel {args.kernel}, op {args.op}, N = {n}: {exc}")
         return None
     spec_tree, spec_sizes = P.probe(kernels.resolve("reference"), args.op, n)
-    print(f"kernel {args.kernel}, op {args.op}, N = {n}: {n * (n - 1) // 2} pairwise queries, "
-          f"M = 2^{int(P.big(n)).bit_length() - 1}")
+    print(
+        f"kernel {args.kernel}, op {args.op}, N = {n}: {n * (n - 1) // 2} pairwise queries, "
+        f"M = 2^{int(P.big(n)).bit_length() - 1}"
+    )
     names = _names(P.names_for(sizes, n))
     _show("kernel tree:", tree, names, P.render)
     _show("spec tree:  ", spec_tree, _names(P.names_for(spec_sizes, n)), P.render)
@@ -76,20 +85,30 @@ def run(args) -> int:
         if got is None:
             return 1
         found[n] = got
-    print("(a tree shows which partial sums are added, nothing more: not the start value, -0 or +0, "
-          "nor fused multiply-adds, flushing or NaN rules; `refreplay conform` checks those)")
+    print(
+        "(a tree shows which partial sums are added, nothing more: not the start value, -0 or +0, "
+        "nor fused multiply-adds, flushing or NaN rules; `refreplay conform` checks those)"
+    )
     if len(ns) > 1:
-        print("trees by length: " + "; ".join(
-            f"N = {n}: " + (" or ".join(names) if names else "a tree none of the named orders gives")
-            for n, (names, _) in found.items()))
+        print(
+            "trees by length: "
+            + "; ".join(
+                f"N = {n}: " + (" or ".join(names) if names else "a tree none of the named orders gives")
+                for n, (names, _) in found.items()
+            )
+        )
         kinds = {tuple(names) for names, _ in found.values()}
         if len(kinds) > 1 or any(not names for names, _ in found.values()):
             print("the kernel's tree changes with N: each length above is a separate finding")
     differ = [n for n, (_, same) in found.items() if not same]
     if not differ:
-        print("verdict: the kernel accumulates in the spec's order (its tree shape)"
-              + (f" at every N probed ({', '.join(map(str, ns))})" if len(ns) > 1 else ""))
+        print(
+            "verdict: the kernel accumulates in the spec's order (its tree shape)"
+            + (f" at every N probed ({', '.join(map(str, ns))})" if len(ns) > 1 else "")
+        )
         return 0
-    print("verdict: the kernel's accumulation order DIFFERS from the spec's"
-          + (f" at N = {', '.join(map(str, differ))}" if len(ns) > 1 else ""))
+    print(
+        "verdict: the kernel's accumulation order DIFFERS from the spec's"
+        + (f" at N = {', '.join(map(str, differ))}" if len(ns) > 1 else "")
+    )
     return 1

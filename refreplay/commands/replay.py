@@ -12,10 +12,14 @@ def add_arguments(p):
     p.add_argument("run", metavar="RUN", help="published run directory")
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--step", type=int, metavar="N", help="the step to verify (1..steps)")
-    which.add_argument("--steps", metavar="A:B", help="the segment of steps A..B to verify, split into tasks at "
-                                                      "checkpoints (with --cluster, on Dask workers)")
-    p.add_argument("--expect-head", metavar="HEX",
-                   help="the chain head published out of band; the run's head.json must equal it")
+    which.add_argument(
+        "--steps",
+        metavar="A:B",
+        help="the segment of steps A..B to verify, split into tasks at checkpoints (with --cluster, on Dask workers)",
+    )
+    p.add_argument(
+        "--expect-head", metavar="HEX", help="the chain head published out of band; the run's head.json must equal it"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress line")
     add_budget_arguments(p)
     from ..training.backend import add_argument
@@ -27,15 +31,25 @@ def add_arguments(p):
 
 
 def add_budget_arguments(p):
-    p.add_argument("--max-memory", metavar="GIB", default=None,
-                   help="memory budget in GiB: when a step held in RAM would need more, optimizer moments, "
-                        "gradients and checkpoint tensors are kept in memory-mapped files (bits never change)")
-    p.add_argument("--estimate", action="store_true",
-                   help="print FLOPs, bytes moved, predicted peak memory and time (from a few seconds of "
-                        "kernel calibration) and exit without replaying")
-    p.add_argument("--no-memory-check", action="store_true",
-                   help="run even when the predicted memory exceeds what this machine has available "
-                        "(by default such a recipe is refused before anything is allocated)")
+    p.add_argument(
+        "--max-memory",
+        metavar="GIB",
+        default=None,
+        help="memory budget in GiB: when a step held in RAM would need more, optimizer moments, "
+        "gradients and checkpoint tensors are kept in memory-mapped files (bits never change)",
+    )
+    p.add_argument(
+        "--estimate",
+        action="store_true",
+        help="print FLOPs, bytes moved, predicted peak memory and time (from a few seconds of "
+        "kernel calibration) and exit without replaying",
+    )
+    p.add_argument(
+        "--no-memory-check",
+        action="store_true",
+        help="run even when the predicted memory exceeds what this machine has available "
+        "(by default such a recipe is refused before anything is allocated)",
+    )
 
 
 def memory_for(args, model, train, what="a step of this recipe"):
@@ -68,11 +82,14 @@ def check_head(run, expected):
     from ..errors import VerificationFailure
 
     if expected is not None and run.head is None:
-        raise VerificationFailure(f"the run has no chain head (it is incomplete), so it is not the run whose "
-                                  f"head is {expected}")
+        raise VerificationFailure(
+            f"the run has no chain head (it is incomplete), so it is not the run whose head is {expected}"
+        )
     if expected is not None and run.head["chain_link"] != expected.strip().lower():
-        raise VerificationFailure(f"the run's chain head {run.head['chain_link']} is not the expected "
-                                  f"{expected} (another or a re-published run)")
+        raise VerificationFailure(
+            f"the run's chain head {run.head['chain_link']} is not the expected "
+            f"{expected} (another or a re-published run)"
+        )
 
 
 def progress_printer(quiet):
@@ -88,8 +105,13 @@ def progress_printer(quiet):
     def show(i, total, step):
         bar = "#" * (20 * i // total)
         eta = (time.perf_counter() - t0) / i * (total - i)
-        print(f"\rreplaying step {step} [{bar:<20}] {i}/{total}  ETA {eta:.0f} s", end="" if i < total else "\n",
-              file=sys.stderr, flush=True)
+        print(
+            f"\rreplaying step {step} [{bar:<20}] {i}/{total}  ETA {eta:.0f} s",
+            end="" if i < total else "\n",
+            file=sys.stderr,
+            flush=True,
+        )
+
     return show
 
 
@@ -116,14 +138,15 @@ def run(args) -> int:
     target = args.step if r.complete else min(args.step, r.last_step)
     if args.estimate:
         k = max(c for c in r.checkpoints if c < args.step)
-        print(f"run {args.run}: step {args.step} replays steps {k + 1}..{args.step} from the checkpoint "
-              f"at step {k}")
+        print(f"run {args.run}: step {args.step} replays steps {k + 1}..{args.step} from the checkpoint at step {k}")
         return print_estimate(args, r.recipe.model, r.recipe.train, args.step - k)
     memory = memory_for(args, r.recipe.model, r.recipe.train)
     device = describe(args.device)  # refuses an unusable device before any work
     if not r.complete:
-        print(f"run {args.run}: INCOMPLETE: no chain head, whole records of steps 0..{r.last_step} of "
-              f"{r.recipe.steps} (training stopped early; `refreplay train --resume {args.run}` finishes it)")
+        print(
+            f"run {args.run}: INCOMPLETE: no chain head, whole records of steps 0..{r.last_step} of "
+            f"{r.recipe.steps} (training stopped early; `refreplay train --resume {args.run}` finishes it)"
+        )
     if target < 1:
         print(f"INCOMPLETE: step {args.step} is NOT verified: the run has no record of it")
         return EXIT_INCOMPLETE
@@ -132,8 +155,10 @@ def run(args) -> int:
         print(f"run {args.run}: chain head {r.head['chain_link']}")
     if args.device != "cpu":
         print(f"ops on {device}")
-    print(f"replayed steps {res.start + 1}..{target} from the checkpoint at step {res.start}"
-          + (" (state and gradients in memory-mapped files)" if memory is not None and memory.mapped else ""))
+    print(
+        f"replayed steps {res.start + 1}..{target} from the checkpoint at step {res.start}"
+        + (" (state and gradients in memory-mapped files)" if memory is not None and memory.mapped else "")
+    )
     for c in res.checked:
         print(f"  step {c.step}: state {c.state_root[:16]}  link {c.chain_link[:16]}  ok  ({c.seconds:.2f} s)")
     print_artifacts(res)
@@ -144,15 +169,21 @@ def run(args) -> int:
         return 1
     last = res.checked[-1]
     if target < args.step:
-        print(f"INCOMPLETE: step {args.step} is NOT verified: the run has no record of it; the steps "
-              f"replayed up to step {target} reproduce bit for bit (state root {last.state_root})")
+        print(
+            f"INCOMPLETE: step {args.step} is NOT verified: the run has no record of it; the steps "
+            f"replayed up to step {target} reproduce bit for bit (state root {last.state_root})"
+        )
         return EXIT_INCOMPLETE
     if not r.complete:
-        print(f"INCOMPLETE: step {args.step} reproduces its record bit for bit (state root {last.state_root}, "
-              f"chain link {last.chain_link}), but no chain head vouches for the records of this incomplete run")
+        print(
+            f"INCOMPLETE: step {args.step} reproduces its record bit for bit (state root {last.state_root}, "
+            f"chain link {last.chain_link}), but no chain head vouches for the records of this incomplete run"
+        )
         return EXIT_INCOMPLETE
-    print(f"VERIFIED: step {args.step} reproduces bit for bit (state root {last.state_root}, "
-          f"chain link {last.chain_link})")
+    print(
+        f"VERIFIED: step {args.step} reproduces bit for bit (state root {last.state_root}, "
+        f"chain link {last.chain_link})"
+    )
     return 0
 
 

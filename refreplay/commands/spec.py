@@ -7,8 +7,10 @@ def add_arguments(p):
     ls.add_argument("--normative", action="store_true", help="only normative (.cN) clauses")
     show = sub.add_parser("show", help="print clauses, ready to cite")
     show.add_argument("labels", nargs="+", metavar="LABEL")
-    sub.add_parser("check", help="exit 1 if code/tests/vectors cite unknown labels "
-                                 "or a normative clause is cited by no code or no test")
+    sub.add_parser(
+        "check",
+        help="exit 1 if code/tests/vectors cite unknown labels or a normative clause is cited by no code or no test",
+    )
     sub.add_parser("examples", help="run every worked example of the spec against the reference")
 
 
@@ -29,8 +31,7 @@ def run(args) -> int:
     if args.spec_command == "show":
         missing = [lb.strip("[]") for lb in args.labels if lb.strip("[]") not in clauses]
         if missing:
-            raise InputError("no such clause: " + ", ".join(missing) +
-                             " (see `refreplay spec list`)")
+            raise InputError("no such clause: " + ", ".join(missing) + " (see `refreplay spec list`)")
         print(f"refreplay spec {spec.version()} (sha256:{spec.spec_sha256()[:16]})\n")
         for lb in args.labels:
             c = clauses[lb.strip("[]")]
@@ -41,9 +42,11 @@ def run(args) -> int:
         from ..resources import installed
 
         if installed():
-            raise InputError("spec check traces labels through the source, tests and vectors of a "
-                             "repository checkout; this is an installed copy without tests/ "
-                             "(run it in a checkout; `refreplay spec examples` works here)")
+            raise InputError(
+                "spec check traces labels through the source, tests and vectors of a "
+                "repository checkout; this is an installed copy without tests/ "
+                "(run it in a checkout; `refreplay spec examples` works here)"
+            )
         report = spec.check()
         for line in report.lines():
             print(line)

@@ -1,12 +1,17 @@
-HELP = ("publisher side: write the op-level trace of a step into RUN/traces/ so that a diverging replay "
-        "can name the first differing operation")
+HELP = (
+    "publisher side: write the op-level trace of a step into RUN/traces/ so that a diverging replay "
+    "can name the first differing operation"
+)
 
 
 def add_arguments(p):
     p.add_argument("run", metavar="RUN", help="published run directory")
     p.add_argument("--step", type=int, nargs="+", required=True, metavar="N", help="steps to trace")
-    p.add_argument("--no-memory-check", action="store_true",
-                   help="trace even when the predicted memory exceeds what this machine has available")
+    p.add_argument(
+        "--no-memory-check",
+        action="store_true",
+        help="trace even when the predicted memory exceeds what this machine has available",
+    )
 
 
 def run(args) -> int:
@@ -21,8 +26,13 @@ def run(args) -> int:
 
     r = open_run(args.run)
     c = estimate.cost(r.recipe.model, r.recipe.train)
-    budget.plan(c.peak_ram, c.peak_mapped, None, None if args.no_memory_check else budget.available_memory(),
-                "tracing a step of this recipe")
+    budget.plan(
+        c.peak_ram,
+        c.peak_mapped,
+        None,
+        None if args.no_memory_check else budget.available_memory(),
+        "tracing a step of this recipe",
+    )
     try:
         (r.path / TRACE_DIR).mkdir(exist_ok=True)
     except OSError as exc:

@@ -3,41 +3,77 @@ HELP = "train a recipe on R ranks (in-process or MPI) and publish a run director
 
 def add_arguments(p):
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--resume", metavar="RUN",
-                     help="continue the crashed run RUN from its last complete checkpoint, to exactly the files "
-                          "an uninterrupted run writes (its recipe decides everything; only --device, "
-                          "--max-memory, --threads and --quiet apply)")
+    src.add_argument(
+        "--resume",
+        metavar="RUN",
+        help="continue the crashed run RUN from its last complete checkpoint, to exactly the files "
+        "an uninterrupted run writes (its recipe decides everything; only --device, "
+        "--max-memory, --threads and --quiet apply)",
+    )
     src.add_argument("--preset", metavar="NAME", help="a named preset: tiny, small, gpt2-124m or gpt2-xl")
-    src.add_argument("--config", metavar="FILE",
-                     help='a JSON file {"preset": NAME (optional base), "model": {...}, "train": {...}} '
-                          "whose fields override the base preset (or the defaults)")
+    src.add_argument(
+        "--config",
+        metavar="FILE",
+        help='a JSON file {"preset": NAME (optional base), "model": {...}, "train": {...}} '
+        "whose fields override the base preset (or the defaults)",
+    )
     p.add_argument("--steps", type=int, default=None, metavar="N", help="training steps to run (required)")
     p.add_argument("--ranks", type=int, default=1, metavar="R", help="data-parallel ranks (default 1)")
-    p.add_argument("--launcher", choices=("inproc", "mpi"), default="inproc",
-                   help="inproc: R simulated ranks in this process (default); mpi: R processes via mpiexec")
-    p.add_argument("--checkpoint-every", type=int, default=None, metavar="K",
-                   help="save the state every K steps (step 0 and the last step are always saved)")
-    p.add_argument("--out", default=None, metavar="RUN",
-                   help="run directory to create (required; must not exist or be empty)")
+    p.add_argument(
+        "--launcher",
+        choices=("inproc", "mpi"),
+        default="inproc",
+        help="inproc: R simulated ranks in this process (default); mpi: R processes via mpiexec",
+    )
+    p.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=None,
+        metavar="K",
+        help="save the state every K steps (step 0 and the last step are always saved)",
+    )
+    p.add_argument(
+        "--out", default=None, metavar="RUN", help="run directory to create (required; must not exist or be empty)"
+    )
     p.add_argument("--seed", type=int, default=None, metavar="S", help="override the recipe's seed")
-    p.add_argument("--precision", choices=("fp32", "bf16"), default=None,
-                   help="override the model's precision: fp32 (binary32, the default) or bf16 (the "
-                        "mixed-precision profile of spec chapter 8: bf16 working weights, activations "
-                        "and activation gradients; fp32 masters, moments and parameter gradients)")
+    p.add_argument(
+        "--precision",
+        choices=("fp32", "bf16"),
+        default=None,
+        help="override the model's precision: fp32 (binary32, the default) or bf16 (the "
+        "mixed-precision profile of spec chapter 8: bf16 working weights, activations "
+        "and activation gradients; fp32 masters, moments and parameter gradients)",
+    )
     data_src = p.add_mutually_exclusive_group()
-    data_src.add_argument("--data", nargs="+", metavar="FILE", default=None,
-                          help="build the byte corpus from these files (in order) instead of the Python "
-                               "standard library")
-    data_src.add_argument("--tokens", nargs="+", metavar="FILE", default=None,
-                          help="pre-tokenized files, in order: llm.c .bin (256 x int32 header, magic 20240520) "
-                               "or flat uint16/uint32 with a sidecar FILE.json {\"dtype\", \"vocab\"}; "
-                               "the model's vocabulary becomes theirs, padded to a multiple of 64")
-    p.add_argument("--vocab", type=int, default=None, metavar="V",
-                   help="the token files' vocabulary size, when no sidecar gives it (GPT-2: 50257)")
-    p.add_argument("--byte-cap", type=int, default=None, metavar="BYTES",
-                   help="corpus size cap in bytes (default 1048576)")
-    p.add_argument("--threads", type=int, default=None, metavar="N",
-                   help="compute threads per process (bits never depend on it)")
+    data_src.add_argument(
+        "--data",
+        nargs="+",
+        metavar="FILE",
+        default=None,
+        help="build the byte corpus from these files (in order) instead of the Python standard library",
+    )
+    data_src.add_argument(
+        "--tokens",
+        nargs="+",
+        metavar="FILE",
+        default=None,
+        help="pre-tokenized files, in order: llm.c .bin (256 x int32 header, magic 20240520) "
+        'or flat uint16/uint32 with a sidecar FILE.json {"dtype", "vocab"}; '
+        "the model's vocabulary becomes theirs, padded to a multiple of 64",
+    )
+    p.add_argument(
+        "--vocab",
+        type=int,
+        default=None,
+        metavar="V",
+        help="the token files' vocabulary size, when no sidecar gives it (GPT-2: 50257)",
+    )
+    p.add_argument(
+        "--byte-cap", type=int, default=None, metavar="BYTES", help="corpus size cap in bytes (default 1048576)"
+    )
+    p.add_argument(
+        "--threads", type=int, default=None, metavar="N", help="compute threads per process (bits never depend on it)"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress line")
     from .replay import add_budget_arguments
 
@@ -49,14 +85,17 @@ def add_arguments(p):
 
 def _argv(args) -> list[str]:
     """The command line again, for re-running under mpiexec."""
-    out = ["train", "--steps", str(args.steps), "--ranks", str(args.ranks), "--launcher", "mpi",
-           "--out", str(args.out)]
+    out = ["train", "--steps", str(args.steps), "--ranks", str(args.ranks), "--launcher", "mpi", "--out", str(args.out)]
     out += ["--preset", args.preset] if args.preset else ["--config", str(args.config)]
-    for flag, value in (("--checkpoint-every", args.checkpoint_every), ("--seed", args.seed),
-                        ("--precision", args.precision),
-                        ("--max-memory", args.max_memory),
-                        ("--byte-cap", args.byte_cap), ("--threads", args.threads),
-                        ("--device", args.device)):
+    for flag, value in (
+        ("--checkpoint-every", args.checkpoint_every),
+        ("--seed", args.seed),
+        ("--precision", args.precision),
+        ("--max-memory", args.max_memory),
+        ("--byte-cap", args.byte_cap),
+        ("--threads", args.threads),
+        ("--device", args.device),
+    ):
         if value is not None:
             out += [flag, str(value)]
     if args.vocab is not None:
@@ -160,12 +199,23 @@ def run(args) -> int:
     device = describe(args.device)  # refuses an unusable device before any work
     launcher = launch.get(args.launcher, args.ranks)
     try:
-        summary = train(model, train_cfg, steps=args.steps,
-                        checkpoint_every=args.checkpoint_every or args.steps, out=args.out,
-                        launcher=launcher, launcher_name=args.launcher, preset=name,
-                        corpus_files=args.data, byte_cap=args.byte_cap or data.DEFAULT_BYTE_CAP,
-                        progress=None if args.quiet else sys.stderr, device=args.device,
-                        token_files=args.tokens, vocab=args.vocab, memory=memory)
+        summary = train(
+            model,
+            train_cfg,
+            steps=args.steps,
+            checkpoint_every=args.checkpoint_every or args.steps,
+            out=args.out,
+            launcher=launcher,
+            launcher_name=args.launcher,
+            preset=name,
+            corpus_files=args.data,
+            byte_cap=args.byte_cap or data.DEFAULT_BYTE_CAP,
+            progress=None if args.quiet else sys.stderr,
+            device=args.device,
+            token_files=args.tokens,
+            vocab=args.vocab,
+            memory=memory,
+        )
     except Exception as exc:
         if launcher.size > 1 and hasattr(launcher, "abort"):
             # One MPI rank failing must not leave the others waiting for its
@@ -181,8 +231,10 @@ def run(args) -> int:
         raise
     launcher.close()
     if launcher.is_root:
-        print(f"run {args.out}: {summary.steps} steps on {args.ranks} rank(s) ({args.launcher}), "
-              f"ops on {device}, {summary.seconds:.1f} s")
+        print(
+            f"run {args.out}: {summary.steps} steps on {args.ranks} rank(s) ({args.launcher}), "
+            f"ops on {device}, {summary.seconds:.1f} s"
+        )
         print(f"recipe sha256 {summary.recipe_sha256}")
         print(f"chain head    {summary.head}")
     return 0
@@ -196,12 +248,26 @@ def _resume(args) -> int:
     from ..errors import InputError
     from ..training.train import resume
 
-    given = [flag for flag, value in (("--steps", args.steps), ("--out", args.out), ("--seed", args.seed),
-                                      ("--precision", args.precision), ("--data", args.data),
-                                      ("--tokens", args.tokens), ("--vocab", args.vocab),
-                                      ("--byte-cap", args.byte_cap), ("--checkpoint-every", args.checkpoint_every))
-             if value is not None] + (["--ranks"] if args.ranks != 1 else []) + \
-        (["--launcher"] if args.launcher != "inproc" else []) + (["--estimate"] if args.estimate else [])
+    given = (
+        [
+            flag
+            for flag, value in (
+                ("--steps", args.steps),
+                ("--out", args.out),
+                ("--seed", args.seed),
+                ("--precision", args.precision),
+                ("--data", args.data),
+                ("--tokens", args.tokens),
+                ("--vocab", args.vocab),
+                ("--byte-cap", args.byte_cap),
+                ("--checkpoint-every", args.checkpoint_every),
+            )
+            if value is not None
+        ]
+        + (["--ranks"] if args.ranks != 1 else [])
+        + (["--launcher"] if args.launcher != "inproc" else [])
+        + (["--estimate"] if args.estimate else [])
+    )
     if given:
         raise InputError(f"--resume takes the run's recipe as it is; {', '.join(given)} cannot be combined with it")
     if args.threads is not None:
@@ -220,10 +286,11 @@ def _resume(args) -> int:
     recipe = open_for_resume(args.resume).recipe
     memory = memory_for(args, recipe.model, recipe.train)
     device = describe(args.device)
-    summary, start = resume(args.resume, progress=None if args.quiet else sys.stderr, device=args.device,
-                            memory=memory)
-    print(f"run {args.resume}: resumed from step {start}, steps {start + 1}..{summary.steps} on {device}, "
-          f"{summary.seconds:.1f} s")
+    summary, start = resume(args.resume, progress=None if args.quiet else sys.stderr, device=args.device, memory=memory)
+    print(
+        f"run {args.resume}: resumed from step {start}, steps {start + 1}..{summary.steps} on {device}, "
+        f"{summary.seconds:.1f} s"
+    )
     print(f"recipe sha256 {summary.recipe_sha256}")
     print(f"chain head    {summary.head}")
     return 0

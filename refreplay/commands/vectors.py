@@ -5,15 +5,25 @@ def add_arguments(p):
     sub = p.add_subparsers(dest="vectors_command", metavar="ACTION", required=True)
     g = sub.add_parser("generate", help="rebuild every vector file and the manifest from the reference")
     g.add_argument("--dir", default=None, help="output directory (default: the repository's vectors/)")
-    v = sub.add_parser("verify", help="regenerate in memory and compare with the files on disk "
-                                      "(exit 1 naming every differing case)")
+    v = sub.add_parser(
+        "verify", help="regenerate in memory and compare with the files on disk (exit 1 naming every differing case)"
+    )
     v.add_argument("--dir", default=None, help="directory to check (default: the repository's vectors/)")
     sub.add_parser("list", help="list the cases of the committed vectors")
-    st = sub.add_parser("steps", help="recompute the golden training steps (vectors/steps.json) on this "
-                                      "machine and compare every state root, loss, data hash and chain link")
+    st = sub.add_parser(
+        "steps",
+        help="recompute the golden training steps (vectors/steps.json) on this "
+        "machine and compare every state root, loss, data hash and chain link",
+    )
     st.add_argument("--file", default=None, help="steps file (default: the repository's vectors/steps.json)")
-    st.add_argument("--ranks", type=int, nargs="+", default=[1, 3], metavar="R",
-                    help="in-process rank counts to compute with (default: 1 3)")
+    st.add_argument(
+        "--ranks",
+        type=int,
+        nargs="+",
+        default=[1, 3],
+        metavar="R",
+        help="in-process rank counts to compute with (default: 1 3)",
+    )
     from ..training.backend import add_argument
 
     add_argument(st)
@@ -70,13 +80,16 @@ def run(args) -> int:
         problems.append(f"{steps_path}: missing")
     elif steps_path.read_bytes() != fresh_steps:
         _, why = steps.check(steps_path)
-        problems += [f"{steps_path}: {line}" for line in why] or \
-            [f"{steps_path}: differs from a fresh regeneration (configuration, samples or layout)"]
+        problems += [f"{steps_path}: {line}" for line in why] or [
+            f"{steps_path}: differs from a fresh regeneration (configuration, samples or layout)"
+        ]
     for line in problems:
         print(line)
     if problems:
-        print(f"vectors verify: FAILED, {len(problems)} differences (run `refreplay vectors generate` "
-              f"if the reference changed on purpose)")
+        print(
+            f"vectors verify: FAILED, {len(problems)} differences (run `refreplay vectors generate` "
+            f"if the reference changed on purpose)"
+        )
         return 1
     print(f"vectors verify: {len(files) + 1} files identical to a fresh regeneration")
     return 0
@@ -103,7 +116,9 @@ def _steps(args, directory) -> int:
         print(f"vectors steps: FAILED, {len(problems)} case/rank combination(s) differ ({device})")
         return 1
     skipped = [f"{c.name} with R = {r}" for c in cases for r in args.ranks if r > c.train.micro_batches]
-    print(f"vectors steps: {checked} records of {len(cases)} cases ({names}) reproduce bit for bit "
-          f"with {' and '.join(map(str, args.ranks))} rank(s), ops on {device}"
-          + (f" (skipped, more ranks than micro-batches: {', '.join(skipped)})" if skipped else ""))
+    print(
+        f"vectors steps: {checked} records of {len(cases)} cases ({names}) reproduce bit for bit "
+        f"with {' and '.join(map(str, args.ranks))} rank(s), ops on {device}"
+        + (f" (skipped, more ranks than micro-batches: {', '.join(skipped)})" if skipped else "")
+    )
     return 0

@@ -19,6 +19,7 @@ inside a stage the imports form no circle):
     8      reporting    the report (text, JSON, JUnit) and the published results table
     9      api          check() and Report
 """
+
 from __future__ import annotations
 
 __all__ = ["check", "Report", "NotConformant"]

@@ -11,6 +11,7 @@ kernel from a kernel project's own code or tests ([conf.runner.c1]).
 ``--json`` writes: counts per op, every case's status and mismatches, and
 the diagnosis.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
@@ -51,7 +52,7 @@ class Report:
 
     @property
     def verdict(self) -> str:
-        """"CONFORMANT", "INCOMPLETE" (a live shape not run, [conf.domain.c2]) or "NOT CONFORMANT"."""
+        """ "CONFORMANT", "INCOMPLETE" (a live shape not run, [conf.domain.c2]) or "NOT CONFORMANT"."""
         return self.summary.verdict
 
     @property
@@ -114,9 +115,13 @@ def _kernel(kernel: KernelLike, exec_timeout: float | None) -> kernel_api.Kernel
     raise InputError(f"kernel must be a name, a module, a callable or a Kernel, not {type(kernel).__name__}")
 
 
-def check(kernel: KernelLike, ops: Iterable[str] | None = None, vectors: str | PathLike | None = None,
-          xfail: str | PathLike | Sequence[tuple[str, str]] | None = None,
-          exec_timeout: float | None = None) -> Report:
+def check(
+    kernel: KernelLike,
+    ops: Iterable[str] | None = None,
+    vectors: str | PathLike | None = None,
+    xfail: str | PathLike | Sequence[tuple[str, str]] | None = None,
+    exec_timeout: float | None = None,
+) -> Report:
     """Run the golden vectors against ``kernel`` and compare every output bit
     for bit ([conv.conformance.c1]).
 
@@ -138,8 +143,9 @@ def check(kernel: KernelLike, ops: Iterable[str] | None = None, vectors: str | P
     directory = Path(vectors) if vectors is not None else store.VECTOR_DIR
     manifest = store.read_manifest(directory)
     if manifest["spec_version"] != spec.version():
-        raise InputError(f"the vectors in {directory} are for spec {manifest['spec_version']}, this is spec "
-                         f"{spec.version()}")
+        raise InputError(
+            f"the vectors in {directory} are for spec {manifest['spec_version']}, this is spec {spec.version()}"
+        )
     known = list(dict.fromkeys(c["op"] for c in manifest["cases"]))
     ops = [ops] if isinstance(ops, str) else list(ops) if ops is not None else None
     if ops is not None:

@@ -12,8 +12,16 @@ overlapping inputs, called from serial code (they thread themselves over
 independent outputs).  The ``*_naive`` kernels are the
 one-output-at-a-time references the fast ones must equal bit for bit.
 """
+
 from .api import (  # noqa: F401
-    matmul, matmul_nt, matmul_tn, bias_add, row_sum, col_sum, row_max, matmul_i8,
+    matmul,
+    matmul_nt,
+    matmul_tn,
+    bias_add,
+    row_sum,
+    col_sum,
+    row_max,
+    matmul_i8,
 )
 from .mm_fp32 import mm_nn, mm_nt, mm_tn, bias_add_k  # noqa: F401
 from .mm_fp32_naive import mm_nn_naive, mm_nt_naive, mm_tn_naive, bias_add_naive  # noqa: F401

@@ -35,6 +35,7 @@ stored and reloaded between k blocks, which keeps every bit).
 Layout (packed by ``mm_fp32.py``): ``Ap[ap_off + k*MR + r]``,
 ``Bp[bp_off + k*NR + j]``, ``C[c_off + r*ldc + j]``; all 1-D float32.
 """
+
 from __future__ import annotations
 
 from llvmlite import ir
@@ -121,15 +122,25 @@ def _make_tile(flush_products: bool, flush_sums: bool):
 
             with cgutils.for_range(builder, kc, intp=intp) as loop:
                 k = loop.index
-                b = [builder.load(_vec_ptr(builder, bp, builder.add(builder.mul(k, ir.Constant(intp, NR)),
-                                                                    ir.Constant(intp, v * LANES))),
-                                  align=4) for v in range(NV)]
+                b = [
+                    builder.load(
+                        _vec_ptr(
+                            builder,
+                            bp,
+                            builder.add(builder.mul(k, ir.Constant(intp, NR)), ir.Constant(intp, v * LANES)),
+                        ),
+                        align=4,
+                    )
+                    for v in range(NV)
+                ]
                 a_row = builder.gep(ap, [builder.mul(k, ir.Constant(intp, MR))])
                 for r in range(MR):
                     a = builder.load(builder.gep(a_row, [ir.Constant(intp, r)]), align=4)
                     a_vec = builder.shuffle_vector(
                         builder.insert_element(ir.Constant(_VF, ir.Undefined), a, ir.Constant(_I32, 0)),
-                        ir.Constant(_VF, ir.Undefined), ir.Constant(_VI, [0] * LANES))
+                        ir.Constant(_VF, ir.Undefined),
+                        ir.Constant(_VI, [0] * LANES),
+                    )
                     for v in range(NV):
                         p = builder.fmul(a_vec, b[v])  # rounded product, no contraction
                         if flush_products:

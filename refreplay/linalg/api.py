@@ -5,6 +5,7 @@ Arithmetic lives in the compiled kernels (``mm_fp32.py``, ``reduce.py``,
 so that a caller sees a clear ``TypeError``/``ValueError`` instead of a Numba
 typing traceback.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -137,8 +138,10 @@ def matmul_i8(A, B, out=None):
     _matrix("A", A, np.int8), _matrix("B", B, np.int8)
     _contracted("matmul_i8", A.shape[1], B.shape[0])
     if A.shape[1] > I8_MAX_K:
-        raise ValueError(f"matmul_i8: K = {A.shape[1]} exceeds {I8_MAX_K}; an int32 sum of "
-                         f"K products of magnitude up to 2**14 could overflow ([mm.i8.c2])")
+        raise ValueError(
+            f"matmul_i8: K = {A.shape[1]} exceeds {I8_MAX_K}; an int32 sum of "
+            f"K products of magnitude up to 2**14 could overflow ([mm.i8.c2])"
+        )
     C = _output(out, (A.shape[0], B.shape[1]), (A, B), np.int32)
     mm_i8(A, B, C)
     return C

@@ -33,6 +33,7 @@ The rule (sizes in bytes of the core's own caches; the register tile is
   blocks at 1024 are not slower than streaming from L3 (benchmarks/README.md),
   so one rule serves both: a cache-size threshold with no vendor guess.
 """
+
 from __future__ import annotations
 
 import os
@@ -49,6 +50,7 @@ _FLOAT = 4
 @dataclass(frozen=True)
 class Caches:
     """Per-core data cache sizes in bytes (l3: the last level the core sees; 0 if none)."""
+
     l1d: int
     l2: int
     l3: int = 0
@@ -59,6 +61,7 @@ class Caches:
 class Blocks:
     """``mm_fp32``'s run-time block sizes: kc (k block, in k), b_cached and
     b_block (in floats of packed B)."""
+
     kc: int
     b_cached: int
     b_block: int
@@ -118,8 +121,9 @@ def machine_caches(root: str = SYSFS) -> Caches:
     if not found:
         return FALLBACK
     last = max((lv for lv in found if lv >= 3), default=None)
-    return Caches(l1d=found.get(1, FALLBACK.l1d), l2=found.get(2, FALLBACK.l2),
-                  l3=found[last] if last else 0, source=root)
+    return Caches(
+        l1d=found.get(1, FALLBACK.l1d), l2=found.get(2, FALLBACK.l2), l3=found[last] if last else 0, source=root
+    )
 
 
 _MACHINE: Blocks | None = None

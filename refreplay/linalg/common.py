@@ -1,4 +1,5 @@
 """Pieces every fixed-order reduction shares: the starting value of a sum."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -37,6 +37,7 @@ default threading layer refuses nested parallel regions).  The serial pieces
 ``tile_proved``) can be called from inside one: ``ops/attention.py`` runs its
 per-head products with them.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -141,6 +142,7 @@ def tile_proved(e, Ap, ap_off, Bp, bp_off, kc, C, c_off, ldc, load_c):
 
 # ---- packing (copies bits; never changes an order) --------------------------------------
 
+
 @kernel
 def pack_a(A, a_trans, i0, k0, kc, Ap):
     """Ap[k*MR + r] = A[i0+r, k0+k] (or A[k0+k, i0+r] when a_trans), 0 past the last row."""
@@ -164,7 +166,7 @@ def pack_b_panel(B, b_trans, j0, k0, kc, Bp, off):
     """Bp[off + k*NR + j] = B[k0+k, j0+j] (or B[j0+j, k0+k] when b_trans), 0 past the last column."""
     J = B.shape[0] if b_trans else B.shape[1]
     cols = min(NR, J - j0)
-    panel = Bp[off:off + kc * NR]
+    panel = Bp[off : off + kc * NR]
     if cols < NR:
         panel[:] = ZERO
     if b_trans:
@@ -175,12 +177,13 @@ def pack_b_panel(B, b_trans, j0, k0, kc, Bp, off):
     else:
         for k in range(kc):
             src = B[k0 + k]
-            dst = panel[k * NR:k * NR + cols]
+            dst = panel[k * NR : k * NR + cols]
             for j in range(cols):
                 dst[j] = src[j0 + j]
 
 
 # ---- the driver ------------------------------------------------------------------------
+
 
 @kernel
 def plan(nj, K, kc_max, b_cached):
@@ -231,7 +234,7 @@ def _mm_packed(A, B, C, a_trans, b_trans, kc_max=KC, b_cached=B_CACHED, b_block=
         # k block instead of once per row block.  A is packed whole, once.
         # Which tile runs when changes no bit.
         for ib in prange(ni):
-            pack_a(A, a_trans, ib * MR, k0, kc, Ap[ib * kc * MR:(ib + 1) * kc * MR])
+            pack_a(A, a_trans, ib * MR, k0, kc, Ap[ib * kc * MR : (ib + 1) * kc * MR])
         nb = panels_per_block(kc, b_block)
         for jb in range(0, nj, nb):
             for ib in prange(ni):

@@ -6,6 +6,7 @@ These loops are the readable reference for ``mm_fp32.py``'s blocked kernels;
 the tests require the two to agree bit for bit.  Shapes use the letters of
 [conv.shapes.c1]: I rows, J columns, K the contracted length.
 """
+
 from __future__ import annotations
 
 from .._jit import kernel
@@ -66,4 +67,3 @@ def bias_add_naive(C, b):
     for i in range(I):
         for j in range(J):
             C[i, j] = add(C[i, j], b[j])
-

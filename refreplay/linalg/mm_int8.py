@@ -11,6 +11,7 @@ float32 holds exactly, so no float operation in a block ever rounds (nor
 flushes: every nonzero value is >= 1).  Blocks of 1024 k are converted back
 to int32 and added in int32.
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -9,6 +9,7 @@ chain of row i still visits X[i, 0], X[i, 1], ... in order, while RB rows
 advance together.  ``reduce_naive.py`` holds the one-output-at-a-time
 references.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -97,7 +98,7 @@ def col_sum_k(X, out, accumulate=False):
         j0 = b * CB
         acc = np.full(min(CB, J - j0), sum_start(N), dtype=np.float32)
         for n in range(N):
-            x = X[n][j0:j0 + acc.shape[0]]
+            x = X[n][j0 : j0 + acc.shape[0]]
             for j in range(acc.shape[0]):
                 acc[j] = flush(acc[j] + x[j])
         for j in range(acc.shape[0]):

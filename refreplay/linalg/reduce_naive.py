@@ -2,6 +2,7 @@
 
 Readable references for ``reduce.py``; the tests require bit-for-bit agreement.
 """
+
 from __future__ import annotations
 
 from .._jit import kernel

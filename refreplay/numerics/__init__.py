@@ -12,9 +12,29 @@ The package namespace holds the scalar forms (``numerics.add``,
 ``numerics.exp``, ...) for use inside kernels; array callers use
 ``numerics.elementwise``.
 """
+
 from .core import (  # noqa: F401
-    add, sub, mul, recip, sqrt, fmax, fmin, rint, saturate_i8, flush, canon,
-    finish, load, F32, ZERO, ONE, TWO, HALF, FLT_MIN, FLT_MAX, INF,
+    add,
+    sub,
+    mul,
+    recip,
+    sqrt,
+    fmax,
+    fmin,
+    rint,
+    saturate_i8,
+    flush,
+    canon,
+    finish,
+    load,
+    F32,
+    ZERO,
+    ONE,
+    TWO,
+    HALF,
+    FLT_MIN,
+    FLT_MAX,
+    INF,
 )
 from .transcendental import exp, log, tanh, sigmoid, sin, cos  # noqa: F401
 from . import elementwise  # noqa: F401

@@ -1,4 +1,5 @@
 """Bit casts between binary32 and uint32 inside compiled code (LLVM bitcast)."""
+
 from __future__ import annotations
 
 import numpy as np

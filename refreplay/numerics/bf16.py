@@ -8,6 +8,7 @@ trainer and the conformance runner call.  Element n of an output depends on
 element n of the input only, so the array forms run in parallel over
 elements.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -143,8 +144,7 @@ def round_f32(x: np.ndarray) -> np.ndarray:
 def round_inplace(x: np.ndarray) -> np.ndarray:
     """[bf16.round.c1] Round a C-contiguous float32 array to bf16 values in
     place (the trainer's activations); returns x."""
-    if not (isinstance(x, np.ndarray) and x.dtype == np.float32 and x.flags.c_contiguous
-            and x.flags.writeable):
+    if not (isinstance(x, np.ndarray) and x.dtype == np.float32 and x.flags.c_contiguous and x.flags.writeable):
         raise TypeError("bf16.round_inplace: expected a writeable C-contiguous float32 array")
     flat = x.reshape(-1)
     _round_kernel(flat, flat)

@@ -8,6 +8,7 @@ values that the spec treats as op results.
 Scalars are ``np.float32``; every constant is ``np.float32`` (a Python float
 would promote the arithmetic to float64).
 """
+
 from __future__ import annotations
 
 import math
@@ -49,11 +50,13 @@ def _flushed_impl(x):
         def bit_test(x):
             b = f32_bits(x)
             return bits_f32(np.uint32(b & SIGN_BIT)) if (b & EXPONENT_BITS) == np.uint32(0) else x
+
         return bit_test
 
     # other types (a binary64 intermediate): the comparison, x * 0 keeps the sign
     def compare(x):
         return x * ZERO if abs(x) < FLT_MIN else x
+
     return compare
 
 

@@ -11,6 +11,7 @@ for the primitive ops, so their names are exactly the scalar names.  Inputs
 are float32 arrays of any shape (binary ops: equal shapes, no broadcasting);
 the result is a new C-contiguous float32 array of that shape.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -20,8 +21,7 @@ from .._jit import kernel, parallel_kernel
 from . import core, transcendental as tr
 from ._bits import bits_f32, f32_bits
 
-__all__ = ["add", "sub", "mul", "recip", "sqrt", "fmax", "fmin", "rint",
-           "exp", "log", "tanh", "sigmoid", "sin", "cos"]
+__all__ = ["add", "sub", "mul", "recip", "sqrt", "fmax", "fmin", "rint", "exp", "log", "tanh", "sigmoid", "sin", "cos"]
 
 
 def _as_f32(name: str, arg: str, x) -> np.ndarray:
@@ -241,6 +241,7 @@ def run_elementwise(loop, blocks, n, *args):
 # closure (measured with Numba 0.68: a cache miss on every process start),
 # so every run would pay its compile time again.
 
+
 @kernel
 def _add_loop(a, b, out):
     for i in range(out.size):
@@ -424,6 +425,7 @@ def _cos_blocks(x, out):
 
 
 # ---- public API -----------------------------------------------------------------
+
 
 def add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """[num.add.c1] a + b element by element."""

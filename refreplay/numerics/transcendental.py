@@ -17,6 +17,7 @@ The scalar functions have the explicit signature ``float32(float32)``: a
 Python float passed from Python is converted to binary32 first, never
 evaluated in binary64.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -39,11 +40,11 @@ NAN = _c(0x7FC00000)
 INF = _c(0x7F800000)
 
 # ---- [num.exp.c1] ----------------------------------------------------------
-EXP_OVERFLOW = _c(0x42B17217)   # largest x with a finite result (88.72283)
+EXP_OVERFLOW = _c(0x42B17217)  # largest x with a finite result (88.72283)
 EXP_UNDERFLOW = _c(0xC2B00000)  # -88: below, the result is below 2^-126
-INV_LN2 = _c(0x3FB8AA3B)        # 1/ln 2 rounded
-LN2_HI = _c(0x3F317200)         # ln 2 to 15 bits: k * LN2_HI is exact for |k| <= 255
-LN2_LO = _c(0x35BFBE8E)         # ln 2 - LN2_HI rounded
+INV_LN2 = _c(0x3FB8AA3B)  # 1/ln 2 rounded
+LN2_HI = _c(0x3F317200)  # ln 2 to 15 bits: k * LN2_HI is exact for |k| <= 255
+LN2_LO = _c(0x35BFBE8E)  # ln 2 - LN2_HI rounded
 EXP_C2 = _c(0x3EFFFFFE)
 EXP_C3 = _c(0x3E2AAA49)
 EXP_C4 = _c(0x3D2AAC79)
@@ -67,11 +68,11 @@ TANH_T5 = _c(0xBBFB4E28)
 TANH_T6 = _c(0x3AE49BBD)
 
 # ---- [num.sincos.c1] -------------------------------------------------------
-TRIG_MAX = _c(0x46800000)    # 16384: the domain |x| <= 2^14
+TRIG_MAX = _c(0x46800000)  # 16384: the domain |x| <= 2^14
 TWO_OVER_PI = _c(0x3F22F983)
-PIO2_1 = _c(0x3FC90000)      # PIO2_1 + PIO2_2 + PIO2_3 + PIO2_4 = pi/2 + 1.2e-18;
-PIO2_2 = _c(0x39FD8000)      # the first three have <= 9 significant bits, so
-PIO2_3 = _c(0x34A88000)      # k * PIO2_i is exact for |k| < 2^15
+PIO2_1 = _c(0x3FC90000)  # PIO2_1 + PIO2_2 + PIO2_3 + PIO2_4 = pi/2 + 1.2e-18;
+PIO2_2 = _c(0x39FD8000)  # the first three have <= 9 significant bits, so
+PIO2_3 = _c(0x34A88000)  # k * PIO2_i is exact for |k| < 2^15
 PIO2_4 = _c(0x2E85A309)
 SIN_S1 = _c(0xBE2AAAAB)
 SIN_S2 = _c(0x3C088884)

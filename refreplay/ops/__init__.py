@@ -26,6 +26,7 @@ The helpers below are the shared argument checks: a bad dtype, layout or
 shape raises ``TypeError``/``ValueError`` naming the argument, never a Numba
 typing traceback.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -64,8 +65,9 @@ def check_scalar_f32(name: str, x) -> np.float32:
         f = np.float32(x)
         if float(f) == float(x) or x != x:
             return f
-        raise ValueError(f"{name}={x!r} is not exactly representable in binary32; "
-                         f"pass np.float32({x!r}) to use the nearest binary32")
+        raise ValueError(
+            f"{name}={x!r} is not exactly representable in binary32; pass np.float32({x!r}) to use the nearest binary32"
+        )
     raise TypeError(f"{name} must be a binary32 scalar, got {type(x).__name__}")
 
 

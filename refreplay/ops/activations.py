@@ -6,6 +6,7 @@ Shapes: every argument of one call has the same shape, any shape (N elements
 once flattened; in a model [B, T, F]).  Each element's result depends on that
 element alone, so the kernels run over elements in parallel.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -49,6 +50,7 @@ _BLOCK = 2048  # elements per parallel task; any value gives the same bits
 # compares gelu_lane and gelu_local with the clause's steps, every operation
 # flushed, on every bit pattern.
 
+
 @kernel(inline="always")
 def _gelu_th(x_i):
     """[act.gelu.fwd.c1] steps 1-3 for one element: th (canonical if NaN)."""
@@ -80,8 +82,8 @@ def gelu_forward_kernel(out, x):
     N = x.shape[0]
     for blk in prange((N + _BLOCK - 1) // _BLOCK):
         i0 = blk * _BLOCK
-        xb = x[i0:min(i0 + _BLOCK, N)]
-        ob = out[i0:min(i0 + _BLOCK, N)]
+        xb = x[i0 : min(i0 + _BLOCK, N)]
+        ob = out[i0 : min(i0 + _BLOCK, N)]
         for i in range(xb.shape[0]):
             ob[i] = gelu_lane(xb[i])
 
@@ -93,9 +95,9 @@ def gelu_backward_kernel(dx, dout, x):
     N = x.shape[0]
     for blk in prange((N + _BLOCK - 1) // _BLOCK):
         i0 = blk * _BLOCK
-        xb = x[i0:min(i0 + _BLOCK, N)]
-        db = dout[i0:min(i0 + _BLOCK, N)]
-        dxb = dx[i0:min(i0 + _BLOCK, N)]
+        xb = x[i0 : min(i0 + _BLOCK, N)]
+        db = dout[i0 : min(i0 + _BLOCK, N)]
+        dxb = dx[i0 : min(i0 + _BLOCK, N)]
         for i in range(xb.shape[0]):
             dxb[i] = canon(mul(db[i], gelu_local(xb[i])))  # step 8
 
@@ -110,8 +112,8 @@ def silu_forward_kernel(out, x):
     N = x.shape[0]
     for blk in prange((N + _BLOCK - 1) // _BLOCK):
         i0 = blk * _BLOCK
-        xb = x[i0:min(i0 + _BLOCK, N)]
-        ob = out[i0:min(i0 + _BLOCK, N)]
+        xb = x[i0 : min(i0 + _BLOCK, N)]
+        ob = out[i0 : min(i0 + _BLOCK, N)]
         for i in range(xb.shape[0]):
             ob[i] = canon(mul(xb[i], sigmoid_lane(xb[i])))
 
@@ -123,9 +125,9 @@ def silu_backward_kernel(dx, dout, x):
     N = x.shape[0]
     for blk in prange((N + _BLOCK - 1) // _BLOCK):
         i0 = blk * _BLOCK
-        xb = x[i0:min(i0 + _BLOCK, N)]
-        db = dout[i0:min(i0 + _BLOCK, N)]
-        dxb = dx[i0:min(i0 + _BLOCK, N)]
+        xb = x[i0 : min(i0 + _BLOCK, N)]
+        db = dout[i0 : min(i0 + _BLOCK, N)]
+        dxb = dx[i0 : min(i0 + _BLOCK, N)]
         for i in range(xb.shape[0]):
             x_i = xb[i]
             s = sigmoid_lane(x_i)  # forward: out = x*s
@@ -143,9 +145,9 @@ def swiglu_forward_kernel(out, a, b):
     N = a.shape[0]
     for blk in prange((N + _BLOCK - 1) // _BLOCK):
         i0 = blk * _BLOCK
-        ab = a[i0:min(i0 + _BLOCK, N)]
-        bb = b[i0:min(i0 + _BLOCK, N)]
-        ob = out[i0:min(i0 + _BLOCK, N)]
+        ab = a[i0 : min(i0 + _BLOCK, N)]
+        bb = b[i0 : min(i0 + _BLOCK, N)]
+        ob = out[i0 : min(i0 + _BLOCK, N)]
         for i in range(ab.shape[0]):
             a_i = ab[i]
             ob[i] = canon(mul(mul(a_i, sigmoid_lane(a_i)), bb[i]))

@@ -34,6 +34,7 @@ head (T² floats per running head) because dk's chains need every row of it.
 ``tests/test_attention_tiles.py`` holds the row-at-a-time kernels these
 replaced and checks the bits against them.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -100,7 +101,7 @@ def dots_block(X, e_x, t0, Yp, e_y, Ap, Z, z0, ldz):
     e_x, e_y the exponent bounds of the X row block and the Y panels."""
     T, HS = X.shape
     rows = min(MR, T - t0)
-    pack_a(X, False, t0, 0, HS, Ap[:HS * MR])
+    pack_a(X, False, t0, 0, HS, Ap[: HS * MR])
     for sp in range((t0 + rows - 1) // NR + 1):
         tile_proved(e_x + e_y[sp], Ap, 0, Yp, sp * HS * NR, HS, Z, z0 + sp * NR, ldz, False)
 
@@ -122,16 +123,16 @@ def softmax_block(Z, scale, t0, att_bh):
     T = att_bh.shape[0]
     rows = min(Z.shape[0], T - t0)
     for r in range(rows):
-        z = Z[r, :t0 + r + 1]
+        z = Z[r, : t0 + r + 1]
         for s in range(t0 + r + 1):
             z[s] = mul(z[s], scale)
     # Z is scratch apart from att: the exponentials read and write distinct
     # buffers and vectorise.
-    softmax_rows_causal(Z, t0 + 1, att_bh[t0:t0 + rows])
+    softmax_rows_causal(Z, t0 + 1, att_bh[t0 : t0 + rows])
     e = E_IGNORED
     for t in range(t0, t0 + rows):
         att_t = att_bh[t]
-        att_t[t + 1:] = ZERO
+        att_t[t + 1 :] = ZERO
         e = min(e, row_exp_min(att_t, t + 1))
     return e
 
@@ -144,7 +145,7 @@ def dz_block(Z, att_bh, scale, t0, DZr, zcol, acol):
     Returns the rows' bound."""
     T = att_bh.shape[0]
     rows = min(Z.shape[0], T - t0)
-    softmax_rows_causal_backward(Z, att_bh[t0:t0 + rows], t0 + 1, DZr[:rows])
+    softmax_rows_causal_backward(Z, att_bh[t0 : t0 + rows], t0 + 1, DZr[:rows])
     e = E_IGNORED
     for t in range(t0, t0 + rows):
         att_t = att_bh[t]
@@ -169,12 +170,12 @@ def weighted_sum_block(P, e_p, t0, X, Xp, e_x, Ap, O, out_bh):
     rows = P.shape[0]
     ld = O.shape[0] // MR
     kc = t0 + 1
-    pack_a(P, False, 0, 0, kc, Ap[:kc * MR])
+    pack_a(P, False, 0, 0, kc, Ap[: kc * MR])
     for jp in range((HS + NR - 1) // NR):
         tile_proved(e_p + e_x[jp], Ap, 0, Xp, jp * T * NR, kc, O, jp * NR, ld, False)
     for r in range(rows):
         t = t0 + r
-        o = O[r * ld:r * ld + HS]
+        o = O[r * ld : r * ld + HS]
         p = P[r]
         for s in range(kc, t + 1):  # the tail, after the tile's s <= t0
             ps = p[s]
@@ -215,7 +216,7 @@ def key_sum_block(Ap, a_off, e_a, s0, X, Xp, e_x, O, out_bh):
     O[:] = NEG_ZERO
     t1 = min(s0 + MR - 1, T)  # first t of the tile
     for r in range(rows):
-        o = O[r * ld:r * ld + HS]
+        o = O[r * ld : r * ld + HS]
         for t in range(s0 + r, t1):  # the head, before the tile's t >= t1
             a = Ap[a_off + (t - s0) * MR + r]
             x = X[t]
@@ -223,8 +224,7 @@ def key_sum_block(Ap, a_off, e_a, s0, X, Xp, e_x, O, out_bh):
                 o[d] = flush(o[d] + flush(a * x[d]))
     if t1 < T:
         for jp in range((HS + NR - 1) // NR):
-            tile_proved(e_a + e_x[jp], Ap, a_off + (t1 - s0) * MR, Xp, (jp * T + t1) * NR, T - t1,
-                        O, jp * NR, ld, True)
+            tile_proved(e_a + e_x[jp], Ap, a_off + (t1 - s0) * MR, Xp, (jp * T + t1) * NR, T - t1, O, jp * NR, ld, True)
     for r in range(rows):
         out_s = out_bh[s0 + r]
         for d in range(HS):
@@ -267,12 +267,11 @@ def attention_forward_kernel(q, k, v, scale, out, att):
         for t00 in range(0, T, RB):  # RB rows' softmax sums side by side, MR rows' tiles
             ibs = range(t00 // MR, min(ni, (t00 + RB) // MR))
             for ib in ibs:
-                dots_block(q_bh, e_q[ib], ib * MR, kp, e_k, Ap, Z.reshape(-1), (ib * MR - t00) * ns * NR,
-                           ns * NR)
+                dots_block(q_bh, e_q[ib], ib * MR, kp, e_k, Ap, Z.reshape(-1), (ib * MR - t00) * ns * NR, ns * NR)
             e_att = softmax_block(Z, scale, t00, att_bh)
             for ib in ibs:
                 t0 = ib * MR
-                weighted_sum_block(att_bh[t0:t0 + MR], e_att, t0, v_bh, vp, e_v, Ap, O, out_bh)
+                weighted_sum_block(att_bh[t0 : t0 + MR], e_att, t0, v_bh, vp, e_v, Ap, O, out_bh)
 
 
 @parallel_kernel
@@ -310,18 +309,17 @@ def attention_backward_kernel(dout, q, k, v, att, scale, dq, dk, dv):
         for t00 in range(0, T, RB):  # as in the forward
             ibs = range(t00 // MR, min(ni, (t00 + RB) // MR))
             for ib in ibs:
-                dots_block(do_bh, e_do[ib], ib * MR, vp, e_v, Ap, Z.reshape(-1), (ib * MR - t00) * ns * NR,
-                           ns * NR)
+                dots_block(do_bh, e_do[ib], ib * MR, vp, e_v, Ap, Z.reshape(-1), (ib * MR - t00) * ns * NR, ns * NR)
             e_dz = dz_block(Z, att_bh, scale, t00, DZr, zcol, acol)
             for ib in ibs:
                 t0 = ib * MR
-                DZb = DZr[t0 - t00:t0 - t00 + min(MR, T - t0)]
+                DZb = DZr[t0 - t00 : t0 - t00 + min(MR, T - t0)]
                 scatter_dz(DZb, t0, DZ, T)
                 weighted_sum_block(DZb, e_dz, t0, k_bh, kp, e_k, Ap, O, dq[b, h])
         for sb in range(ni):
             s0 = sb * MR
             key_sum_block(DZ, (sb * T + s0) * MR, block_min(zcol, s0, MR), s0, q_bh, qp, e_q, O, dk[b, h])
-            pack_a(att_bh, True, s0, s0, T - s0, Ap[:(T - s0) * MR])
+            pack_a(att_bh, True, s0, s0, T - s0, Ap[: (T - s0) * MR])
             key_sum_block(Ap, 0, block_min(acol, s0, MR), s0, do_bh, dop, e_doc, O, dv[b, h])
 
 

@@ -10,6 +10,7 @@ one letter per input and per output, ``h`` for bf16, ``f`` for binary32,
 tensors-only calling convention of [conf.vectors.c1] (a scalar is a
 length-1 tensor).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -106,8 +107,7 @@ def call(fn, kinds_in: str, kinds_out: str, *inputs):
     outs = out if isinstance(out, tuple) else (out,)
     if len(outs) != len(kinds_out):
         raise ValueError(f"expected {len(kinds_out)} outputs, got {len(outs)}")
-    done = tuple(B.encode(np.ascontiguousarray(o, np.float32)) if k == "h" else o
-                 for k, o in zip(kinds_out, outs))
+    done = tuple(B.encode(np.ascontiguousarray(o, np.float32)) if k == "h" else o for k, o in zip(kinds_out, outs))
     return done if len(done) > 1 else done[0]
 
 

@@ -3,6 +3,7 @@ scatter-add ([emb.fwd.c1], [emb.bwd.c1]).
 
 Shapes: wte [V, C], tokens [B, T] int32, out / dout [B, T, C].
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -4,6 +4,7 @@
 Shapes: x, dx [N, C]; W, dW [OC, C]; b, db [OC]; y, dy [N, OC].  N = B*T
 rows (tokens), C input width, OC output width.
 """
+
 from __future__ import annotations
 
 from .. import linalg
@@ -77,4 +78,3 @@ def _outs(out, has_bias, shapes, inputs):
             others = tuple(p for j, p in enumerate(out) if j != i and p is not None)
             check_out(name, o, shape, inputs + others)
     return out
-

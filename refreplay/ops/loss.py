@@ -4,6 +4,7 @@ Shapes (spec letters): logits [N, V] (N = B*T tokens), targets [N] int32,
 losses [N].  A token whose target equals the ignore index (-1) is not
 counted: its loss and its gradient row are +0.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -101,8 +102,9 @@ def _check(logits, targets, ignore_index):
     bad = (targets != ignore_index) & ((targets < 0) | (targets >= V))
     if bad.any():
         n = int(np.flatnonzero(bad)[0])
-        raise InputError(f"target {int(targets[n])} at token {n} is outside [0, {V}) "
-                         f"and is not the ignore index {ignore_index}")
+        raise InputError(
+            f"target {int(targets[n])} at token {n} is outside [0, {V}) and is not the ignore index {ignore_index}"
+        )
     if logits.shape[0] > MAX_COUNT:
         raise ValueError(f"more than 2^24 tokens ({logits.shape[0]})")
 

@@ -12,6 +12,7 @@ Threads take blocks of RB rows whose per-row sums advance side by side in
 SIMD lanes, each in its own row's order (``rowblock.py``); the dw/db sums
 over rows put columns in the lanes.
 """
+
 from __future__ import annotations
 
 import numba
@@ -281,8 +282,13 @@ def layernorm_backward_block(dx, dout, x, w, ew, mean, rstd, i0, rows, dw, db, w
         dnm[r] = mul(g[r], inv_C) if r < rows else ZERO
     # t = (dnorm - dm) - norm*dnm lies on the grid 2^gt; dx = t * rstd
     gt = min(edn, _e_min(dm), en + _e_min(dnm)) - _GRID
-    if gd >= _MIN_NORMAL and en >= _MIN_NORMAL and edn >= _MIN_NORMAL and gt >= _MIN_NORMAL \
-            and gt + _e_min(rstd_b) >= _MIN_NORMAL:
+    if (
+        gd >= _MIN_NORMAL
+        and en >= _MIN_NORMAL
+        and edn >= _MIN_NORMAL
+        and gt >= _MIN_NORMAL
+        and gt + _e_min(rstd_b) >= _MIN_NORMAL
+    ):
         _ln_dx_rows(dx, dout, x, w, mean, rstd, dm, dnm, i0, rows, dw, db, with_dwdb, False)
     else:
         _ln_dx_rows(dx, dout, x, w, mean, rstd, dm, dnm, i0, rows, dw, db, with_dwdb, True)
@@ -468,8 +474,7 @@ def layernorm_forward(x, w, b, eps=np.float32(1e-5)):
 def layernorm_backward(dout, x, w, mean, rstd):
     """[norm.layer.bwd.c1] -> (dx [N, C], dw [C], db [C]), all new."""
     N, C = _check_rows(x)
-    for name, a, shape in (("dout", dout, (N, C)), ("w", w, (C,)),
-                           ("mean", mean, (N,)), ("rstd", rstd, (N,))):
+    for name, a, shape in (("dout", dout, (N, C)), ("w", w, (C,)), ("mean", mean, (N,)), ("rstd", rstd, (N,))):
         check_f32(name, a, len(shape))
         check_shape(name, a, shape)
     dx = np.empty((N, C), dtype=np.float32)

@@ -11,6 +11,7 @@ the names in sorted order (Python ``sorted`` on ``str``: by code point).
 training loop does); every other function, ``adamw_update`` included,
 returns new values.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ class AdamW:
     """AdamW hyper-parameters as binary32 ([optim.adamw.c1]).  Defaults:
     beta1 f32(0x3F666666) ~ 0.9, beta2 f32(0x3F733333) ~ 0.95,
     eps f32(0x322BCC77) ~ 1e-8, weight_decay f32(0x3DCCCCCD) ~ 0.1."""
+
     beta1: np.float32 = np.float32(0.9)
     beta2: np.float32 = np.float32(0.95)
     eps: np.float32 = np.float32(1e-8)
@@ -132,13 +134,22 @@ def adamw_update(p, g, m, v, step: int, lr, hp: AdamW = AdamW(), decay: bool = T
     (p, g, m, v of one shape) -> (p', m', v').  ``decay=False`` uses weight
     decay +0.  The arithmetic of ``adamw_step``, without the in-place write."""
     p2, m2, v2 = p.copy(), m.copy(), v.copy()
-    adamw_step({"t": p2}, {"t": g}, {"t": m2}, {"t": v2}, step=step, lr=lr, hp=hp,
-               no_decay=frozenset() if decay else frozenset({"t"}))
+    adamw_step(
+        {"t": p2},
+        {"t": g},
+        {"t": m2},
+        {"t": v2},
+        step=step,
+        lr=lr,
+        hp=hp,
+        no_decay=frozenset() if decay else frozenset({"t"}),
+    )
     return p2, m2, v2
 
 
-def adamw_step(params: dict, grads: dict, m: dict, v: dict, *, step: int, lr,
-               hp: AdamW = AdamW(), no_decay=frozenset()) -> None:
+def adamw_step(
+    params: dict, grads: dict, m: dict, v: dict, *, step: int, lr, hp: AdamW = AdamW(), no_decay=frozenset()
+) -> None:
     """[optim.adamw.c1] Update ``params``, ``m``, ``v`` in place from ``grads``.
 
     ``step`` is the 1-based number of this update (t of the bias corrections,
@@ -158,9 +169,22 @@ def adamw_step(params: dict, grads: dict, m: dict, v: dict, *, step: int, lr,
     rbc1, rbc2 = np.float32(rbc1), np.float32(rbc2)  # Numba returns Python floats (exact)
     for k in sorted(params):
         wd = np.float32(0.0) if k in no_decay else hp.weight_decay
-        run_elementwise(adamw_kernel, adamw_blocks, params[k].size,
-                        params[k].reshape(-1), grads[k].reshape(-1), m[k].reshape(-1),
-                        v[k].reshape(-1), lr, hp.beta1, hp.beta2, hp.eps, wd, rbc1, rbc2)
+        run_elementwise(
+            adamw_kernel,
+            adamw_blocks,
+            params[k].size,
+            params[k].reshape(-1),
+            grads[k].reshape(-1),
+            m[k].reshape(-1),
+            v[k].reshape(-1),
+            lr,
+            hp.beta1,
+            hp.beta2,
+            hp.eps,
+            wd,
+            rbc1,
+            rbc2,
+        )
 
 
 # ---- global gradient-norm clipping -------------------------------------------

@@ -15,6 +15,7 @@ quantized, so an exact zero gradient stays an exact zero ([quant.zerograd.c1]).
 Shapes (spec letters): x [B, T, C], w [OC, C], b [OC], y [B, T, OC];
 inside kernels N = B*T rows and K = C.
 """
+
 from __future__ import annotations
 
 import numpy as np

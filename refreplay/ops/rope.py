@@ -5,6 +5,7 @@ Llama layout), by the angle t * inv_freq[i] at position t.
 
 Shapes (spec letters): x, out [B, NH, T, HS]; tables cos, sin [T, HS/2].
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -42,8 +43,8 @@ def rope_tables_kernel(theta, HS, cos_t, sin_t):
 @parallel_kernel
 def rope_forward_kernel(x, cos_t, sin_t, out):
     """[rope.fwd.c1] x [B, NH, T, HS] -> out (overwritten; may not alias x):
-        out[i]      = x[i]*c - x[i+H2]*s
-        out[i + H2] = x[i+H2]*c + x[i]*s        (c, s = cos_t[t, i], sin_t[t, i])
+    out[i]      = x[i]*c - x[i+H2]*s
+    out[i + H2] = x[i+H2]*c + x[i]*s        (c, s = cos_t[t, i], sin_t[t, i])
     """
     B, NH, T, HS = x.shape
     H2 = HS // 2
@@ -64,8 +65,8 @@ def rope_forward_kernel(x, cos_t, sin_t, out):
 @parallel_kernel
 def rope_backward_kernel(dout, cos_t, sin_t, dx):
     """[rope.bwd.c1] The transposed (inverse) rotation, dx overwritten:
-        dx[i]      = dout[i]*c + dout[i+H2]*s
-        dx[i + H2] = dout[i+H2]*c - dout[i]*s
+    dx[i]      = dout[i]*c + dout[i+H2]*s
+    dx[i + H2] = dout[i+H2]*c - dout[i]*s
     """
     B, NH, T, HS = dout.shape
     H2 = HS // 2

@@ -32,6 +32,7 @@ visits its columns in increasing order.
 Kernels take arrays and integers and do arithmetic only; shapes are given
 in spec letters (C columns of a block; RB lanes).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -79,7 +80,7 @@ def load_chunk(X, i0, rows, c0, T):
                 T[c, r] = x_r[c0 + c]
         return
     for r in range(rows):
-        x_r = X[i0 + r, c0:c0 + w]
+        x_r = X[i0 + r, c0 : c0 + w]
         for c in range(w):
             T[c, r] = x_r[c]
 
@@ -99,7 +100,7 @@ def store_chunk(T, X, i0, rows, c0):
                 x_r[c0 + c] = T[c, r]
         return
     for r in range(rows):
-        x_r = X[i0 + r, c0:c0 + w]
+        x_r = X[i0 + r, c0 : c0 + w]
         for c in range(w):
             x_r[c] = T[c, r]
 

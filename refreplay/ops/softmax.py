@@ -8,6 +8,7 @@ in the row kernel's order, so all give the same bits for the same row
 (``tests/test_fast_paths.py``).  Shapes: x [N, V] (any leading axes are
 flattened into N); every row is independent, so results never depend on N.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -37,7 +38,7 @@ def row_max(x, n):
     part = np.full(ML, NEG_INF, np.float32)
     full = n - n % ML
     for j0 in range(0, full, ML):
-        xj = x[j0:j0 + ML]
+        xj = x[j0 : j0 + ML]
         for lane in range(ML):
             part[lane] = fmax(part[lane], xj[lane])
     m = NEG_INF
@@ -52,9 +53,9 @@ def row_max(x, n):
 def softmax_row(x, n, y):
     """[softmax.fwd.c1] y[:n] = softmax(x[:n]) (y overwritten; may alias x).
 
-        m = row_max(x, n)
-        e[j] = exp(x[j] - m);  s = ((-0 + e[0]) + e[1]) + ... + e[n-1]
-        r = recip(s) (once);   y[j] = e[j] * r
+    m = row_max(x, n)
+    e[j] = exp(x[j] - m);  s = ((-0 + e[0]) + e[1]) + ... + e[n-1]
+    r = recip(s) (once);   y[j] = e[j] * r
     """
     m = row_max(x, n)
     xr = x[:n]
@@ -76,8 +77,8 @@ def softmax_row(x, n, y):
 @kernel
 def softmax_row_backward(dy, y, n, dx):
     """[softmax.bwd.c1] dx[:n] (overwritten) from dy, y = softmax output:
-        d = ((-0 + dy[0]*y[0]) + dy[1]*y[1]) + ... + dy[n-1]*y[n-1]
-        dx[j] = y[j] * (dy[j] - d)
+    d = ((-0 + dy[0]*y[0]) + dy[1]*y[1]) + ... + dy[n-1]*y[n-1]
+    dx[j] = y[j] * (dy[j] - d)
     """
     d = NEG_ZERO
     for j in range(n):  # NaN canonicalised by the sub below ([num.nan.c1])
@@ -105,7 +106,7 @@ def softmax_rows_causal(x, n0, y):
     T = new_tile()
     s = np.full(RB, NEG_ZERO, np.float32)  # no NaN test in the sums: see softmax_row
     for c0 in range(0, n0, CB):
-        Tc = T[:min(CB, n0 - c0)]
+        Tc = T[: min(CB, n0 - c0)]
         load_chunk(y, 0, rows, c0, Tc)
         lane_sum_into(Tc, s)
     for r in range(rows):
@@ -130,7 +131,7 @@ def softmax_rows_causal_backward(dy, y, n0, dx):
     for c0 in range(0, n0, CB):
         w = min(CB, n0 - c0)
         for r in range(rows):
-            dy_r, y_r = dy[r, c0:c0 + w], y[r, c0:c0 + w]
+            dy_r, y_r = dy[r, c0 : c0 + w], y[r, c0 : c0 + w]
             for j in range(w):
                 T[j, r] = mul_flush(dy_r[j], y_r[j])
         lane_sum_into(T[:w], d)
@@ -169,7 +170,7 @@ def exp_sum_block(x, i0, rows, m, T, y, store):
     V = x.shape[1]
     s = np.full(RB, NEG_ZERO, np.float32)
     for c0 in range(0, V, CB):
-        Tc = T[:min(CB, V - c0)]
+        Tc = T[: min(CB, V - c0)]
         load_chunk(x, i0, rows, c0, Tc)
         for j in range(Tc.shape[0]):
             e = Tc[j]
@@ -247,7 +248,7 @@ def softmax_backward_kernel(dy, y, dx):
         for c0 in range(0, V, CB):
             w = min(CB, V - c0)
             for r in range(rows):
-                dy_r, y_r = dy[i0 + r, c0:c0 + w], y[i0 + r, c0:c0 + w]
+                dy_r, y_r = dy[i0 + r, c0 : c0 + w], y[i0 + r, c0 : c0 + w]
                 for j in range(w):
                     T[j, r] = mul_flush(dy_r[j], y_r[j])  # the terms, row r in lane r (NaN: see lane_sum_into)
             lane_sum_into(T[:w], d)
@@ -260,8 +261,8 @@ def softmax_backward_kernel(dy, y, dx):
 @parallel_kernel
 def log_softmax_backward_kernel(dy, y, dx):
     """[softmax.log.bwd.c1] dy, y [N, V] -> dx [N, V] (overwritten):
-        g = ((-0 + dy[0]) + dy[1]) + ... + dy[V-1]
-        dx[j] = dy[j] - exp(y[j]) * g          (exp in lanes, exp_lane)
+    g = ((-0 + dy[0]) + dy[1]) + ... + dy[V-1]
+    dx[j] = dy[j] - exp(y[j]) * g          (exp in lanes, exp_lane)
     """
     N, V = y.shape
     for b in prange(n_blocks(N)):
@@ -270,7 +271,7 @@ def log_softmax_backward_kernel(dy, y, dx):
         T = new_tile()
         g = np.full(RB, NEG_ZERO, np.float32)
         for c0 in range(0, V, CB):
-            Tc = T[:min(CB, V - c0)]
+            Tc = T[: min(CB, V - c0)]
             load_chunk(dy, i0, rows, c0, Tc)
             lane_sum_into(Tc, g)
         for r in range(rows):

@@ -12,6 +12,7 @@ database (nothing is written to the working directory), no deadline and no
 "local constants" (``_no_local_constants``), whatever ran before in the
 process and whichever entry point called it.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -26,9 +27,9 @@ from ..errors import InputError
 
 @dataclass
 class Outcome:
-    examples: int                 # examples run in all (shrinking included)
+    examples: int  # examples run in all (shrinking included)
     seconds: float
-    found_after: int | None       # examples until the first failure; None: none failed
+    found_after: int | None  # examples until the first failure; None: none failed
     result: runner.Result | None  # the shrunk failing case's result
     dims: dict | None
 
@@ -37,8 +38,9 @@ def hypothesis_or_exit():
     try:
         import hypothesis  # noqa: F401
     except ImportError:
-        raise InputError("refreplay fuzz needs hypothesis: pip install 'refreplay[fuzz]' "
-                         "(or pip install hypothesis)") from None
+        raise InputError(
+            "refreplay fuzz needs hypothesis: pip install 'refreplay[fuzz]' (or pip install hypothesis)"
+        ) from None
 
 
 class _Failed(AssertionError):
@@ -91,16 +93,24 @@ def fuzz(kernel: Kernel, op: str, examples: int, seed: int, max_elements: int) -
     state = {"n": 0, "first": None, "last": None, "error": None}
 
     @hseed(seed)
-    @settings(max_examples=examples, database=None, deadline=None, derandomize=False, print_blob=False,
-              phases=(Phase.generate, Phase.shrink), suppress_health_check=list(HealthCheck),
-              report_multiple_bugs=False)
+    @settings(
+        max_examples=examples,
+        database=None,
+        deadline=None,
+        derandomize=False,
+        print_blob=False,
+        phases=(Phase.generate, Phase.shrink),
+        suppress_health_check=list(HealthCheck),
+        report_multiple_bugs=False,
+    )
     @given(strategy)
     def check(drawn):
         dims, inputs = drawn
         state["n"] += 1
         try:
-            case = live.make_case(op, inputs, f"{op}-fuzz-00", f"{live.format_dims(dims)}; fuzz seed {seed}",
-                                  family="edge")
+            case = live.make_case(
+                op, inputs, f"{op}-fuzz-00", f"{live.format_dims(dims)}; fuzz seed {seed}", family="edge"
+            )
         except InputError as exc:  # the reference refused a drawn shape: a bug in the strategies
             state["error"] = exc
             raise

@@ -37,6 +37,7 @@ and ``same_bits(a, b)`` (bit-for-bit equality, [conf.runner.c1]).
 Values are drawn as bit patterns, so a failing example prints and replays
 exactly.
 """
+
 from __future__ import annotations
 
 import functools
@@ -49,16 +50,40 @@ from ..conformance.shapes import live
 
 # Bit patterns a kernel most often gets wrong, each named by what it exercises.
 EDGE_BITS = (
-    0x00000000, 0x80000000,  # +-0
-    0x00000001, 0x807FFFFF, 0x00400000,  # subnormals: smallest, largest (negative), FLT_MIN/2
-    0x00800000, 0x80800000, 0x00800001, 0x00FFFFFF,  # FLT_MIN, -FLT_MIN and neighbours
-    0x7F7FFFFF, 0xFF7FFFFF, 0x7F000000,  # max finite, -max finite, 2^127
-    0x7F800000, 0xFF800000,  # +-inf
-    0x7FC00000, 0xFFC00000, 0x7FFFFFFF, 0x7FC12345, 0x7F800001, 0xFFFFFFFF,  # NaNs: canonical, x86, CUDA, payloads
-    0x3F800000, 0xBF800000, 0x3F800001, 0x3F7FFFFF, 0x3F7FFFFE,  # 1, -1 and its neighbours
-    0x3F000000, 0x3FC00000, 0x40200000, 0xBFC00000,  # 0.5, 1.5, 2.5, -1.5: round-half-even ties
-    0x4B000001, 0x4B7FFFFF, 0x4B800000,  # 2^23 + 1, 2^24 - 1, 2^24: the end of exact integers
-    0x3DCCCCCD, 0x40490FDB,  # 0.1, pi
+    0x00000000,
+    0x80000000,  # +-0
+    0x00000001,
+    0x807FFFFF,
+    0x00400000,  # subnormals: smallest, largest (negative), FLT_MIN/2
+    0x00800000,
+    0x80800000,
+    0x00800001,
+    0x00FFFFFF,  # FLT_MIN, -FLT_MIN and neighbours
+    0x7F7FFFFF,
+    0xFF7FFFFF,
+    0x7F000000,  # max finite, -max finite, 2^127
+    0x7F800000,
+    0xFF800000,  # +-inf
+    0x7FC00000,
+    0xFFC00000,
+    0x7FFFFFFF,
+    0x7FC12345,
+    0x7F800001,
+    0xFFFFFFFF,  # NaNs: canonical, x86, CUDA, payloads
+    0x3F800000,
+    0xBF800000,
+    0x3F800001,
+    0x3F7FFFFF,
+    0x3F7FFFFE,  # 1, -1 and its neighbours
+    0x3F000000,
+    0x3FC00000,
+    0x40200000,
+    0xBFC00000,  # 0.5, 1.5, 2.5, -1.5: round-half-even ties
+    0x4B000001,
+    0x4B7FFFFF,
+    0x4B800000,  # 2^23 + 1, 2^24 - 1, 2^24: the end of exact integers
+    0x3DCCCCCD,
+    0x40490FDB,  # 0.1, pi
 )
 
 
@@ -68,8 +93,12 @@ def _sign(bits, s):
 
 def _normal(lo_exp, hi_exp, mant_bits=23):
     lo, hi = max(lo_exp, -126) + 127, min(hi_exp, 127) + 127
-    return st.builds(lambda s, e, m: (s << 31) | (e << 23) | (m << (23 - mant_bits)),
-                     st.integers(0, 1), st.integers(lo, hi), st.integers(0, (1 << mant_bits) - 1))
+    return st.builds(
+        lambda s, e, m: (s << 31) | (e << 23) | (m << (23 - mant_bits)),
+        st.integers(0, 1),
+        st.integers(lo, hi),
+        st.integers(0, (1 << mant_bits) - 1),
+    )
 
 
 @functools.lru_cache(maxsize=None)
@@ -78,12 +107,15 @@ def f32_bits(lo_exp: int = -8, hi_exp: int = 8) -> st.SearchStrategy[int]:
     [lo_exp, hi_exp]) about half the time, edge values the rest."""
     ordinary = _normal(lo_exp, hi_exp)
     return st.one_of(
-        ordinary, ordinary, ordinary,
+        ordinary,
+        ordinary,
+        ordinary,
         st.sampled_from(EDGE_BITS),
         _normal(lo_exp, hi_exp, mant_bits=4),  # short significands: exact products, ties in sums
         st.builds(_sign, st.integers(1, 0x7FFFFF), st.integers(0, 1)),  # subnormals
         st.builds(_sign, st.integers(0x7F800001, 0x7FFFFFFF), st.integers(0, 1)),  # NaN payloads
-        _normal(-126, -100), _normal(100, 127),  # tiny and huge
+        _normal(-126, -100),
+        _normal(100, 127),  # tiny and huge
     )
 
 
@@ -111,8 +143,11 @@ def _filled(shape, n, lo_exp, hi_exp):
     """One value everywhere, up to 16 others at drawn positions (cheap to
     draw at any size; shrinks to a readable case)."""
     bits = f32_bits(lo_exp, hi_exp)
-    return st.builds(lambda fill, pokes: _poked(_bits_to_f32(np.full(n, fill, np.uint32)), pokes).reshape(shape),
-                     bits, _pokes(n, bits, 16))
+    return st.builds(
+        lambda fill, pokes: _poked(_bits_to_f32(np.full(n, fill, np.uint32)), pokes).reshape(shape),
+        bits,
+        _pokes(n, bits, 16),
+    )
 
 
 def _dense(shape, n, lo_exp, hi_exp, positive):
@@ -123,7 +158,8 @@ def _dense(shape, n, lo_exp, hi_exp, positive):
     def make(seed, pokes):
         x = V.random_f32(np.random.default_rng(seed), n, lo_exp, hi_exp, positive=positive)
         return _poked(x, pokes).reshape(shape)
-    return st.builds(make, st.integers(0, 2 ** 32 - 1), _pokes(n, st.sampled_from(EDGE_BITS), 8))
+
+    return st.builds(make, st.integers(0, 2**32 - 1), _pokes(n, st.sampled_from(EDGE_BITS), 8))
 
 
 ELEMENTWISE_MAX = 64  # larger arrays are drawn filled or dense, not element by element (speed)
@@ -158,6 +194,7 @@ def int_arrays(shape, lo: int, hi: int) -> st.SearchStrategy[np.ndarray]:
         for i, b in pokes:
             x[i] = b
         return x.reshape(shape)
+
     return st.builds(make, v, _pokes(n, v, 16))
 
 
@@ -213,6 +250,7 @@ def shapes(op: str, max_elements: int = 1 << 16) -> st.SearchStrategy[dict]:
         if lv.check and lv.check(dims):  # rotary pairs need an even HS: one less is within the budget
             dims["HS"] -= 1
         return dims
+
     return draw()
 
 
@@ -242,6 +280,7 @@ def op_inputs(op: str, max_elements: int = 1 << 16) -> st.SearchStrategy[tuple[d
     def draw(draw_):
         dims = draw_(shapes(op, max_elements))
         return dims, lv.make(_Source(draw_), dims)
+
     return draw()
 
 

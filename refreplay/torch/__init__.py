@@ -23,13 +23,16 @@ PyTorch is an optional dependency (the ``torch`` extra): ``import
 refreplay`` never imports it, and this package says so clearly when it is
 missing.
 """
+
 from __future__ import annotations
 
 try:
     import torch as _torch  # noqa: F401  (absolute import: the real PyTorch)
 except ImportError as exc:  # pragma: no cover - exercised in a venv without torch
-    raise ImportError("refreplay.torch needs PyTorch: pip install 'refreplay[torch]' "
-                      f"(or any torch build with float32 CPU tensors); {exc}") from None
+    raise ImportError(
+        "refreplay.torch needs PyTorch: pip install 'refreplay[torch]' "
+        f"(or any torch build with float32 CPU tensors); {exc}"
+    ) from None
 
 from . import functional, nn, optim  # noqa: E402
 from ._bridge import Unsupported, load_  # noqa: E402
@@ -37,5 +40,19 @@ from .convert import ConversionError, ConvertReport, convert  # noqa: E402
 from .fold import GradFold, chain_link, fold_ranks, load_state, train_state  # noqa: E402
 from .guard import guard  # noqa: E402
 
-__all__ = ["functional", "nn", "optim", "Unsupported", "load_", "convert", "ConvertReport",
-           "ConversionError", "GradFold", "fold_ranks", "train_state", "load_state", "chain_link", "guard"]
+__all__ = [
+    "functional",
+    "nn",
+    "optim",
+    "Unsupported",
+    "load_",
+    "convert",
+    "ConvertReport",
+    "ConversionError",
+    "GradFold",
+    "fold_ranks",
+    "train_state",
+    "load_state",
+    "chain_link",
+    "guard",
+]

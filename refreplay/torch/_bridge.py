@@ -30,6 +30,7 @@ depend on the count (every ``prange`` runs over independent outputs,
 ``refreplay._jit``).  The waiting policy of the pool is
 ``refreplay._env``'s.
 """
+
 from __future__ import annotations
 
 import threading
@@ -123,8 +124,9 @@ def backend_of(*tensors):
         raise Unsupported(f"tensors on different devices: {sorted(str(d) for d in devices)}")
     (dev,) = devices
     if dev.type not in ("cpu", "cuda"):
-        raise Unsupported(f"device {dev} is not covered: refreplay runs on cpu (the reference) or "
-                          "cuda (its numba.cuda twin)")
+        raise Unsupported(
+            f"device {dev} is not covered: refreplay runs on cpu (the reference) or cuda (its numba.cuda twin)"
+        )
     try:
         return backends.get(dev.type)
     except InputError as exc:  # numba-cuda missing, no GPU: say so, compute nothing
@@ -140,14 +142,18 @@ def _check_loaded(name: str, a: np.ndarray) -> None:
     sub = (mag - np.uint32(1)) < np.uint32(0x007FFFFF)  # 1 <= mag <= 0x007FFFFF (0 - 1 wraps around)
     if sub.any():
         i = int(np.flatnonzero(sub)[0])
-        raise Unsupported(f"{name} holds a subnormal value (element {i}, bits 0x{int(bits[i]):08X}); "
-                          "the reference takes loaded tensors only ([num.load.c1]): call "
-                          "refreplay.torch.load_(tensor) first")
+        raise Unsupported(
+            f"{name} holds a subnormal value (element {i}, bits 0x{int(bits[i]):08X}); "
+            "the reference takes loaded tensors only ([num.load.c1]): call "
+            "refreplay.torch.load_(tensor) first"
+        )
     nan = mag > _EXP_MASK
     if nan.any() and (bits[nan] != _CANONICAL_NAN).any():
         i = int(np.flatnonzero(nan & (bits != _CANONICAL_NAN))[0])
-        raise Unsupported(f"{name} holds a non-canonical NaN (element {i}, bits 0x{int(bits[i]):08X}); "
-                          "call refreplay.torch.load_(tensor) first ([num.load.c1])")
+        raise Unsupported(
+            f"{name} holds a non-canonical NaN (element {i}, bits 0x{int(bits[i]):08X}); "
+            "call refreplay.torch.load_(tensor) first ([num.load.c1])"
+        )
 
 
 def _plain(name: str, t) -> torch.Tensor:
@@ -167,8 +173,9 @@ def to_numpy(name: str, t, check_loaded: bool = True) -> np.ndarray:
     then; autograd's version counter refuses them if changed since)."""
     t = _plain(name, t)
     if t.dtype != torch.float32:
-        raise Unsupported(f"{name} must be float32, got {t.dtype}: the spec defines binary32 "
-                          "arithmetic only (no silent cast)")
+        raise Unsupported(
+            f"{name} must be float32, got {t.dtype}: the spec defines binary32 arithmetic only (no silent cast)"
+        )
     a = _host(t)
     if check_loaded:
         _check_loaded(name, a)
@@ -211,8 +218,7 @@ def f32_scalar(name: str, x) -> np.float32:
 
     if isinstance(x, torch.Tensor):
         if x.numel() != 1 or x.dtype != torch.float32:
-            raise Unsupported(f"{name} must be a binary32 scalar, got a {x.dtype} tensor of shape "
-                              f"{tuple(x.shape)}")
+            raise Unsupported(f"{name} must be a binary32 scalar, got a {x.dtype} tensor of shape {tuple(x.shape)}")
         return np.float32(x.item())
     try:
         return check_scalar_f32(name, x)
@@ -228,8 +234,10 @@ def named_tensors(named_parameters, what: str) -> dict:
     else:
         items = list(named_parameters)
     if not all(isinstance(it, tuple) and len(it) == 2 and isinstance(it[0], str) for it in items):
-        raise Unsupported(f"{what}: pass named parameters (a dict or (name, parameter) pairs): the spec "
-                          "orders tensors by name ([optim.state.c1]), not by position")
+        raise Unsupported(
+            f"{what}: pass named parameters (a dict or (name, parameter) pairs): the spec "
+            "orders tensors by name ([optim.state.c1]), not by position"
+        )
     out = dict(items)
     if len(out) != len(items):
         raise Unsupported(f"{what}: a parameter name occurs twice")

@@ -29,6 +29,7 @@ has no source for, a tensor used twice inside one forward, and autograd's
 own sum of the gradients of such a tensor.  Those are found at run time by
 ``refreplay.torch.guard`` (docs/torch.md); the report says so in ``notes``.
 """
+
 from __future__ import annotations
 
 import ast
@@ -45,16 +46,53 @@ from . import nn as rnn
 from ._bridge import Unsupported
 
 _NO_ARITHMETIC = (nn.Identity, nn.Sequential, nn.ModuleList, nn.ModuleDict, nn.Flatten, nn.Unflatten)
-_KNOWN_COMPUTING = (nn.ReLU, nn.Tanh, nn.Sigmoid, nn.GELU, nn.SiLU, nn.Softmax, nn.LogSoftmax, nn.Dropout,
-                    nn.CrossEntropyLoss, nn.MSELoss, nn.NLLLoss, nn.LeakyReLU, nn.Mish, nn.Hardswish,
-                    nn.ELU, nn.Softplus, nn.MultiheadAttention, nn.Transformer, nn.TransformerEncoderLayer,
-                    nn.TransformerDecoderLayer, nn.BatchNorm1d, nn.GroupNorm, nn.Conv1d, nn.Conv2d, nn.RNNBase)
-_OURS = (rnn.Linear, rnn.LayerNorm, rnn.RMSNorm, rnn.Embedding, rnn.GELU, rnn.SiLU, rnn.Softmax,
-         rnn.LogSoftmax, rnn.CrossEntropyLoss, rnn.Residual, rnn.CausalSelfAttention, rnn.MLP)
+_KNOWN_COMPUTING = (
+    nn.ReLU,
+    nn.Tanh,
+    nn.Sigmoid,
+    nn.GELU,
+    nn.SiLU,
+    nn.Softmax,
+    nn.LogSoftmax,
+    nn.Dropout,
+    nn.CrossEntropyLoss,
+    nn.MSELoss,
+    nn.NLLLoss,
+    nn.LeakyReLU,
+    nn.Mish,
+    nn.Hardswish,
+    nn.ELU,
+    nn.Softplus,
+    nn.MultiheadAttention,
+    nn.Transformer,
+    nn.TransformerEncoderLayer,
+    nn.TransformerDecoderLayer,
+    nn.BatchNorm1d,
+    nn.GroupNorm,
+    nn.Conv1d,
+    nn.Conv2d,
+    nn.RNNBase,
+)
+_OURS = (
+    rnn.Linear,
+    rnn.LayerNorm,
+    rnn.RMSNorm,
+    rnn.Embedding,
+    rnn.GELU,
+    rnn.SiLU,
+    rnn.Softmax,
+    rnn.LogSoftmax,
+    rnn.CrossEntropyLoss,
+    rnn.Residual,
+    rnn.CausalSelfAttention,
+    rnn.MLP,
+)
 
-NOTES = ("convert reads forward() sources but cannot see code without source, a tensor used twice in one "
-         "forward, nor autograd's sum of the gradients of a tensor used twice; run one step inside "
-         "refreplay.torch.guard() to find them (docs/torch.md)")
+NOTES = (
+    "convert reads forward() sources but cannot see code without source, a tensor used twice in one "
+    "forward, nor autograd's sum of the gradients of a tensor used twice; run one step inside "
+    "refreplay.torch.guard() to find them (docs/torch.md)"
+)
 
 
 class ConversionError(Unsupported):
@@ -76,21 +114,28 @@ class ConvertReport:
 
 
 # Twins to suggest for a user module named like a covered one.
-_TWIN_HINTS = (("layernorm", "nn.LayerNorm(C, eps=...) (or refreplay.torch.nn.LayerNorm)"),
-               ("rmsnorm", "nn.RMSNorm(C, eps=...) (or refreplay.torch.nn.RMSNorm)"),
-               ("linear", "nn.Linear (or refreplay.torch.nn.Linear)"),
-               ("embedding", "nn.Embedding (or refreplay.torch.nn.Embedding)"))
+_TWIN_HINTS = (
+    ("layernorm", "nn.LayerNorm(C, eps=...) (or refreplay.torch.nn.LayerNorm)"),
+    ("rmsnorm", "nn.RMSNorm(C, eps=...) (or refreplay.torch.nn.RMSNorm)"),
+    ("linear", "nn.Linear (or refreplay.torch.nn.Linear)"),
+    ("embedding", "nn.Embedding (or refreplay.torch.nn.Embedding)"),
+)
 
 
 def _bare_parameters(mod, own) -> str:
     """Cause and fix for a user module with parameters of its own."""
     lower = type(mod).__name__.lower()
     twin = next((hint for key, hint in _TWIN_HINTS if key in lower), None)
-    fix = (f"build it as {twin}, which convert swaps" if twin else
-           "build it from modules convert swaps (nn.Linear, nn.LayerNorm, nn.Embedding, ...), or write its "
-           "forward with refreplay.torch.functional and pass its class in convert(keep=...)")
-    return (f"bare nn.Parameter(s) {own} used by a forward convert cannot read (its arithmetic would be "
-            f"PyTorch's); fix: {fix}")
+    fix = (
+        f"build it as {twin}, which convert swaps"
+        if twin
+        else "build it from modules convert swaps (nn.Linear, nn.LayerNorm, nn.Embedding, ...), or write its "
+        "forward with refreplay.torch.functional and pass its class in convert(keep=...)"
+    )
+    return (
+        f"bare nn.Parameter(s) {own} used by a forward convert cannot read (its arithmetic would be "
+        f"PyTorch's); fix: {fix}"
+    )
 
 
 def _tied(module, skip) -> list:
@@ -107,18 +152,40 @@ def _tied(module, skip) -> list:
     out = []
     for names in owners.values():
         if len(names) > 1:
-            out.append((" = ".join(names), "Parameter",
-                        "one Parameter in two modules (a tied weight): autograd would add its two gradients "
-                        "with PyTorch's add; fix: keep it in one module only (drop the second module or "
-                        f"the `{names[1].rsplit('.', 1)[0]}.weight = ...` assignment) and in forward take "
-                        "`w_a, w_b = refreplay.torch.functional.fork(weight)`, one output per use "
-                        "(F.embedding(idx, w_a), F.linear(x, w_b))"))
+            out.append(
+                (
+                    " = ".join(names),
+                    "Parameter",
+                    "one Parameter in two modules (a tied weight): autograd would add its two gradients "
+                    "with PyTorch's add; fix: keep it in one module only (drop the second module or "
+                    f"the `{names[1].rsplit('.', 1)[0]}.weight = ...` assignment) and in forward take "
+                    "`w_a, w_b = refreplay.torch.functional.fork(weight)`, one output per use "
+                    "(F.embedding(idx, w_a), F.linear(x, w_b))",
+                )
+            )
     return out
 
 
 # Functions a forward may call that compute nothing (shapes, ids, dtypes).
-_HARMLESS = {"is_tensor", "numel", "no_grad", "is_grad_enabled", "device", "Size", "cat", "stack", "split",
-             "chunk", "flatten", "reshape", "transpose", "permute", "squeeze", "unsqueeze", "narrow"}
+_HARMLESS = {
+    "is_tensor",
+    "numel",
+    "no_grad",
+    "is_grad_enabled",
+    "device",
+    "Size",
+    "cat",
+    "stack",
+    "split",
+    "chunk",
+    "flatten",
+    "reshape",
+    "transpose",
+    "permute",
+    "squeeze",
+    "unsqueeze",
+    "narrow",
+}
 _OPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.MatMult: "@", ast.Pow: "**"}
 
 
@@ -154,7 +221,8 @@ def _shape_like(node, sizes) -> bool:
         f = node.func
         name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
         return name in ("size", "len", "dim", "numel", "int", "float", "sqrt") or (
-            isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "math")
+            isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "math"
+        )
     if isinstance(node, ast.BinOp):
         return _shape_like(node.left, sizes) and _shape_like(node.right, sizes)
     if isinstance(node, ast.UnaryOp):
@@ -189,23 +257,38 @@ def _forward_findings(cls) -> list:
             if fn is None or name in _HARMLESS or mod.startswith("refreplay"):
                 continue
             if fn is torch.arange:
-                found.append((line, "torch.arange in forward", "make the ids once in __init__: "
-                              "self.register_buffer('pos', torch.arange(T), persistent=False)"))
-            elif getattr(TF, name, None) is fn or (getattr(torch, name, None) is fn and callable(fn)
-                                                   and not isinstance(fn, type)):
+                found.append(
+                    (
+                        line,
+                        "torch.arange in forward",
+                        "make the ids once in __init__: self.register_buffer('pos', torch.arange(T), persistent=False)",
+                    )
+                )
+            elif getattr(TF, name, None) is fn or (
+                getattr(torch, name, None) is fn and callable(fn) and not isinstance(fn, type)
+            ):
                 from . import functional as RF
+
                 twin = f"refreplay.torch.functional.{name}" if hasattr(RF, name) else None
-                found.append((line, f"{'torch.nn.functional' if getattr(TF, name, None) is fn else 'torch'}."
-                              f"{name}(...) runs PyTorch's kernel",
-                              f"call {twin} (same signature)" if twin else "the spec does not define it"))
+                found.append(
+                    (
+                        line,
+                        f"{'torch.nn.functional' if getattr(TF, name, None) is fn else 'torch'}."
+                        f"{name}(...) runs PyTorch's kernel",
+                        f"call {twin} (same signature)" if twin else "the spec does not define it",
+                    )
+                )
         elif isinstance(node, (ast.BinOp, ast.AugAssign)) and type(node.op) in _OPS:
             left = node.left if isinstance(node, ast.BinOp) else node.target
             right = node.right if isinstance(node, ast.BinOp) else node.value
             if _shape_like(left, sizes) or _shape_like(right, sizes):
                 continue
             sym = _OPS[type(node.op)]
-            fix = ("refreplay.torch.functional.add(a, b), with fork() for a tensor read twice"
-                   if sym == "+" else "the refreplay.torch.functional op that computes it, if covered")
+            fix = (
+                "refreplay.torch.functional.add(a, b), with fork() for a tensor read twice"
+                if sym == "+"
+                else "the refreplay.torch.functional op that computes it, if covered"
+            )
             found.append((line, f"tensor operator `{ast.unparse(node)}` runs PyTorch's kernel", fix))
     return sorted(set(found))
 
@@ -228,8 +311,13 @@ def _replacement(mod, round_eps: bool):
         new.weight, new.bias = mod.weight, mod.bias
         return new
     if t is nn.LayerNorm:
-        new = rnn.LayerNorm(mod.normalized_shape, eps=_eps(mod, round_eps), elementwise_affine=mod.weight is not None,
-                            bias=mod.bias is not None, device="meta")  # [norm.layer.noaffine.c1]
+        new = rnn.LayerNorm(
+            mod.normalized_shape,
+            eps=_eps(mod, round_eps),
+            elementwise_affine=mod.weight is not None,
+            bias=mod.bias is not None,
+            device="meta",
+        )  # [norm.layer.noaffine.c1]
         new.weight, new.bias = mod.weight, mod.bias
         return new
     if hasattr(nn, "RMSNorm") and t is nn.RMSNorm:
@@ -239,15 +327,25 @@ def _replacement(mod, round_eps: bool):
         new.weight = mod.weight
         return new
     if t is nn.Embedding:
-        new = rnn.Embedding(mod.num_embeddings, mod.embedding_dim, mod.padding_idx, mod.max_norm,
-                            mod.norm_type, mod.scale_grad_by_freq, mod.sparse, device="meta")
+        new = rnn.Embedding(
+            mod.num_embeddings,
+            mod.embedding_dim,
+            mod.padding_idx,
+            mod.max_norm,
+            mod.norm_type,
+            mod.scale_grad_by_freq,
+            mod.sparse,
+            device="meta",
+        )
         new.weight = mod.weight
         return new
     if t is nn.GELU:
         return rnn.GELU(mod.approximate)
     if isinstance(mod, nn.Dropout) and mod.p > 0:
-        raise Unsupported(f"dropout with p = {mod.p} > 0: the spec defines no random dropout; fix: "
-                          "nn.Dropout(0.0) (kept as the identity) or remove it")
+        raise Unsupported(
+            f"dropout with p = {mod.p} > 0: the spec defines no random dropout; fix: "
+            "nn.Dropout(0.0) (kept as the identity) or remove it"
+        )
     if t is nn.SiLU:
         return rnn.SiLU(mod.inplace)
     if t is nn.Softmax:
@@ -298,8 +396,10 @@ def convert(module: nn.Module, strict: bool = True, round_eps: bool = False, kee
             return
         scanned.add(cls)
         for line, what, fix in _forward_findings(cls):
-            report.unsupported.append((f"{name or '<root>'} ({cls.__name__}.forward, line {line})", what,
-                                       f"fix: {fix}"))
+            report.unsupported.append(
+                (f"{name or '<root>'} ({cls.__name__}.forward, line {line})", what, f"fix: {fix}")
+            )
+
     plan = []  # (parent, attribute, qualified name, new module)
 
     def visit(mod, name):
@@ -317,8 +417,13 @@ def convert(module: nn.Module, strict: bool = True, round_eps: bool = False, kee
                 why = _keep_reason(child)
                 if why is None:
                     own = [n for n, _ in child.named_parameters(recurse=False)]
-                    cause = (_bare_parameters(child, own) if own and not isinstance(child, _KNOWN_COMPUTING)
-                             and not type(child).__module__.startswith("torch.") else str(exc))
+                    cause = (
+                        _bare_parameters(child, own)
+                        if own
+                        and not isinstance(child, _KNOWN_COMPUTING)
+                        and not type(child).__module__.startswith("torch.")
+                        else str(exc)
+                    )
                     report.unsupported.append((qual, type(child).__name__, cause))
                     scan(child, qual)
                 else:

@@ -30,6 +30,7 @@ others raise after the process group's ``timeout``; ``all_fold`` turns
 that into ``Unsupported`` naming the step, and nothing that follows (the
 optimizer step, a published record) runs.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -86,8 +87,10 @@ def _collect(what: str, fn, *args):
     try:
         fn(*args)
     except RuntimeError as exc:  # gloo/NCCL: a peer closed, or the timeout passed
-        raise CollectiveError(f"{what}: the collective failed ({str(exc).splitlines()[0][:300]}); "
-                              "a rank died or hung: nothing of this step may be published") from None
+        raise CollectiveError(
+            f"{what}: the collective failed ({str(exc).splitlines()[0][:300]}); "
+            "a rank died or hung: nothing of this step may be published"
+        ) from None
 
 
 _BUFFERS: dict = {}  # (group, device, ranks, width) -> (send buffer, receive buffers), reused step after step
@@ -101,8 +104,10 @@ def _buffers(group, dev, r: int, width: int, reuse: bool):
     key = (id(group), str(dev), r, width)
     if reuse and key in _BUFFERS:
         return _BUFFERS[key]
-    bufs = (torch.empty(width, dtype=torch.int32, device=dev),
-            [torch.empty(width, dtype=torch.int32, device=dev) for _ in range(r)])
+    bufs = (
+        torch.empty(width, dtype=torch.int32, device=dev),
+        [torch.empty(width, dtype=torch.int32, device=dev) for _ in range(r)],
+    )
     if reuse:
         if len(_BUFFERS) >= 16:  # a DDP hook keeps one per bucket size; sizes that stop recurring go
             _BUFFERS.clear()
@@ -110,8 +115,9 @@ def _buffers(group, dev, r: int, width: int, reuse: bool):
     return bufs
 
 
-def exchange_blocks(blocks: list, names: list, shapes: dict, micro_batches: int, group=None,
-                    step=None, reuse: bool = False) -> list:
+def exchange_blocks(
+    blocks: list, names: list, shapes: dict, micro_batches: int, group=None, step=None, reuse: bool = False
+) -> list:
     """[fold.ranks.c1] Every rank's aligned blocks, rank 0's first, on every
     rank.  ``blocks``: this rank's ``Block``s whose values are dicts over
     ``names`` (each of ``shapes[name]``, float32); returned values are host
@@ -125,8 +131,9 @@ def exchange_blocks(blocks: list, names: list, shapes: dict, micro_batches: int,
     dev = _device(group)
     kmax = _max_blocks(micro_batches)
     if len(blocks) > kmax:
-        raise Unsupported(f"{where}: {len(blocks)} blocks on one rank, more than any range of "
-                          f"{micro_batches} micro-batches has")
+        raise Unsupported(
+            f"{where}: {len(blocks)} blocks on one rank, more than any range of {micro_batches} micro-batches has"
+        )
     header = torch.zeros(1 + _HEADER * kmax, dtype=torch.int64)
     header[0] = len(blocks)
     for i, b in enumerate(blocks):
@@ -147,13 +154,14 @@ def exchange_blocks(blocks: list, names: list, shapes: dict, micro_batches: int,
             part = _as_int32(b.value[k])
             if part.numel() != sizes[k]:
                 raise Unsupported(f"{where}: {k} holds {part.numel()} elements, its shape {shapes[k]} says {sizes[k]}")
-            payload[off:off + sizes[k]].copy_(part)
+            payload[off : off + sizes[k]].copy_(part)
             off += sizes[k]
     payload[off:].zero_()
     for s in range(0, width, _CHUNK):
         e = min(width, s + _CHUNK)
-        _collect(f"{where}: exchanging gradient blocks", dist.all_gather, [g[s:e] for g in gathered],
-                 payload[s:e], group)
+        _collect(
+            f"{where}: exchanging gradient blocks", dist.all_gather, [g[s:e] for g in gathered], payload[s:e], group
+        )
     out = []
     for q in range(r):
         buf = gathered[q].cpu().numpy().view(np.float32)
@@ -161,7 +169,7 @@ def exchange_blocks(blocks: list, names: list, shapes: dict, micro_batches: int,
         for i in range(counts[q]):
             value = {}
             for k in names:
-                value[k] = buf[off:off + sizes[k]].reshape(shapes[k])  # a view of the received bytes
+                value[k] = buf[off : off + sizes[k]].reshape(shapes[k])  # a view of the received bytes
                 off += sizes[k]
             out.append(Block(int(headers[q][1 + 2 * i]), int(headers[q][2 + 2 * i]), value))
     return out
@@ -177,9 +185,11 @@ def all_fold(fold: GradFold, micro_batches: int, group=None, step=None) -> np.fl
     rank's ``my_range`` and one push per micro-batch of it."""
     a, b = my_range(micro_batches, group)
     if fold.stack.start != a or fold.stack.end != b:
-        raise Unsupported(f"all_fold: this rank (rank {dist.get_rank(group)} of {dist.get_world_size(group)}) "
-                          f"holds micro-batches [{a}, {b}) by [fold.ranks.c1], its GradFold pushed "
-                          f"[{fold.stack.start}, {fold.stack.end})")
+        raise Unsupported(
+            f"all_fold: this rank (rank {dist.get_rank(group)} of {dist.get_world_size(group)}) "
+            f"holds micro-batches [{a}, {b}) by [fold.ranks.c1], its GradFold pushed "
+            f"[{fold.stack.start}, {fold.stack.end})"
+        )
     names = sorted(fold.names) + [LOSS]
     shapes = {k: tuple(fold.named[k].shape) for k in fold.names}
     shapes[LOSS] = (1,)
@@ -217,16 +227,19 @@ def fold_hook(state, bucket):
     group = state.group
     r = dist.get_world_size(group)
     if r != state.micro_batches:
-        raise Unsupported(f"fold_hook: a DDP bucket is one rank's gradient, so the hook folds one micro-batch "
-                          f"per rank; this step has M = {state.micro_batches} micro-batches on {r} ranks. "
-                          "Use all_fold with GradFold (any M and world size) instead")
+        raise Unsupported(
+            f"fold_hook: a DDP bucket is one rank's gradient, so the hook folds one micro-batch "
+            f"per rank; this step has M = {state.micro_batches} micro-batches on {r} ranks. "
+            "Use all_fold with GradFold (any M and world size) instead"
+        )
     grad = bucket.buffer()
     if grad.dtype != torch.float32:
         raise Unsupported(f"fold_hook: bucket dtype {grad.dtype}; the fold is defined on float32")
     host = grad.detach().cpu().contiguous().numpy()
     q = dist.get_rank(group)
-    every = exchange_blocks([Block(q, 1, {"bucket": host})], ["bucket"], {"bucket": tuple(host.shape)},
-                            r, group, state.step, reuse=True)
+    every = exchange_blocks(
+        [Block(q, 1, {"bucket": host})], ["bucket"], {"bucket": tuple(host.shape)}, r, group, state.step, reuse=True
+    )
     ops = backend_of(grad)
     with inside_reference():
         folded = fold_blocks(every, ops.treefold.merge)
@@ -260,6 +273,7 @@ def fold_loss(loss, micro_batches: int, group=None, step=None) -> np.float32:
     q = dist.get_rank(group)
     every = exchange_blocks([Block(q, 1, {LOSS: leaf})], [LOSS], {LOSS: (1,)}, r, group, step)
     from ..training.treefold import merge, scale
+
     with inside_reference():
         return np.float32(scale(fold_blocks(every, merge), r)[LOSS][0])
 
@@ -275,13 +289,21 @@ def same_on_all(text: str, what: str, group=None) -> None:
     _collect(f"{what}: exchanging sizes", dist.all_gather, sizes, n.to(dev), group)
     width = max(int(s) for s in sizes)
     buf = torch.zeros(width, dtype=torch.uint8)
-    buf[:raw.size] = torch.from_numpy(raw.copy())
+    buf[: raw.size] = torch.from_numpy(raw.copy())
     got = [torch.zeros(width, dtype=torch.uint8, device=dev) for _ in range(r)]
     _collect(what, dist.all_gather, got, buf.to(dev), group)
-    texts = [bytes(g.cpu().numpy()[:int(s)]).decode("ascii", "replace") for g, s in zip(got, sizes)]
+    texts = [bytes(g.cpu().numpy()[: int(s)]).decode("ascii", "replace") for g, s in zip(got, sizes)]
     if len(set(texts)) != 1:
         raise CollectiveError(f"{what} differs between ranks: {texts}")
 
 
-__all__ = ["CollectiveError", "my_range", "exchange_blocks", "all_fold", "fold_hook", "HookState",
-           "fold_loss", "same_on_all"]
+__all__ = [
+    "CollectiveError",
+    "my_range",
+    "exchange_blocks",
+    "all_fold",
+    "fold_hook",
+    "HookState",
+    "fold_loss",
+    "same_on_all",
+]

@@ -16,6 +16,7 @@ A step of a torch loop (docs/torch.md):
     st = train_state(n, names, opt, position, quant_names)
     link = chain_link(prev_link, st.root(), data_hash, recipe_hash, loss)
 """
+
 from __future__ import annotations
 
 
@@ -53,9 +54,11 @@ class GradFold:
         self.names = sorted(self.named)
         stale = [k for k in self.names if self.named[k].grad is not None]
         if stale:
-            raise Unsupported(f"GradFold: {stale[:5]} already hold a gradient, which the first backward "
-                              "would add to with PyTorch's own add: call optimizer.zero_grad() "
-                              "(set_to_none=True, the default) before the step")
+            raise Unsupported(
+                f"GradFold: {stale[:5]} already hold a gradient, which the first backward "
+                "would add to with PyTorch's own add: call optimizer.zero_grad() "
+                "(set_to_none=True, the default) before the step"
+            )
         self.ops = backend_of(*self.named.values())
         self.stack = FoldStack(start, self.ops.treefold.merge)
         self.count = 0
@@ -65,8 +68,10 @@ class GradFold:
         """One micro-batch, in global sample order."""
         missing = [k for k in self.names if self.named[k].grad is None]
         if missing:
-            raise Unsupported(f"GradFold.push: no gradient for {missing[:5]} (call loss.backward() first; "
-                              "every parameter of the state takes part in the fold)")
+            raise Unsupported(
+                f"GradFold.push: no gradient for {missing[:5]} (call loss.backward() first; "
+                "every parameter of the state takes part in the fold)"
+            )
         with inside_reference():
             leaf = {k: to_numpy(f"grad of {k}", self.named[k].grad) for k in self.names}
             leaf[LOSS] = to_numpy("loss", loss.detach().reshape(1)).copy()
@@ -85,8 +90,10 @@ class GradFold:
         """[fold.final.c1] [fold.scale.c1] The fold of the pushed leaves times
         recip(f32(M)); sets every ``.grad`` to its mean and returns the loss."""
         if not self.count or self.stack.start:
-            raise Unsupported("GradFold.mean: needs the leaves of a whole step, from micro-batch 0 "
-                              "(a rank's share goes to fold_ranks)")
+            raise Unsupported(
+                "GradFold.mean: needs the leaves of a whole step, from micro-batch 0 "
+                "(a rank's share goes to fold_ranks)"
+            )
         return _set_mean(self.named, self.ops, self.stack.result(), self.count)
 
 
@@ -157,12 +164,15 @@ def load_state(state: TrainState, named_parameters, optimizer) -> None:
         for k in sorted(named):
             p = named[k]
             if tuple(p.shape) != state.params[k].shape or p.dtype != torch.float32:
-                raise Unsupported(f"load_state: {k} is {p.dtype} {tuple(p.shape)}, the state holds float32 "
-                                  f"{state.params[k].shape}")
+                raise Unsupported(
+                    f"load_state: {k} is {p.dtype} {tuple(p.shape)}, the state holds float32 {state.params[k].shape}"
+                )
             p.copy_(from_numpy(state.params[k].copy(), p))
-            optimizer.state[p] = {"step": int(state.step),
-                                  "exp_avg": from_numpy(state.m[k].copy(), p),
-                                  "exp_avg_sq": from_numpy(state.v[k].copy(), p)}
+            optimizer.state[p] = {
+                "step": int(state.step),
+                "exp_avg": from_numpy(state.m[k].copy(), p),
+                "exp_avg_sq": from_numpy(state.v[k].copy(), p),
+            }
 
 
 def chain_link(prev_link: str, state_root: str, data_hash: str, recipe_hash: str, loss) -> str:

@@ -34,14 +34,14 @@ and raises.  Every public function runs eagerly inside ``torch.compile``
 (a graph break): Dynamo would otherwise trace the NumPy plumbing into
 PyTorch kernels.
 """
+
 from __future__ import annotations
 
 import numpy as np
 import torch
 from torch.autograd.function import once_differentiable
 
-from ._bridge import Unsupported, backend_of, eager, f32_scalar, from_numpy, inside_reference, to_numpy, \
-    tokens_to_numpy
+from ._bridge import Unsupported, backend_of, eager, f32_scalar, from_numpy, inside_reference, to_numpy, tokens_to_numpy
 
 EPS = np.float32(1e-5)  # f32(0x3727C5AC), the reference's default norm eps
 IGNORE_INDEX = -1  # [loss.token.c1]
@@ -61,8 +61,10 @@ def _last_axis(name: str, x: torch.Tensor, normalized_shape) -> int:
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
     if tuple(normalized_shape) != (C,):
-        raise Unsupported(f"{name}: only normalisation over the last axis is covered; normalized_shape "
-                          f"{tuple(normalized_shape)} does not equal ({C},)")
+        raise Unsupported(
+            f"{name}: only normalisation over the last axis is covered; normalized_shape "
+            f"{tuple(normalized_shape)} does not equal ({C},)"
+        )
     return C
 
 
@@ -102,8 +104,11 @@ class Linear(torch.autograd.Function):
             dyn = to_numpy("grad_output", dy.reshape(-1, dy.shape[-1]))
             xn = to_numpy("input", x.reshape(-1, x.shape[-1]), False)
             dx, dw, db = ops.linear.linear_backward(dyn, xn, to_numpy("weight", weight, False), ctx.has_bias)
-        return (from_numpy(dx, x).reshape(x.shape), from_numpy(dw, weight),
-                None if db is None else from_numpy(db, weight))
+        return (
+            from_numpy(dx, x).reshape(x.shape),
+            from_numpy(dw, weight),
+            None if db is None else from_numpy(db, weight),
+        )
 
 
 @eager
@@ -120,8 +125,10 @@ class QLinear(torch.autograd.Function):
     def forward(ctx, x, weight, bias):
         ops = backend_of(x, weight, bias)
         if x.dim() != 3:
-            raise Unsupported(f"qlinear: input must be [B, T, C] (steps are per sequence, "
-                              f"[quant.granularity.c1]), got shape {tuple(x.shape)}")
+            raise Unsupported(
+                f"qlinear: input must be [B, T, C] (steps are per sequence, "
+                f"[quant.granularity.c1]), got shape {tuple(x.shape)}"
+            )
         with inside_reference():
             bn = None if bias is None else to_numpy("bias", bias)
             y = ops.quant.qlinear_forward(to_numpy("input", x), to_numpy("weight", weight), bn)
@@ -135,8 +142,12 @@ class QLinear(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         ops = backend_of(x, weight, dy)
         with inside_reference():
-            dx, dw, db = ops.quant.qlinear_backward(to_numpy("grad_output", dy), to_numpy("input", x, False),
-                                                    to_numpy("weight", weight, False), ctx.has_bias)
+            dx, dw, db = ops.quant.qlinear_backward(
+                to_numpy("grad_output", dy),
+                to_numpy("input", x, False),
+                to_numpy("weight", weight, False),
+                ctx.has_bias,
+            )
         return from_numpy(dx, x), from_numpy(dw, weight), None if db is None else from_numpy(db, weight)
 
 
@@ -161,8 +172,11 @@ class LayerNorm(torch.autograd.Function):
         with inside_reference():
             xn = to_numpy("input", x.reshape(-1, c))
             w = np.ones(c, np.float32) if weight is None else to_numpy("weight", weight)  # [norm.layer.noaffine.c1]
-            b = (np.full(c, -0.0, np.float32) if bias is None  # [norm.layer.nobias.c1]
-                 else to_numpy("bias", bias))
+            b = (
+                np.full(c, -0.0, np.float32)
+                if bias is None  # [norm.layer.nobias.c1]
+                else to_numpy("bias", bias)
+            )
             out, mean, rstd = ops.norms.layernorm_forward(xn, w, b, eps)
         ctx.save_for_backward(x, weight)
         ctx.stats = (mean, rstd)
@@ -178,8 +192,8 @@ class LayerNorm(torch.autograd.Function):
         with inside_reference():
             w = np.ones(c, np.float32) if weight is None else to_numpy("weight", weight, False)
             dx, dw, db = ops.norms.layernorm_backward(
-                to_numpy("grad_output", dout.reshape(-1, c)), to_numpy("input", x.reshape(-1, c), False), w,
-                *ctx.stats)
+                to_numpy("grad_output", dout.reshape(-1, c)), to_numpy("input", x.reshape(-1, c), False), w, *ctx.stats
+            )
         dw = None if weight is None else from_numpy(dw, weight)
         db = from_numpy(db, x) if ctx.has_bias else None
         return from_numpy(dx, x).reshape(x.shape), dw, db, None
@@ -217,8 +231,10 @@ class RMSNorm(torch.autograd.Function):
         with inside_reference():
             dx, dw = ops.norms.rmsnorm_backward(
                 to_numpy("grad_output", dout.reshape(-1, x.shape[-1])),
-                to_numpy("input", x.reshape(-1, x.shape[-1]), False), to_numpy("weight", weight, False),
-                ctx.rrms)
+                to_numpy("input", x.reshape(-1, x.shape[-1]), False),
+                to_numpy("weight", weight, False),
+                ctx.rrms,
+            )
         return from_numpy(dx, x).reshape(x.shape), from_numpy(dw, weight), None
 
 
@@ -264,13 +280,18 @@ class Embedding(torch.autograd.Function):
 
 
 @eager
-def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False,
-              sparse=False):
+def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False, sparse=False):
     """[emb.fwd.c1] torch.nn.functional.embedding; the optional behaviours
     (padding row, renormalisation, frequency scaling, sparse gradients) are
     not covered."""
-    _refuse("embedding", padding_idx=(padding_idx, None), max_norm=(max_norm, None),
-            norm_type=(norm_type, 2.0), scale_grad_by_freq=(scale_grad_by_freq, False), sparse=(sparse, False))
+    _refuse(
+        "embedding",
+        padding_idx=(padding_idx, None),
+        max_norm=(max_norm, None),
+        norm_type=(norm_type, 2.0),
+        scale_grad_by_freq=(scale_grad_by_freq, False),
+        sparse=(sparse, False),
+    )
     return Embedding.apply(input, weight)
 
 
@@ -289,8 +310,7 @@ def _unary_backward(ctx, dout, op):
     (x,) = ctx.saved_tensors
     ops = backend_of(x, dout)
     with inside_reference():
-        dx = getattr(ops.activations, f"{op}_backward")(to_numpy("grad_output", dout),
-                                                       to_numpy("input", x, False))
+        dx = getattr(ops.activations, f"{op}_backward")(to_numpy("grad_output", dout), to_numpy("input", x, False))
     return from_numpy(dx, x)
 
 
@@ -331,9 +351,11 @@ def gelu(input, approximate="tanh"):
 
 def _refuse_erf_gelu(name: str, approximate) -> None:
     if approximate == "none":
-        raise Unsupported(f"{name}: approximate='none' (the exact erf GELU, PyTorch's default) is not defined "
-                          "by the spec ([why.gelu.erf.r1]); use the tanh form: nn.GELU(approximate='tanh') "
-                          "or F.gelu(x, approximate='tanh'), within 4.8e-4 of the erf form")
+        raise Unsupported(
+            f"{name}: approximate='none' (the exact erf GELU, PyTorch's default) is not defined "
+            "by the spec ([why.gelu.erf.r1]); use the tanh form: nn.GELU(approximate='tanh') "
+            "or F.gelu(x, approximate='tanh'), within 4.8e-4 of the erf form"
+        )
     _refuse(name, approximate=(approximate, "tanh"))
 
 
@@ -361,8 +383,9 @@ class SwiGLU(torch.autograd.Function):
         gate, up = ctx.saved_tensors
         ops = backend_of(gate, up, dout)
         with inside_reference():
-            da, db = ops.activations.swiglu_backward(to_numpy("grad_output", dout),
-                                                     to_numpy("gate", gate, False), to_numpy("up", up, False))
+            da, db = ops.activations.swiglu_backward(
+                to_numpy("grad_output", dout), to_numpy("gate", gate, False), to_numpy("up", up, False)
+            )
         return from_numpy(da, gate), from_numpy(db, up)
 
 
@@ -429,8 +452,7 @@ class CausalAttention(torch.autograd.Function):
         ops = backend_of(q, k, v)
         for name, t in (("q", q), ("k", k), ("v", v)):
             if t.dim() != 4 or t.shape != q.shape:
-                raise Unsupported(f"causal_attention: {name} must be [B, NH, T, HS] like q, got "
-                                  f"{tuple(t.shape)}")
+                raise Unsupported(f"causal_attention: {name} must be [B, NH, T, HS] like q, got {tuple(t.shape)}")
         with inside_reference():
             qn, kn, vn = to_numpy("q", q), to_numpy("k", k), to_numpy("v", v)
             out, att = ops.attention.attention_forward(qn, kn, vn)
@@ -445,8 +467,12 @@ class CausalAttention(torch.autograd.Function):
         ops = backend_of(q, dout)
         with inside_reference():
             dq, dk, dv = ops.attention.attention_backward(
-                to_numpy("grad_output", dout), to_numpy("q", q, False), to_numpy("k", k, False),
-                to_numpy("v", v, False), ctx.att)
+                to_numpy("grad_output", dout),
+                to_numpy("q", q, False),
+                to_numpy("k", k, False),
+                to_numpy("v", v, False),
+                ctx.att,
+            )
         return from_numpy(dq, q), from_numpy(dk, k), from_numpy(dv, v)
 
 
@@ -457,13 +483,20 @@ def causal_attention(q, k, v):
 
 
 @eager
-def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
-                                 scale=None, enable_gqa=False):
+def scaled_dot_product_attention(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
     """torch.nn.functional.scaled_dot_product_attention restricted to what
     the spec covers: is_causal=True, no mask, no dropout, the default scale,
     no grouped heads."""
-    _refuse("scaled_dot_product_attention", attn_mask=(attn_mask, None), dropout_p=(dropout_p, 0.0),
-            is_causal=(is_causal, True), scale=(scale, None), enable_gqa=(enable_gqa, False))
+    _refuse(
+        "scaled_dot_product_attention",
+        attn_mask=(attn_mask, None),
+        dropout_p=(dropout_p, 0.0),
+        is_causal=(is_causal, True),
+        scale=(scale, None),
+        enable_gqa=(enable_gqa, False),
+    )
     return causal_attention(query, key, value)
 
 
@@ -555,22 +588,37 @@ class CrossEntropy(torch.autograd.Function):
         ops = backend_of(logits, dloss)
         with inside_reference():
             g = to_numpy("grad_output", dloss).reshape(())
-            dlogits = ops.loss.cross_entropy_backward(to_numpy("input", logits, False), ctx.y,
-                                                      dloss=np.float32(g))
+            dlogits = ops.loss.cross_entropy_backward(to_numpy("input", logits, False), ctx.y, dloss=np.float32(g))
         return from_numpy(dlogits, logits), None
 
 
 @eager
-def cross_entropy(input, target, weight=None, size_average=None, ignore_index=IGNORE_INDEX, reduce=None,
-                  reduction="mean", label_smoothing=0.0):
+def cross_entropy(
+    input,
+    target,
+    weight=None,
+    size_average=None,
+    ignore_index=IGNORE_INDEX,
+    reduce=None,
+    reduction="mean",
+    label_smoothing=0.0,
+):
     """[loss.mean.c1] torch.nn.functional.cross_entropy for logits [N, V]
     and class-index targets [N], mean reduction, ignore index -1 only."""
-    _refuse("cross_entropy", weight=(weight, None), size_average=(size_average, None),
-            ignore_index=(ignore_index, IGNORE_INDEX), reduce=(reduce, None), reduction=(reduction, "mean"),
-            label_smoothing=(label_smoothing, 0.0))
+    _refuse(
+        "cross_entropy",
+        weight=(weight, None),
+        size_average=(size_average, None),
+        ignore_index=(ignore_index, IGNORE_INDEX),
+        reduce=(reduce, None),
+        reduction=(reduction, "mean"),
+        label_smoothing=(label_smoothing, 0.0),
+    )
     if input.dim() != 2 or target.dim() != 1:
-        raise Unsupported(f"cross_entropy: logits [N, V] and targets [N] are covered, got "
-                          f"{tuple(input.shape)} and {tuple(target.shape)}")
+        raise Unsupported(
+            f"cross_entropy: logits [N, V] and targets [N] are covered, got "
+            f"{tuple(input.shape)} and {tuple(target.shape)}"
+        )
     if target.is_floating_point():
         raise Unsupported("cross_entropy: class-probability targets are not covered (class indices only)")
     return CrossEntropy.apply(input, target)

@@ -28,6 +28,7 @@ operations below autograd on the calling thread (the CPU backward runs
 there).  It costs a Python call per operation: a check, not a production
 setting.
 """
+
 from __future__ import annotations
 
 from contextlib import ExitStack, contextmanager
@@ -41,30 +42,82 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ._bridge import Unsupported, is_inside
 
 # Exact data movement: no operation here rounds, flushes or adds.
-_EXACT = frozenset({
-    "alias", "as_strided", "cat", "clone", "contiguous", "copy", "copy_", "detach", "empty", "empty_like",
-    "empty_strided", "expand", "fill_", "lift_fresh", "new_empty", "new_empty_strided", "new_zeros",
-    "ones_like", "permute", "reshape", "select", "select_backward", "slice", "slice_backward", "split",
-    "split_with_sizes", "squeeze", "stack", "t", "transpose", "unbind", "unsafe_split",
-    "unsafe_split_with_sizes", "unsqueeze", "view", "_unsafe_view", "zero_", "zeros", "zeros_like",
-    "_to_copy", "narrow", "set_", "_has_compatible_shallow_copy_type", "is_same_size", "ones", "full",
-    "_record_function_enter", "_record_function_enter_new", "_record_function_exit",  # profiler marks
-})
+_EXACT = frozenset(
+    {
+        "alias",
+        "as_strided",
+        "cat",
+        "clone",
+        "contiguous",
+        "copy",
+        "copy_",
+        "detach",
+        "empty",
+        "empty_like",
+        "empty_strided",
+        "expand",
+        "fill_",
+        "lift_fresh",
+        "new_empty",
+        "new_empty_strided",
+        "new_zeros",
+        "ones_like",
+        "permute",
+        "reshape",
+        "select",
+        "select_backward",
+        "slice",
+        "slice_backward",
+        "split",
+        "split_with_sizes",
+        "squeeze",
+        "stack",
+        "t",
+        "transpose",
+        "unbind",
+        "unsafe_split",
+        "unsafe_split_with_sizes",
+        "unsqueeze",
+        "view",
+        "_unsafe_view",
+        "zero_",
+        "zeros",
+        "zeros_like",
+        "_to_copy",
+        "narrow",
+        "set_",
+        "_has_compatible_shallow_copy_type",
+        "is_same_size",
+        "ones",
+        "full",
+        "_record_function_enter",
+        "_record_function_enter_new",
+        "_record_function_exit",  # profiler marks
+    }
+)
 
-_FIX_ADD_FORWARD = ("a `+` written in forward (a residual, token + position embeddings): write "
-                    "refreplay.torch.functional.add(a, b), and fork() the stream it reads twice")
-_FIX_ADD_BACKWARD = ("autograd summed the two gradients of a tensor used twice (a tied weight, a stream "
-                     "read by two branches) with PyTorch's add: use it through "
-                     "refreplay.torch.functional.fork(t) in forward, one output per use")
+_FIX_ADD_FORWARD = (
+    "a `+` written in forward (a residual, token + position embeddings): write "
+    "refreplay.torch.functional.add(a, b), and fork() the stream it reads twice"
+)
+_FIX_ADD_BACKWARD = (
+    "autograd summed the two gradients of a tensor used twice (a tied weight, a stream "
+    "read by two branches) with PyTorch's add: use it through "
+    "refreplay.torch.functional.fork(t) in forward, one output per use"
+)
 _FIXES = {
-    "arange": ("ids made in forward (position ids): make them once in __init__, "
-               "self.register_buffer('pos', torch.arange(T), persistent=False), and slice the buffer"),
+    "arange": (
+        "ids made in forward (position ids): make them once in __init__, "
+        "self.register_buffer('pos', torch.arange(T), persistent=False), and slice the buffer"
+    ),
     "_scaled_dot_product_flash_attention_for_cpu": (
         "torch.nn.functional.scaled_dot_product_attention: call refreplay.torch.functional."
-        "scaled_dot_product_attention (same signature, is_causal=True)"),
+        "scaled_dot_product_attention (same signature, is_causal=True)"
+    ),
     "_scaled_dot_product_attention_math": (
         "torch.nn.functional.scaled_dot_product_attention: call refreplay.torch.functional."
-        "scaled_dot_product_attention (same signature, is_causal=True)"),
+        "scaled_dot_product_attention (same signature, is_causal=True)"
+    ),
 }
 
 
@@ -87,6 +140,7 @@ def _exact(name: str, args, kwargs) -> bool:
 @dataclass(frozen=True)
 class Leak:
     """One PyTorch operation that decided bits outside refreplay's ops."""
+
     op: str  # "aten.add"
     phase: str  # "forward" or "backward"
     module: str  # module path ("h.0.attn"), "<root>" or "<outside any module>"
@@ -104,8 +158,10 @@ class Leaks(list):
     def __str__(self):
         if not self:
             return "guard: no PyTorch arithmetic outside refreplay's ops"
-        return "\n".join([f"guard: {len(self)} PyTorch operations decided bits outside refreplay's ops:"]
-                         + [f"  {leak}" for leak in self])
+        return "\n".join(
+            [f"guard: {len(self)} PyTorch operations decided bits outside refreplay's ops:"]
+            + [f"  {leak}" for leak in self]
+        )
 
 
 def _fix(name: str, phase: str) -> str:
@@ -113,8 +169,10 @@ def _fix(name: str, phase: str) -> str:
         return _FIX_ADD_BACKWARD if phase == "backward" else _FIX_ADD_FORWARD
     if name in _FIXES:
         return _FIXES[name]
-    return ("a PyTorch kernel: use the refreplay.torch.functional function of the same name if there is one "
-            "(docs/torch.md lists them), else the spec does not define it")
+    return (
+        "a PyTorch kernel: use the refreplay.torch.functional function of the same name if there is one "
+        "(docs/torch.md lists them), else the spec does not define it"
+    )
 
 
 class _Where:
@@ -140,8 +198,11 @@ class _Where:
         _, inputs = self.stack.pop()
         # Every node this forward made and no inner module claimed is its own:
         # walk back from its outputs to its inputs' nodes.
-        todo = [t.grad_fn for t in (out if isinstance(out, (tuple, list)) else (out,))
-                if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+        todo = [
+            t.grad_fn
+            for t in (out if isinstance(out, (tuple, list)) else (out,))
+            if isinstance(t, torch.Tensor) and t.grad_fn is not None
+        ]
         seen = set()
         while todo:
             fn = todo.pop()
@@ -172,8 +233,10 @@ class _Guard(TorchDispatchMode):
             phase, module, node = self.where.here()
             leak = Leak(f"aten.{name}", phase, module, node, _fix(name, phase))
             if self.leaks is None:
-                raise Unsupported(f"guard: PyTorch operation {leak}; its bits are PyTorch's, not the spec's "
-                                  "(guard(collect=True) lists every such operation in one pass)")
+                raise Unsupported(
+                    f"guard: PyTorch operation {leak}; its bits are PyTorch's, not the spec's "
+                    "(guard(collect=True) lists every such operation in one pass)"
+                )
             key = (leak.op, phase, module, node)
             if key not in self.seen:
                 self.seen.add(key)

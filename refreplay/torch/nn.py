@@ -9,6 +9,7 @@ on a tensor that may hold subnormals before it enters an op.
 
 Shapes (spec letters): activations [B, T, C]; heads [B, NH, T, HS].
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -47,8 +48,7 @@ class LayerNorm(nn.LayerNorm):
     [norm.layer.noaffine.c1]: the normalised rows themselves, bit for bit).
     eps is a binary32 (default f32(0x3727C5AC))."""
 
-    def __init__(self, normalized_shape, eps=F.EPS, elementwise_affine=True, bias=True, device=None,
-                 dtype=None):
+    def __init__(self, normalized_shape, eps=F.EPS, elementwise_affine=True, bias=True, device=None, dtype=None):
         eps = f32_scalar("eps", eps)
         super().__init__(normalized_shape, float(eps), bool(elementwise_affine), bool(bias), device, dtype)
         if len(self.normalized_shape) != 1:
@@ -82,13 +82,29 @@ class Embedding(nn.Embedding):
     """[emb.fwd.c1] A row gather; its backward is the ordered scatter-add of
     [emb.bwd.c1].  padding_idx, max_norm and sparse are not covered."""
 
-    def __init__(self, num_embeddings, embedding_dim, padding_idx=None, max_norm=None, norm_type=2.0,
-                 scale_grad_by_freq=False, sparse=False, _weight=None, _freeze=False, device=None, dtype=None):
-        F._refuse("Embedding", padding_idx=(padding_idx, None), max_norm=(max_norm, None),
-                  norm_type=(norm_type, 2.0), scale_grad_by_freq=(scale_grad_by_freq, False),
-                  sparse=(sparse, False))
-        super().__init__(num_embeddings, embedding_dim, None, None, 2.0, False, False, _weight, _freeze,
-                         device, dtype)
+    def __init__(
+        self,
+        num_embeddings,
+        embedding_dim,
+        padding_idx=None,
+        max_norm=None,
+        norm_type=2.0,
+        scale_grad_by_freq=False,
+        sparse=False,
+        _weight=None,
+        _freeze=False,
+        device=None,
+        dtype=None,
+    ):
+        F._refuse(
+            "Embedding",
+            padding_idx=(padding_idx, None),
+            max_norm=(max_norm, None),
+            norm_type=(norm_type, 2.0),
+            scale_grad_by_freq=(scale_grad_by_freq, False),
+            sparse=(sparse, False),
+        )
+        super().__init__(num_embeddings, embedding_dim, None, None, 2.0, False, False, _weight, _freeze, device, dtype)
 
     def forward(self, tokens):
         return F.embedding(tokens, self.weight)
@@ -149,8 +165,12 @@ class CrossEntropyLoss(nn.Module):
 
     def __init__(self, ignore_index=F.IGNORE_INDEX, reduction="mean", label_smoothing=0.0):
         super().__init__()
-        F._refuse("CrossEntropyLoss", ignore_index=(ignore_index, F.IGNORE_INDEX),
-                  reduction=(reduction, "mean"), label_smoothing=(label_smoothing, 0.0))
+        F._refuse(
+            "CrossEntropyLoss",
+            ignore_index=(ignore_index, F.IGNORE_INDEX),
+            reduction=(reduction, "mean"),
+            label_smoothing=(label_smoothing, 0.0),
+        )
 
     def forward(self, logits, targets):
         return F.cross_entropy(logits, targets)
@@ -177,14 +197,17 @@ class CausalSelfAttention(nn.Module):
     causal attention ([attn.out.c1]); heads merged back to [B, T, C];
     proj = Linear(C, C).  x: [B, T, C] with T = seq_len."""
 
-    def __init__(self, width, heads, seq_len, rope_theta=np.float32(10000.0), bias=False, quant=None,
-                 device=None, rope=True):
+    def __init__(
+        self, width, heads, seq_len, rope_theta=np.float32(10000.0), bias=False, quant=None, device=None, rope=True
+    ):
         super().__init__()
         if not isinstance(rope, bool):
             raise Unsupported(f"CausalSelfAttention: rope must be True or False, got {rope!r}")
         if width % heads or (rope and (width // heads) % 2):
-            raise Unsupported(f"CausalSelfAttention: width {width} must split into {heads} heads"
-                              + (" of even size (rotary pairs)" if rope else ""))
+            raise Unsupported(
+                f"CausalSelfAttention: width {width} must split into {heads} heads"
+                + (" of even size (rotary pairs)" if rope else "")
+            )
         self.heads, self.head_size, self.seq_len, self.rope = heads, width // heads, int(seq_len), rope
         self.qkv = Linear(width, 3 * width, bias=bias, device=device, quant=quant)
         self.proj = Linear(width, width, bias=bias, device=device, quant=quant)
@@ -199,8 +222,7 @@ class CausalSelfAttention(nn.Module):
         B, T, C = x.shape
         NH, HS = self.heads, self.head_size
         if T != self.seq_len:
-            raise Unsupported(f"CausalSelfAttention: sequence length {T}, the module was built for "
-                              f"{self.seq_len}")
+            raise Unsupported(f"CausalSelfAttention: sequence length {T}, the module was built for {self.seq_len}")
         q, k, v = self.qkv(x).split(C, dim=2)
         q = q.view(B, T, NH, HS).transpose(1, 2)
         k = k.view(B, T, NH, HS).transpose(1, 2)

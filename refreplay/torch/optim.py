@@ -12,14 +12,14 @@ Clipping sums the per-tensor squared norms in sorted *name* order
 ([optim.clip.c1]), so it takes named parameters: the names you publish in
 the state ([step.state.c1]).
 """
+
 from __future__ import annotations
 
 import numpy as np
 import torch
 
 from ..ops import optim as ref_optim
-from ._bridge import Unsupported, backend_of, eager, f32_scalar, from_numpy, inside_reference, named_tensors, \
-    to_numpy
+from ._bridge import Unsupported, backend_of, eager, f32_scalar, from_numpy, inside_reference, named_tensors, to_numpy
 
 _DEFAULTS = ref_optim.AdamW()  # beta1 f32(0x3F666666), beta2 f32(0x3F733333), eps, weight decay
 
@@ -44,12 +44,29 @@ class AdamW(torch.optim.Optimizer):
     No amsgrad, maximize, foreach, fused or capturable variants.
     """
 
-    def __init__(self, params, lr, betas=(_DEFAULTS.beta1, _DEFAULTS.beta2), eps=_DEFAULTS.eps,
-                 weight_decay=_DEFAULTS.weight_decay, *, amsgrad=False, maximize=False, foreach=None,
-                 capturable=False, differentiable=False, fused=None):
-        for name, given, covered in (("amsgrad", amsgrad, False), ("maximize", maximize, False),
-                                     ("foreach", foreach, None), ("capturable", capturable, False),
-                                     ("differentiable", differentiable, False), ("fused", fused, None)):
+    def __init__(
+        self,
+        params,
+        lr,
+        betas=(_DEFAULTS.beta1, _DEFAULTS.beta2),
+        eps=_DEFAULTS.eps,
+        weight_decay=_DEFAULTS.weight_decay,
+        *,
+        amsgrad=False,
+        maximize=False,
+        foreach=None,
+        capturable=False,
+        differentiable=False,
+        fused=None,
+    ):
+        for name, given, covered in (
+            ("amsgrad", amsgrad, False),
+            ("maximize", maximize, False),
+            ("foreach", foreach, None),
+            ("capturable", capturable, False),
+            ("differentiable", differentiable, False),
+            ("fused", fused, None),
+        ):
             if given != covered:
                 raise Unsupported(f"AdamW: {name}={given!r} is not covered by the spec")
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
@@ -67,8 +84,12 @@ class AdamW(torch.optim.Optimizer):
         if len(group["betas"]) != 2:
             raise Unsupported(f"AdamW: betas must be two values, got {group['betas']!r}")
         lr = f32_scalar("lr", group["lr"])
-        hp = ref_optim.AdamW(f32_scalar("beta1", group["betas"][0]), f32_scalar("beta2", group["betas"][1]),
-                             f32_scalar("eps", group["eps"]), f32_scalar("weight_decay", group["weight_decay"]))
+        hp = ref_optim.AdamW(
+            f32_scalar("beta1", group["betas"][0]),
+            f32_scalar("beta2", group["betas"][1]),
+            f32_scalar("eps", group["eps"]),
+            f32_scalar("weight_decay", group["weight_decay"]),
+        )
         return lr, hp
 
     @eager
@@ -92,8 +113,7 @@ class AdamW(torch.optim.Optimizer):
                 with inside_reference():
                     pn, g = to_numpy("param", p), to_numpy("grad", p.grad)
                     m, v = to_numpy("exp_avg", state["exp_avg"]), to_numpy("exp_avg_sq", state["exp_avg_sq"])
-                    ops.optim.adamw_step({"p": pn}, {"p": g}, {"p": m}, {"p": v}, step=state["step"], lr=lr,
-                                         hp=hp)
+                    ops.optim.adamw_step({"p": pn}, {"p": g}, {"p": m}, {"p": v}, step=state["step"], lr=lr, hp=hp)
                     _write_back(p, pn)
                     _write_back(state["exp_avg"], m)
                     _write_back(state["exp_avg_sq"], v)
@@ -128,8 +148,9 @@ class LRSchedule:
     sets every group's lr to that of update 1; ``step()`` after each
     ``optimizer.step()`` sets the lr of the next update."""
 
-    def __init__(self, optimizer: AdamW, warmup: int, total: int, lr_max, lr_min, kind: str = "cosine",
-                 next_update: int = 1):
+    def __init__(
+        self, optimizer: AdamW, warmup: int, total: int, lr_max, lr_min, kind: str = "cosine", next_update: int = 1
+    ):
         """``next_update``: the number of the update the optimizer makes next
         (state.step + 1 when resuming from a checkpoint)."""
         self.optimizer = optimizer

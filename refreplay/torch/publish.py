@@ -19,6 +19,7 @@ writes anything, and a record is written only after its step completed
 on every rank.  Writing is delegated to ``training.run.RunWriter`` and the
 recipe to ``training.run.Recipe``: nothing of the format is restated here.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -83,42 +84,56 @@ def model_config(model: nn.Module, named_parameters, *, init_std=F32(0.02), rope
         elif isinstance(mod, (rnn.GELU, rnn.SiLU, nn.ModuleDict, nn.ModuleList, nn.Sequential, nn.Identity)):
             pass
         elif not list(mod.children()):
-            raise Unsupported(f"model_config: module {where!r} ({type(mod).__name__}) has no counterpart in "
-                              "spec/20-model.txt; the spec's GPT is built from refreplay.torch.nn's Embedding, "
-                              "LayerNorm/RMSNorm, CausalSelfAttention, MLP and Linear (docs/torch.md)")
+            raise Unsupported(
+                f"model_config: module {where!r} ({type(mod).__name__}) has no counterpart in "
+                "spec/20-model.txt; the spec's GPT is built from refreplay.torch.nn's Embedding, "
+                "LayerNorm/RMSNorm, CausalSelfAttention, MLP and Linear (docs/torch.md)"
+            )
         own = [n for n, _ in mod.named_parameters(recurse=False)]
         if own and not isinstance(mod, (rnn.Embedding, rnn.LayerNorm, rnn.RMSNorm, rnn.Linear)):
-            raise Unsupported(f"model_config: module {where!r} ({type(mod).__name__}) holds its own parameter(s) "
-                              f"{own}, which no part of spec/20-model.txt names")
+            raise Unsupported(
+                f"model_config: module {where!r} ({type(mod).__name__}) holds its own parameter(s) "
+                f"{own}, which no part of spec/20-model.txt names"
+            )
     name_of = {id(p): k for k, p in named.items()}
     pos_emb = [(w, m) for w, m in emb if name_of.get(id(m.weight)) == "wpe"]
     tok_emb = [(w, m) for w, m in emb if name_of.get(id(m.weight)) != "wpe"]
     if len(tok_emb) != 1 or len(pos_emb) > 1:
-        raise Unsupported(f"model_config: the spec's GPT has one token embedding and at most one position "
-                          f"table (an Embedding whose weight is named 'wpe', [model.pos.c1]); found "
-                          f"{[(w, name_of.get(id(m.weight))) for w, m in emb]}")
+        raise Unsupported(
+            f"model_config: the spec's GPT has one token embedding and at most one position "
+            f"table (an Embedding whose weight is named 'wpe', [model.pos.c1]); found "
+            f"{[(w, name_of.get(id(m.weight))) for w, m in emb]}"
+        )
     if not attn or len(attn) != len(mlps):
-        raise Unsupported(f"model_config: {len(attn)} attention and {len(mlps)} MLP modules; the spec's "
-                          "layers hold one of each")
+        raise Unsupported(
+            f"model_config: {len(attn)} attention and {len(mlps)} MLP modules; the spec's layers hold one of each"
+        )
     wte = tok_emb[0][1]
     V, C = wte.num_embeddings, wte.embedding_dim
     pos = "learned" if pos_emb else "rope"
     for w, mod in attn:
         if mod.rope != (pos == "rope"):
-            raise Unsupported(f"model_config: attention {w!r} is built with rope={mod.rope}, but the model "
-                              + (f"has the learned position table {pos_emb[0][0]!r}: build it with rope=False"
-                                 if pos_emb else "has no position table named 'wpe': positions would be "
-                                 "missing ([model.pos.c1])"))
+            raise Unsupported(
+                f"model_config: attention {w!r} is built with rope={mod.rope}, but the model "
+                + (
+                    f"has the learned position table {pos_emb[0][0]!r}: build it with rope=False"
+                    if pos_emb
+                    else "has no position table named 'wpe': positions would be missing ([model.pos.c1])"
+                )
+            )
     a0, m0 = attn[0][1], mlps[0][1]
     hidden = (m0.fc if m0.kind == "gelu" else m0.gate).out_features
-    every_linear = [(f"{w}.{n}", lin) for w, mod in attn + mlps
-                    for n, lin in mod.named_children() if isinstance(lin, rnn.Linear)]
+    every_linear = [
+        (f"{w}.{n}", lin) for w, mod in attn + mlps for n, lin in mod.named_children() if isinstance(lin, rnn.Linear)
+    ]
     quant = {lin.quant for _, lin in every_linear}
     biased = {lin.bias is not None for _, lin in every_linear}
     if len(quant) != 1 or len(biased) != 1:
         found = [(w, lin.quant, lin.bias is not None) for w, lin in every_linear]
-        raise Unsupported("model_config: every linear layer of the spec's model has the same bias and "
-                          f"quantization setting; found {found}")
+        raise Unsupported(
+            "model_config: every linear layer of the spec's model has the same bias and "
+            f"quantization setting; found {found}"
+        )
     for w, mod in attn:
         if (mod.heads, mod.head_size, mod.seq_len) != (a0.heads, a0.head_size, a0.seq_len):
             raise Unsupported(f"model_config: attention {w!r} differs in shape from {attn[0][0]!r}")
@@ -128,50 +143,78 @@ def model_config(model: nn.Module, named_parameters, *, init_std=F32(0.02), rope
     kinds = {type(n) for _, n in norms}
     eps = {np.float32(n.eps) for _, n in norms}
     if len(norms) != 2 * len(attn) + 1 or len(kinds) != 1 or len(eps) != 1:
-        raise Unsupported(f"model_config: the spec's model has 2 norms per layer and a final one, all of one "
-                          f"kind and eps; found {[(w, type(n).__name__, n.eps) for w, n in norms]}")
+        raise Unsupported(
+            f"model_config: the spec's model has 2 norms per layer and a final one, all of one "
+            f"kind and eps; found {[(w, type(n).__name__, n.eps) for w, n in norms]}"
+        )
     unweighted = [w for w, n in norms if getattr(n, "weight", None) is None]
     if unweighted:
-        raise Unsupported(f"model_config: the spec's model (spec/20-model.txt) has a weight in every norm; "
-                          f"{unweighted} have none (elementwise_affine=False runs through refreplay.torch "
-                          "([norm.layer.noaffine.c1]) but a run of the spec's model cannot record it)")
+        raise Unsupported(
+            f"model_config: the spec's model (spec/20-model.txt) has a weight in every norm; "
+            f"{unweighted} have none (elementwise_affine=False runs through refreplay.torch "
+            "([norm.layer.noaffine.c1]) but a run of the spec's model cannot record it)"
+        )
     norm_biased = {getattr(n, "bias", None) is not None for _, n in norms} if kinds == {rnn.LayerNorm} else {True}
     if len(norm_biased) != 1:
-        raise Unsupported("model_config: the spec's LayerNorms all have a bias or none has "
-                          f"([norm.layer.nobias.c1]); found {[(w, n.bias is not None) for w, n in norms]}")
+        raise Unsupported(
+            "model_config: the spec's LayerNorms all have a bias or none has "
+            f"([norm.layer.nobias.c1]); found {[(w, n.bias is not None) for w, n in norms]}"
+        )
     if pos_emb and (pos_emb[0][1].num_embeddings, pos_emb[0][1].embedding_dim) != (a0.seq_len, C):
-        raise Unsupported(f"model_config: the position table {pos_emb[0][0]!r} must be Embedding({a0.seq_len}, "
-                          f"{C}) (wpe [T, C], [model.pos.c1])")
+        raise Unsupported(
+            f"model_config: the position table {pos_emb[0][0]!r} must be Embedding({a0.seq_len}, "
+            f"{C}) (wpe [T, C], [model.pos.c1])"
+        )
     if len(lins) > 1:
-        raise Unsupported(f"model_config: linear layers outside attention and MLP: {[w for w, _ in lins]}; "
-                          "the spec's model has at most the output head there")
-    if lins and (lins[0][1].bias is not None or lins[0][1].quant
-                 or (lins[0][1].out_features, lins[0][1].in_features) != (V, C)):
-        raise Unsupported(f"model_config: the output head {lins[0][0]!r} must be a bias-free binary32 "
-                          f"Linear({C}, {V})")
-    cfg = ModelConfig(vocab=V, width=C, layers=len(attn), heads=a0.heads, seq_len=a0.seq_len,
-                      mlp_hidden=hidden, norm="layer" if kinds == {rnn.LayerNorm} else "rms", mlp=m0.kind,
-                      tied=not lins, linear="int8" if quant == {"int8"} else "fp32", bias=biased == {True},
-                      rope_theta=F32(rope_theta), norm_eps=eps.pop(), init_std=F32(init_std), pos=pos,
-                      norm_bias=norm_biased == {True})
+        raise Unsupported(
+            f"model_config: linear layers outside attention and MLP: {[w for w, _ in lins]}; "
+            "the spec's model has at most the output head there"
+        )
+    if lins and (
+        lins[0][1].bias is not None or lins[0][1].quant or (lins[0][1].out_features, lins[0][1].in_features) != (V, C)
+    ):
+        raise Unsupported(f"model_config: the output head {lins[0][0]!r} must be a bias-free binary32 Linear({C}, {V})")
+    cfg = ModelConfig(
+        vocab=V,
+        width=C,
+        layers=len(attn),
+        heads=a0.heads,
+        seq_len=a0.seq_len,
+        mlp_hidden=hidden,
+        norm="layer" if kinds == {rnn.LayerNorm} else "rms",
+        mlp=m0.kind,
+        tied=not lins,
+        linear="int8" if quant == {"int8"} else "fp32",
+        bias=biased == {True},
+        rope_theta=F32(rope_theta),
+        norm_eps=eps.pop(),
+        init_std=F32(init_std),
+        pos=pos,
+        norm_bias=norm_biased == {True},
+    )
     try:
         cfg = cfg.validate()
     except InputError as exc:
         raise Unsupported(f"model_config: {exc}") from None
     from .functional import rope_tables
+
     cos, sin = rope_tables(cfg.seq_len, cfg.head_size, cfg.rope_theta, "cpu")
     for w, mod in attn if pos == "rope" else ():
         if not (torch.equal(mod.rope_cos.cpu(), cos) and torch.equal(mod.rope_sin.cpu(), sin)):
-            raise Unsupported(f"model_config: the rotary tables of {w!r} are not those of rope_theta "
-                              f"{float(cfg.rope_theta)} ([rope.freq.c1]); pass the model's rope_theta")
+            raise Unsupported(
+                f"model_config: the rotary tables of {w!r} are not those of rope_theta "
+                f"{float(cfg.rope_theta)} ([rope.freq.c1]); pass the model's rope_theta"
+            )
     want = param_shapes(cfg)
     have = {k: tuple(p.shape) for k, p in named.items()}
     if want != have:
         missing = sorted(set(want) - set(have))
         extra = sorted(set(have) - set(want))
         shaped = sorted(k for k in set(want) & set(have) if want[k] != have[k])
-        raise Unsupported(f"model_config: the named parameters are not those of [model.params.c1]: missing "
-                          f"{missing[:5]}, unexpected {extra[:5]}, other shape {shaped[:5]}")
+        raise Unsupported(
+            f"model_config: the named parameters are not those of [model.params.c1]: missing "
+            f"{missing[:5]}, unexpected {extra[:5]}, other shape {shaped[:5]}"
+        )
     return cfg
 
 
@@ -205,9 +248,22 @@ class Publisher:
     ``model_cfg.vocab`` must be the data's padded vocabulary.  Under a
     process group rank 0 builds it and broadcasts the samples' bytes."""
 
-    def __init__(self, out, model_cfg: ModelConfig, train_cfg: TrainConfig, *, steps: int, checkpoint_every: int,
-                 corpus_files=None, byte_cap: int = data.DEFAULT_BYTE_CAP, token_files=None, vocab=None,
-                 preset=None, group=None, launcher: str = TORCH_LAUNCHER):
+    def __init__(
+        self,
+        out,
+        model_cfg: ModelConfig,
+        train_cfg: TrainConfig,
+        *,
+        steps: int,
+        checkpoint_every: int,
+        corpus_files=None,
+        byte_cap: int = data.DEFAULT_BYTE_CAP,
+        token_files=None,
+        vocab=None,
+        preset=None,
+        group=None,
+        launcher: str = TORCH_LAUNCHER,
+    ):
         self.group = group
         self.rank, self.world = _rank(group), _world(group)
         model_cfg, train_cfg = model_cfg.validate(), train_cfg.validate()
@@ -216,8 +272,10 @@ class Publisher:
         if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
             raise InputError(f"Publisher: checkpoint_every must be a positive integer, got {checkpoint_every!r}")
         if self.world > train_cfg.micro_batches:
-            raise InputError(f"Publisher: {self.world} ranks exceed the {train_cfg.micro_batches} micro-batches "
-                             "of a step: every rank needs at least one")
+            raise InputError(
+                f"Publisher: {self.world} ranks exceed the {train_cfg.micro_batches} micro-batches "
+                "of a step: every rank needs at least one"
+            )
         path = None
         meta = [None]
         if self.rank == 0:
@@ -230,8 +288,10 @@ class Publisher:
                     corpus, source = data.build_corpus(corpus_files, byte_cap)
                     samples, v = data.make_samples(corpus, model_cfg.seq_len), data.VOCAB
                 if model_cfg.vocab != tokens.padded_vocab(v):
-                    raise InputError(f"Publisher: the model's vocabulary {model_cfg.vocab} is not the data's "
-                                     f"padded vocabulary {tokens.padded_vocab(v)} ([data.vocab.c1])")
+                    raise InputError(
+                        f"Publisher: the model's vocabulary {model_cfg.vocab} is not the data's "
+                        f"padded vocabulary {tokens.padded_vocab(v)} ([data.vocab.c1])"
+                    )
                 manifest = data.write_shards(samples, path / "data", source, v)
                 msha = hashlib.sha256(data.manifest_bytes(manifest)).hexdigest()
                 meta = [("ok", samples.shape, samples.dtype.str, v, msha)]
@@ -251,11 +311,21 @@ class Publisher:
         self.model = model_cfg
         self.train = train_cfg
         self.steps = steps
-        self.recipe = new_recipe(model_cfg, train_cfg, msha, int(samples.shape[0]), preset=preset,
-                                 ranks=self.world, launcher=launcher, steps=steps, checkpoint_every=checkpoint_every)
+        self.recipe = new_recipe(
+            model_cfg,
+            train_cfg,
+            msha,
+            int(samples.shape[0]),
+            preset=preset,
+            ranks=self.world,
+            launcher=launcher,
+            steps=steps,
+            checkpoint_every=checkpoint_every,
+        )
         self.recipe_sha256 = self.recipe.sha256()
-        self.stream = data.Stream(samples, train_cfg.seed,
-                                  data.Batching(train_cfg.micro_batches, train_cfg.micro_batch_size))
+        self.stream = data.Stream(
+            samples, train_cfg.seed, data.Batching(train_cfg.micro_batches, train_cfg.micro_batch_size)
+        )
         self.saves = set(checkpoint_steps(steps, checkpoint_every))
         self.writer = None
         if self.rank == 0:

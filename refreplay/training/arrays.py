@@ -4,6 +4,7 @@ names; the model and the step call these through their ``Backend`` so that
 one code path serves both devices.  On the CPU ``to_device``/``to_host`` are
 the identity: the reference pays nothing for them.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -32,7 +33,7 @@ def split_heads(x: np.ndarray, j: int, B: int, T: int, NH: int, HS: int) -> np.n
     """[model.forward.c1] Part j of the rows of x [N, W] as heads [B, NH, T, HS]:
     element [b, h, t, d] = x[b*T + t, j*C + h*HS + d], C = NH*HS (an exact copy)."""
     C = NH * HS
-    part = x.reshape(B, T, -1)[:, :, j * C:(j + 1) * C].reshape(B, T, NH, HS)
+    part = x.reshape(B, T, -1)[:, :, j * C : (j + 1) * C].reshape(B, T, NH, HS)
     return np.ascontiguousarray(part.transpose(0, 2, 1, 3))
 
 

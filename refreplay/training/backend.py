@@ -25,6 +25,7 @@ to the host is what the spec hashes or publishes (the state tensors for the
 state root and checkpoints, the loss) plus each micro-batch's tokens and a
 few scalars.  On ``cpu`` the same calls are the identity.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ DEVICES = ("cpu", "cuda")
 @dataclass(frozen=True)
 class Backend:
     """The op modules one device provides, under the reference's module names."""
+
     name: str
     embedding: ModuleType
     linear: ModuleType
@@ -61,30 +63,63 @@ def _cpu() -> Backend:
     from ..ops import activations, attention, embedding, linear, loss, norms, optim, quant, rope
     from . import arrays, treefold
 
-    return Backend("cpu", embedding, linear, norms, activations, attention, loss, quant, rope,
-                   optim, elementwise, treefold, rng, arrays, bf16)
+    return Backend(
+        "cpu",
+        embedding,
+        linear,
+        norms,
+        activations,
+        attention,
+        loss,
+        quant,
+        rope,
+        optim,
+        elementwise,
+        treefold,
+        rng,
+        arrays,
+        bf16,
+    )
 
 
 def _cuda() -> Backend:
     try:
         from numba import cuda
     except Exception as exc:  # numba-cuda missing or broken
-        raise InputError("--device cuda needs numba-cuda: pip install -e '.[cuda]' "
-                         f"({type(exc).__name__}: {exc})") from None
+        raise InputError(
+            f"--device cuda needs numba-cuda: pip install -e '.[cuda]' ({type(exc).__name__}: {exc})"
+        ) from None
     try:
         from cuda_backend._jit import SIMULATOR
         from cuda_backend.host import arrays, bf16, numerics, rng, treefold
-        from cuda_backend.host.ops import (activations, attention, embedding, linear, loss, norms, optim,
-                                           quant, rope)
+        from cuda_backend.host.ops import activations, attention, embedding, linear, loss, norms, optim, quant, rope
     except ImportError as exc:
-        raise InputError(f"--device cuda needs the cuda_backend package next to refreplay "
-                         f"(a source checkout): {exc}") from None
+        raise InputError(
+            f"--device cuda needs the cuda_backend package next to refreplay (a source checkout): {exc}"
+        ) from None
     if not SIMULATOR and not cuda.is_available():
-        raise InputError("--device cuda: no usable CUDA GPU or driver on this machine "
-                         "(numba.cuda.is_available() is False); set NUMBA_ENABLE_CUDASIM=1 to run "
-                         "the same kernels in numba-cuda's simulator (slow)")
-    return Backend("cuda", embedding, linear, norms, activations, attention, loss, quant, rope,
-                   optim, numerics, treefold, rng, arrays, bf16)
+        raise InputError(
+            "--device cuda: no usable CUDA GPU or driver on this machine "
+            "(numba.cuda.is_available() is False); set NUMBA_ENABLE_CUDASIM=1 to run "
+            "the same kernels in numba-cuda's simulator (slow)"
+        )
+    return Backend(
+        "cuda",
+        embedding,
+        linear,
+        norms,
+        activations,
+        attention,
+        loss,
+        quant,
+        rope,
+        optim,
+        numerics,
+        treefold,
+        rng,
+        arrays,
+        bf16,
+    )
 
 
 _CACHE: dict[str, Backend] = {}
@@ -124,10 +159,14 @@ def describe(device=None) -> str:
 
 def add_argument(parser) -> None:
     """The ``--device`` option of the commands that compute steps."""
-    parser.add_argument("--device", choices=DEVICES, default="cpu",
-                        help="where the step's ops run: cpu (the reference, default) or cuda (the "
-                             "cuda_backend twin on a GPU, or in numba-cuda's simulator under "
-                             "NUMBA_ENABLE_CUDASIM=1); the bits are the same")
+    parser.add_argument(
+        "--device",
+        choices=DEVICES,
+        default="cpu",
+        help="where the step's ops run: cpu (the reference, default) or cuda (the "
+        "cuda_backend twin on a GPU, or in numba-cuda's simulator under "
+        "NUMBA_ENABLE_CUDASIM=1); the bits are the same",
+    )
 
 
 def availability() -> dict:
@@ -145,6 +184,8 @@ def availability() -> dict:
     try:
         out["cuda"] = f"numba-cuda {v}, " + describe("cuda")
     except InputError:
-        out["cuda"] = (f"numba-cuda {v}, no usable GPU or driver: --device cuda is refused here "
-                       "(NUMBA_ENABLE_CUDASIM=1 runs the simulator)")
+        out["cuda"] = (
+            f"numba-cuda {v}, no usable GPU or driver: --device cuda is refused here "
+            "(NUMBA_ENABLE_CUDASIM=1 runs the simulator)"
+        )
     return out

@@ -14,6 +14,7 @@ under pressure.
 Only where the bytes live changes: every kernel sees the same values in the
 same order, so no bit depends on the budget (tests compare the hashes).
 """
+
 from __future__ import annotations
 
 import mmap
@@ -59,8 +60,14 @@ def _gib(x: int) -> str:
     return f"{x / GIB:.2f} GiB"
 
 
-def plan(peak_ram: int, peak_mapped: int, limit: int | None, available: int | None,
-         what: str = "a step of this recipe", override: str = "--no-memory-check") -> "Memory":
+def plan(
+    peak_ram: int,
+    peak_mapped: int,
+    limit: int | None,
+    available: int | None,
+    what: str = "a step of this recipe",
+    override: str = "--no-memory-check",
+) -> "Memory":
     """The memory plan of a step, decided from the predicted peaks before
     anything is allocated, or an ``InputError`` naming the figure, the limit
     and the override when the step cannot fit.
@@ -78,16 +85,19 @@ def plan(peak_ram: int, peak_mapped: int, limit: int | None, available: int | No
                 f"{what} needs {_gib(need)} of memory with every tensor in RAM, but this machine has "
                 f"{_gib(available)} available (MemAvailable); pass --max-memory GIB to keep state and "
                 f"gradients in memory-mapped files (about {_gib(peak_mapped)} of memory then, plus disk "
-                f"space under $TMPDIR), or {override} to run anyway")
+                f"space under $TMPDIR), or {override} to run anyway"
+            )
         return Memory(False)
     mapped = peak_ram > limit
     need = peak_mapped if mapped else peak_ram
     if available is not None and need > available:
         how = "with state and gradients in mapped files" if mapped else "with every tensor in RAM"
-        raise InputError(f"{what} needs {_gib(need)} of memory {how} (--max-memory {_gib(limit)}), but this "
-                         f"machine has {_gib(available)} available (MemAvailable); "
-                         + ("a lower --max-memory maps the state to files; " if not mapped else "")
-                         + f"{override} runs anyway")
+        raise InputError(
+            f"{what} needs {_gib(need)} of memory {how} (--max-memory {_gib(limit)}), but this "
+            f"machine has {_gib(available)} available (MemAvailable); "
+            + ("a lower --max-memory maps the state to files; " if not mapped else "")
+            + f"{override} runs anyway"
+        )
     return Memory(mapped)
 
 

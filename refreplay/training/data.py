@@ -17,6 +17,7 @@ the topology-invariant stream (``spec/21-data.txt``).
 The corpus is only read when a run is created; a published run carries its
 shards, so replay never depends on the machine's standard library.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -96,9 +97,14 @@ def build_corpus(files=None, byte_cap: int = DEFAULT_BYTE_CAP) -> tuple[bytes, d
         total += len(chunks[-1])
         used.append(rel)
     corpus = b"".join(chunks)
-    source.update(files_used=len(used), first_file=used[0] if used else None,
-                  last_file=used[-1] if used else None, byte_cap=byte_cap, bytes=len(corpus),
-                  sha256=hashlib.sha256(corpus).hexdigest())
+    source.update(
+        files_used=len(used),
+        first_file=used[0] if used else None,
+        last_file=used[-1] if used else None,
+        byte_cap=byte_cap,
+        bytes=len(corpus),
+        sha256=hashlib.sha256(corpus).hexdigest(),
+    )
     return corpus, source
 
 
@@ -137,12 +143,18 @@ def write_shards(samples: np.ndarray, directory: Path, source: dict, vocab: int 
     shards = []
     comp = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_checksum=True)
     for j, lo in enumerate(range(0, samples.shape[0], SHARD_SAMPLES)):
-        raw = tokens.token_bytes(samples[lo: lo + SHARD_SAMPLES])
+        raw = tokens.token_bytes(samples[lo : lo + SHARD_SAMPLES])
         name = f"shard-{j:05d}.zst"
         files.write_atomic(directory / name, comp.compress(raw))  # synced, renamed: whole or absent
         shards.append({"file": name, "samples": len(raw) // samples[0].nbytes, "sha256": _sha256(raw)})
-    manifest = {"format": MANIFEST_FORMAT, "vocab": vocab, "sample_tokens": int(samples.shape[1]),
-                "samples": int(samples.shape[0]), "source": source, "shards": shards}
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "vocab": vocab,
+        "sample_tokens": int(samples.shape[1]),
+        "samples": int(samples.shape[0]),
+        "source": source,
+        "shards": shards,
+    }
     files.write_atomic(directory / "manifest.json", manifest_bytes(manifest))
     return manifest
 
@@ -159,30 +171,41 @@ def _require(cond, msg):
 
 def _check_manifest(m, where: str) -> None:
     _require(isinstance(m, dict), f"{where}: manifest is not a JSON object")
-    _require(m.get("format") == MANIFEST_FORMAT,
-             f"{where}: unknown manifest format {m.get('format')!r} (expected {MANIFEST_FORMAT})")
+    _require(
+        m.get("format") == MANIFEST_FORMAT,
+        f"{where}: unknown manifest format {m.get('format')!r} (expected {MANIFEST_FORMAT})",
+    )
     v = m.get("vocab")
-    _require(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= tokens.MAX_VOCAB,
-             f"{where}: vocab must be an integer in [1, 2^20], got {v!r}")
+    _require(
+        isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= tokens.MAX_VOCAB,
+        f"{where}: vocab must be an integer in [1, 2^20], got {v!r}",
+    )
     for key in ("sample_tokens", "samples"):
         v = m.get(key)
-        _require(isinstance(v, int) and not isinstance(v, bool) and v >= 1,
-                 f"{where}: {key} must be a positive integer, got {v!r}")
+        _require(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+            f"{where}: {key} must be a positive integer, got {v!r}",
+        )
     shards = m.get("shards")
     _require(isinstance(shards, list) and shards, f"{where}: shards must be a non-empty list")
     total = 0
     for j, s in enumerate(shards):
         _require(isinstance(s, dict), f"{where}: shard entry {j} is not an object")
-        _require(s.get("file") == f"shard-{j:05d}.zst",
-                 f"{where}: shard {j} must be named shard-{j:05d}.zst, got {s.get('file')!r}")
+        _require(
+            s.get("file") == f"shard-{j:05d}.zst",
+            f"{where}: shard {j} must be named shard-{j:05d}.zst, got {s.get('file')!r}",
+        )
         n = s.get("samples")
         last = j == len(shards) - 1
-        _require(isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= SHARD_SAMPLES
-                 and (last or n == SHARD_SAMPLES),
-                 f"{where}: shard {j} has a bad sample count {n!r}")
+        _require(
+            isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= SHARD_SAMPLES and (last or n == SHARD_SAMPLES),
+            f"{where}: shard {j} has a bad sample count {n!r}",
+        )
         h = s.get("sha256")
-        _require(isinstance(h, str) and len(h) == 64 and all(c in "0123456789abcdef" for c in h),
-                 f"{where}: shard {j} has a malformed sha256")
+        _require(
+            isinstance(h, str) and len(h) == 64 and all(c in "0123456789abcdef" for c in h),
+            f"{where}: shard {j} has a malformed sha256",
+        )
         total += n
     _require(total == m["samples"], f"{where}: shards hold {total} samples, manifest says {m['samples']}")
 
@@ -211,6 +234,7 @@ class Shards:
     then has a different data hash).  ``unreadable``: (first sample, end,
     message) for shards that are missing or cannot be decoded (their samples
     are zeros and must not be used)."""
+
     samples: np.ndarray
     manifest: dict
     altered: list[str]
@@ -249,8 +273,10 @@ def read_shards(directory: Path, verify: bool = True, problems: bool = False):
             raw = untrusted.zstd_frame(comp, want, f"data shard {path}")
             part = np.frombuffer(raw, dtype=dt.newbyteorder("<")).astype(dt, copy=False)
             top = int(part.max()) if part.size else 0
-            _require(top < manifest["vocab"], f"data shard {path}: token id {top} is outside the vocabulary "
-                                              f"[0, {manifest['vocab']})")
+            _require(
+                top < manifest["vocab"],
+                f"data shard {path}: token id {top} is outside the vocabulary [0, {manifest['vocab']})",
+            )
         except InputError as exc:
             if verify:
                 raise
@@ -260,7 +286,7 @@ def read_shards(directory: Path, verify: bool = True, problems: bool = False):
                 msg = f"data shard {path}: content sha256 {_sha256(raw)} does not match the manifest"
                 _require(not verify, msg)
                 altered.append(msg)
-            samples[lo:lo + s["samples"]] = part.reshape(s["samples"], width)
+            samples[lo : lo + s["samples"]] = part.reshape(s["samples"], width)
         lo += s["samples"]
     if problems:
         return Shards(samples, manifest, altered, unreadable)
@@ -273,6 +299,7 @@ def read_shards(directory: Path, verify: bool = True, problems: bool = False):
 @dataclass(frozen=True)
 class Batching:
     """Global batch geometry: M micro-batches of B samples (G = M*B per step)."""
+
     micro_batches: int  # M
     micro_batch_size: int  # B
 
@@ -291,11 +318,13 @@ def step_sample_ids(seed: int, step: int, global_batch: int, n_samples: int) -> 
             raise ValueError(f"{what} must be a positive integer, got {v!r}")
     e_steps = n_samples // global_batch
     if e_steps == 0:
-        raise InputError(f"the data holds {n_samples} samples, fewer than one "
-                         f"global batch of {global_batch}; use a larger corpus or a smaller batch")
+        raise InputError(
+            f"the data holds {n_samples} samples, fewer than one "
+            f"global batch of {global_batch}; use a larger corpus or a smaller batch"
+        )
     epoch, j = (step - 1) // e_steps, (step - 1) % e_steps
     perm = rng.data_permutation(seed, epoch, n_samples)
-    return perm[j * global_batch: (j + 1) * global_batch].copy()
+    return perm[j * global_batch : (j + 1) * global_batch].copy()
 
 
 class Stream:
@@ -312,8 +341,10 @@ class Stream:
         g = batching.global_batch
         self.steps_per_epoch = samples.shape[0] // g
         if self.steps_per_epoch == 0:
-            raise InputError(f"the data holds {samples.shape[0]} samples, fewer than one "
-                             f"global batch of {g}; use a larger corpus or a smaller batch")
+            raise InputError(
+                f"the data holds {samples.shape[0]} samples, fewer than one "
+                f"global batch of {g}; use a larger corpus or a smaller batch"
+            )
         self._perm = (None, None)
 
     def position(self, step: int) -> tuple[int, int]:
@@ -328,7 +359,7 @@ class Stream:
         if self._perm[0] != epoch:
             self._perm = (epoch, rng.data_permutation(self.seed, epoch, self.samples.shape[0]))
         g = self.batching.global_batch
-        return self._perm[1][j * g: (j + 1) * g].copy()
+        return self._perm[1][j * g : (j + 1) * g].copy()
 
     def batch(self, step: int) -> np.ndarray:
         """The step's samples, (G, T+1) tokens, in stream order."""
@@ -339,7 +370,7 @@ class Stream:
         bsz = self.batching.micro_batch_size
         if not 0 <= m < self.batching.micro_batches:
             raise ValueError(f"micro-batch {m} out of range [0, {self.batching.micro_batches})")
-        return self.samples[self.sample_ids(step)[m * bsz: (m + 1) * bsz]]
+        return self.samples[self.sample_ids(step)[m * bsz : (m + 1) * bsz]]
 
     def data_hash(self, step: int) -> bytes:
         """[data.hash.c1] SHA-256 of the step's G*(T+1) tokens in stream order."""

@@ -9,6 +9,7 @@ elementwise passes and state hash timed on a few MiB.  It is a
 prediction for planning, not a measurement; nothing here touches the bits of
 a step.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -67,21 +68,31 @@ class Cost:
     def lines(self, budget: int | None = None) -> list[str]:
         gib = lambda x: f"{x / (1 << 30):.2f} GiB"  # noqa: E731
         mapped = budget is not None and self.peak_ram > budget
-        out = [f"parameters      {self.params:,}",
-               f"tokens per step {self.tokens:,}",
-               f"FLOPs per step  {self.flops:.3e}",
-               f"bytes moved     {gib(self.bytes_moved)} (state, gradients, checkpoint)",
-               f"peak memory     {gib(self.peak_ram)} with every tensor in RAM; "
-               f"{gib(self.peak_mapped)} with state and gradients in mapped files",
-               "memory plan     " + ("no budget: tensors in RAM" if budget is None else
-                                     f"--max-memory {gib(budget)}: " +
-                                     ("state and gradients in mapped files" if mapped else "fits in RAM"))]
+        out = [
+            f"parameters      {self.params:,}",
+            f"tokens per step {self.tokens:,}",
+            f"FLOPs per step  {self.flops:.3e}",
+            f"bytes moved     {gib(self.bytes_moved)} (state, gradients, checkpoint)",
+            f"peak memory     {gib(self.peak_ram)} with every tensor in RAM; "
+            f"{gib(self.peak_mapped)} with state and gradients in mapped files",
+            "memory plan     "
+            + (
+                "no budget: tensors in RAM"
+                if budget is None
+                else f"--max-memory {gib(budget)}: "
+                + ("state and gradients in mapped files" if mapped else "fits in RAM")
+            ),
+        ]
         if mapped and self.peak_mapped > budget:
-            out.append(f"warning         even mapped, the step needs about {gib(self.peak_mapped)} "
-                       "(activations of one micro-batch): above the budget")
+            out.append(
+                f"warning         even mapped, the step needs about {gib(self.peak_mapped)} "
+                "(activations of one micro-batch): above the budget"
+            )
         if self.seconds is not None:
-            out.append(f"predicted time  {self.seconds:.1f} s per step on this machine "
-                       f"(calibrated in {self.calibration_s:.1f} s)")
+            out.append(
+                f"predicted time  {self.seconds:.1f} s per step on this machine "
+                f"(calibrated in {self.calibration_s:.1f} s)"
+            )
         return out
 
 
@@ -99,11 +110,16 @@ def cost(cfg: ModelConfig, train: TrainConfig) -> Cost:
     flops += (m - 1) * p + p + 2 * p + 20 * p  # fold, scale, clip, AdamW
     state = 3 * p * F32_BYTES
     grad = p * F32_BYTES
-    moved = (state  # checkpoint read
-             + m * grad + (m - 1) * 3 * grad  # leaves written, merges read two and write one
-             + 2 * grad + grad  # scale, clip
-             + 4 * grad + 3 * grad  # AdamW reads params, grads, m, v; writes three
-             + 2 * state)  # the state copied and hashed
+    moved = (
+        state  # checkpoint read
+        + m * grad
+        + (m - 1) * 3 * grad  # leaves written, merges read two and write one
+        + 2 * grad
+        + grad  # scale, clip
+        + 4 * grad
+        + 3 * grad  # AdamW reads params, grads, m, v; writes three
+        + 2 * state
+    )  # the state copied and hashed
     act = activation_bytes(cfg, b)
     fold_phase = state + _grad_sets(m) * grad + act
     optim_phase = 2 * state + 2 * grad + workspace_bytes(cfg, b)  # the workspace outlives the backward
@@ -130,8 +146,9 @@ def _micro_seconds(small: ModelConfig, repeat: int = 1) -> float:
     t = small.seq_len
     g = np.random.default_rng(0)
     pattern = g.standard_normal(4099, dtype=np.float32) * np.float32(0.02)  # tiled: cheap at any size
-    params = {k: np.resize(pattern, s) if len(s) > 1 else np.ones(s, np.float32)
-              for k, s in param_shapes(small).items()}
+    params = {
+        k: np.resize(pattern, s) if len(s) > 1 else np.ones(s, np.float32) for k, s in param_shapes(small).items()
+    }
     model = Model(small)
     x = g.integers(0, small.vocab, size=(1, t)).astype(np.int32)
     y = g.integers(0, small.vocab, size=(1, t)).astype(np.int32)
@@ -176,17 +193,22 @@ def calibration_model(cfg: ModelConfig) -> ModelConfig:
         heads = CAL_WIDTH // head
         width = heads * head
     mlp = min(CAL_MLP, max(1, cfg.mlp_hidden * width // cfg.width))
-    return dataclasses.replace(cfg, layers=min(cfg.layers, CAL_LAYERS), seq_len=min(cfg.seq_len, CAL_SEQ),
-                               width=width, heads=heads, mlp_hidden=mlp,
-                               vocab=min(cfg.vocab, CAL_VOCAB)).validate()
+    return dataclasses.replace(
+        cfg,
+        layers=min(cfg.layers, CAL_LAYERS),
+        seq_len=min(cfg.seq_len, CAL_SEQ),
+        width=width,
+        heads=heads,
+        mlp_hidden=mlp,
+        vocab=min(cfg.vocab, CAL_VOCAB),
+    ).validate()
 
 
 def micro_flops(cfg: ModelConfig, layers: int, t: int) -> float:
     """FLOPs of one micro-batch (B = 1) of ``cfg`` cut to ``layers`` layers at
     sequence length t: every matmul weight twice forward and four times
     backward per token, causal attention 6*t*t*C per layer."""
-    per_layer = (param_count(dataclasses.replace(cfg, layers=2))
-                 - param_count(dataclasses.replace(cfg, layers=1)))
+    per_layer = param_count(dataclasses.replace(cfg, layers=2)) - param_count(dataclasses.replace(cfg, layers=1))
     head = cfg.vocab * cfg.width
     return layers * (6.0 * per_layer * t + 6.0 * t * t * cfg.width) + 6.0 * head * t
 
@@ -205,12 +227,17 @@ def calibrate(cfg: ModelConfig, train: TrainConfig, c: Cost) -> Cost:
     small = calibration_model(cfg)
     _micro_seconds(small)
     cut = _micro_seconds(small, repeat=2)
-    micro = (train.micro_batch_size * cut * micro_flops(cfg, cfg.layers, cfg.seq_len)
-             / micro_flops(small, small.layers, small.seq_len))
+    micro = (
+        train.micro_batch_size
+        * cut
+        * micro_flops(cfg, cfg.layers, cfg.seq_len)
+        / micro_flops(small, small.layers, small.seq_len)
+    )
     per_byte, hash_per_byte = _stream_seconds_per_byte()
     stream_bytes = c.bytes_moved - 3 * c.params * F32_BYTES * 2  # what the hash reads is timed apart
-    seconds = (train.micro_batches * micro + per_byte * stream_bytes
-               + hash_per_byte * 2 * 3 * c.params * F32_BYTES)  # the loaded and the new state hashed
+    seconds = (
+        train.micro_batches * micro + per_byte * stream_bytes + hash_per_byte * 2 * 3 * c.params * F32_BYTES
+    )  # the loaded and the new state hashed
     c.seconds = seconds
     c.calibration_s = time.perf_counter() - t0
     return c

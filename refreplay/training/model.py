@@ -24,6 +24,7 @@ Shapes (spec letters): tokens, targets [B, T] int32; the residual stream
   layers' products then have two bf16 factors and are exact
   ([bf16.matmul.c1]): their bits are decided by chapter 4's accumulation.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -225,6 +226,7 @@ def _lin_bwd(ops, cfg, params, prefix, dy, ctx, B, T, grads):
 @dataclass
 class Result:
     """One micro-batch: its mean loss and the gradients of that mean."""
+
     loss: np.float32
     grads: dict
 
@@ -245,11 +247,15 @@ class Model:
         if self.learned:
             self.cos = self.sin = None
         else:
-            self.cos, self.sin = (self.arrays.to_device(t) for t in
-                                  self.ops.rope.rope_tables(cfg.seq_len, cfg.head_size, cfg.rope_theta))
+            self.cos, self.sin = (
+                self.arrays.to_device(t) for t in self.ops.rope.rope_tables(cfg.seq_len, cfg.head_size, cfg.rope_theta)
+            )
         # [norm.layer.nobias.c1] the bias of a LayerNorm without one: C copies of -0
-        self.nobias = (self.arrays.to_device(np.full(cfg.width, -0.0, np.float32))
-                       if cfg.norm == "layer" and not cfg.norm_bias else None)
+        self.nobias = (
+            self.arrays.to_device(np.full(cfg.width, -0.0, np.float32))
+            if cfg.norm == "layer" and not cfg.norm_bias
+            else None
+        )
 
     def positions(self, B: int) -> np.ndarray:
         """[model.pos.c1] The position ids p[b, t] = t, [B, T] int32."""
@@ -264,8 +270,10 @@ class Model:
         for k, shape in self.shapes.items():
             a = params[k]
             if not isinstance(a, np.ndarray) or a.dtype != np.float32 or a.shape != shape:
-                raise ValueError(f"parameter {k}: expected float32 {shape}, got "
-                                 f"{getattr(a, 'dtype', type(a).__name__)} {getattr(a, 'shape', '')}")
+                raise ValueError(
+                    f"parameter {k}: expected float32 {shape}, got "
+                    f"{getattr(a, 'dtype', type(a).__name__)} {getattr(a, 'shape', '')}"
+                )
 
     def working_params(self, params: dict, keep=None) -> dict:
         """[bf16.tensors.c1] The parameters the forward reads: under "bf16" a
@@ -368,8 +376,13 @@ class Model:
             else:
                 ga, up = ctx.saved[f"{p}.act"]
                 dga, dup = (r(d) for d in ops.activations.swiglu_backward(dg, ga, up))
-                dn2 = r(_add(ops, _lin_bwd(ops, cfg, params, f"{p}.mlp.gate", dga, ctx, B, T, grads),
-                             _lin_bwd(ops, cfg, params, f"{p}.mlp.up", dup, ctx, B, T, grads)))
+                dn2 = r(
+                    _add(
+                        ops,
+                        _lin_bwd(ops, cfg, params, f"{p}.mlp.gate", dga, ctx, B, T, grads),
+                        _lin_bwd(ops, cfg, params, f"{p}.mlp.up", dup, ctx, B, T, grads),
+                    )
+                )
             dh = r(_add(ops, dh, _norm_bwd(ops, cfg, params, f"{p}.ln2", dn2, ctx, f"{p}.ln2", grads)))
             # h = add(h, a)
             do = _lin_bwd(ops, cfg, params, f"{p}.attn.proj", dh, ctx, B, T, grads)
@@ -382,11 +395,11 @@ class Model:
             dqkv = A.merge_heads([dq, dk, dv], B, T, NH, HS)
             dn1 = _lin_bwd(ops, cfg, params, f"{p}.attn.qkv", dqkv, ctx, B, T, grads)
             dh = r(_add(ops, dh, _norm_bwd(ops, cfg, params, f"{p}.ln1", dn1, ctx, f"{p}.ln1", grads)))
-        dwte = ops.embedding.embedding_backward(dh.reshape(B, T, cfg.width), tokens, cfg.vocab,
-                                                **(ws("dwte", (V, C)) if cfg.tied else {}))
+        dwte = ops.embedding.embedding_backward(
+            dh.reshape(B, T, cfg.width), tokens, cfg.vocab, **(ws("dwte", (V, C)) if cfg.tied else {})
+        )
         if self.learned:  # [model.pos.c1] d wpe: [emb.bwd.c1] over the ids p[b, t] = t (b increasing)
-            grads["wpe"] = ops.embedding.embedding_backward(dh.reshape(B, T, cfg.width), self.positions(B),
-                                                            cfg.seq_len)
+            grads["wpe"] = ops.embedding.embedding_backward(dh.reshape(B, T, cfg.width), self.positions(B), cfg.seq_len)
         if cfg.tied:  # parameter gradients stay binary32 ([bf16.tensors.c1])
             grads["wte"] = _add(ops, dwte, dhead)
         else:

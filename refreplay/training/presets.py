@@ -15,6 +15,7 @@ Presets:
 The two GPT-2 shapes train on token files (``train --tokens``), which set
 the vocabulary ([data.vocab.c1]).
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
@@ -60,6 +61,7 @@ def f32_from(value, what: str) -> np.float32:
 @dataclass(frozen=True)
 class ModelConfig:
     """[model.config.c1] The architecture of the GPT-style decoder."""
+
     vocab: int = 256  # V
     width: int = 64  # C
     layers: int = 2
@@ -82,29 +84,42 @@ class ModelConfig:
         def need(cond, msg):
             if not cond:
                 raise InputError(f"model config: {msg}")
+
         for name in ("vocab", "width", "layers", "heads", "seq_len", "mlp_hidden"):
             v = getattr(self, name)
-            need(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 1 << 20,
-                 f"{name} must be an integer in [1, 2^20], got {v!r}")
+            need(
+                isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 1 << 20,
+                f"{name} must be an integer in [1, 2^20], got {v!r}",
+            )
         need(self.vocab % 64 == 0, "vocab must be a multiple of 64 (the padded vocabulary, [data.vocab.c1])")
         need(self.width % self.heads == 0, f"width {self.width} is not a multiple of heads {self.heads}")
         need(self.pos in POSITIONS, f"pos must be one of {POSITIONS}, got {self.pos!r}")
-        need(self.pos != "rope" or (self.width // self.heads) % 2 == 0,
-             "head size width/heads must be even (rotary pairs) under pos \"rope\"")
+        need(
+            self.pos != "rope" or (self.width // self.heads) % 2 == 0,
+            'head size width/heads must be even (rotary pairs) under pos "rope"',
+        )
         need(self.norm in NORMS, f"norm must be one of {NORMS}, got {self.norm!r}")
         need(self.mlp in MLPS, f"mlp must be one of {MLPS}, got {self.mlp!r}")
         need(self.linear in LINEARS, f"linear must be one of {LINEARS}, got {self.linear!r}")
         need(self.precision in PRECISIONS, f"precision must be one of {PRECISIONS}, got {self.precision!r}")
-        need(not (self.precision == "bf16" and self.linear == "int8"),
-             'precision "bf16" cannot be combined with linear "int8" ([bf16.ops.c1])')
-        need(isinstance(self.tied, bool) and isinstance(self.bias, bool) and isinstance(self.norm_bias, bool),
-             "tied, bias and norm_bias must be booleans")
-        need(self.norm_bias or self.norm == "layer",
-             'norm_bias false is a LayerNorm setting: norm "rms" has no bias ([norm.layer.nobias.c1])')
+        need(
+            not (self.precision == "bf16" and self.linear == "int8"),
+            'precision "bf16" cannot be combined with linear "int8" ([bf16.ops.c1])',
+        )
+        need(
+            isinstance(self.tied, bool) and isinstance(self.bias, bool) and isinstance(self.norm_bias, bool),
+            "tied, bias and norm_bias must be booleans",
+        )
+        need(
+            self.norm_bias or self.norm == "layer",
+            'norm_bias false is a LayerNorm setting: norm "rms" has no bias ([norm.layer.nobias.c1])',
+        )
         for name in ("rope_theta", "norm_eps", "init_std"):
             v = getattr(self, name)
-            need(isinstance(v, np.float32) and np.isfinite(v) and v > 0,
-                 f"{name} must be a positive finite binary32, got {v!r}")
+            need(
+                isinstance(v, np.float32) and np.isfinite(v) and v > 0,
+                f"{name} must be a positive finite binary32, got {v!r}",
+            )
         return self
 
     @property
@@ -115,6 +130,7 @@ class ModelConfig:
 @dataclass(frozen=True)
 class TrainConfig:
     """[step.hparams.c1] Seed, batch geometry and optimizer hyper-parameters."""
+
     seed: int = 0
     micro_batches: int = 8  # M
     micro_batch_size: int = 4  # B
@@ -132,35 +148,73 @@ class TrainConfig:
         def need(cond, msg):
             if not cond:
                 raise InputError(f"train config: {msg}")
-        need(isinstance(self.seed, int) and not isinstance(self.seed, bool) and 0 <= self.seed < 1 << 64,
-             f"seed must be an integer in [0, 2^64), got {self.seed!r}")
+
+        need(
+            isinstance(self.seed, int) and not isinstance(self.seed, bool) and 0 <= self.seed < 1 << 64,
+            f"seed must be an integer in [0, 2^64), got {self.seed!r}",
+        )
         for name in ("micro_batches", "micro_batch_size", "schedule_steps"):
             v = getattr(self, name)
-            need(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 1 << 24,
-                 f"{name} must be an integer in [1, 2^24], got {v!r}")
-        need(isinstance(self.warmup_steps, int) and not isinstance(self.warmup_steps, bool)
-             and 0 <= self.warmup_steps < self.schedule_steps,
-             f"warmup_steps must be an integer in [0, schedule_steps), got {self.warmup_steps!r}")
+            need(
+                isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 1 << 24,
+                f"{name} must be an integer in [1, 2^24], got {v!r}",
+            )
+        need(
+            isinstance(self.warmup_steps, int)
+            and not isinstance(self.warmup_steps, bool)
+            and 0 <= self.warmup_steps < self.schedule_steps,
+            f"warmup_steps must be an integer in [0, schedule_steps), got {self.warmup_steps!r}",
+        )
         for name in ("lr", "min_lr", "beta1", "beta2", "eps", "weight_decay", "clip_norm"):
             v = getattr(self, name)
-            need(isinstance(v, np.float32) and np.isfinite(v) and v >= 0,
-                 f"{name} must be a non-negative finite binary32, got {v!r}")
+            need(
+                isinstance(v, np.float32) and np.isfinite(v) and v >= 0,
+                f"{name} must be a non-negative finite binary32, got {v!r}",
+            )
         need(self.beta1 < 1 and self.beta2 < 1, "beta1 and beta2 must be below 1")
         need(self.eps > 0 and self.lr > 0, "eps and lr must be positive")
         return self
 
 
 PRESETS = {
-    "tiny": (ModelConfig(width=32, layers=2, heads=2, seq_len=32, mlp_hidden=128),
-             TrainConfig(micro_batches=8, micro_batch_size=2)),
-    "small": (ModelConfig(width=256, layers=4, heads=8, seq_len=128, mlp_hidden=1024),
-              TrainConfig(micro_batches=8, micro_batch_size=4, lr=F32(1e-3), min_lr=F32(1e-4))),
-    "gpt2-124m": (ModelConfig(vocab=50304, width=768, layers=12, heads=12, seq_len=1024, mlp_hidden=3072,
-                              norm="layer", mlp="gelu", tied=True, bias=True),
-                  TrainConfig(micro_batches=8, micro_batch_size=1, lr=F32(6e-4), min_lr=F32(6e-5))),
-    "gpt2-xl": (ModelConfig(vocab=50304, width=1600, layers=48, heads=25, seq_len=1024, mlp_hidden=6400,
-                            norm="layer", mlp="gelu", tied=True, bias=True),
-                TrainConfig(micro_batches=8, micro_batch_size=1, lr=F32(2e-4), min_lr=F32(2e-5))),
+    "tiny": (
+        ModelConfig(width=32, layers=2, heads=2, seq_len=32, mlp_hidden=128),
+        TrainConfig(micro_batches=8, micro_batch_size=2),
+    ),
+    "small": (
+        ModelConfig(width=256, layers=4, heads=8, seq_len=128, mlp_hidden=1024),
+        TrainConfig(micro_batches=8, micro_batch_size=4, lr=F32(1e-3), min_lr=F32(1e-4)),
+    ),
+    "gpt2-124m": (
+        ModelConfig(
+            vocab=50304,
+            width=768,
+            layers=12,
+            heads=12,
+            seq_len=1024,
+            mlp_hidden=3072,
+            norm="layer",
+            mlp="gelu",
+            tied=True,
+            bias=True,
+        ),
+        TrainConfig(micro_batches=8, micro_batch_size=1, lr=F32(6e-4), min_lr=F32(6e-5)),
+    ),
+    "gpt2-xl": (
+        ModelConfig(
+            vocab=50304,
+            width=1600,
+            layers=48,
+            heads=25,
+            seq_len=1024,
+            mlp_hidden=6400,
+            norm="layer",
+            mlp="gelu",
+            tied=True,
+            bias=True,
+        ),
+        TrainConfig(micro_batches=8, micro_batch_size=1, lr=F32(2e-4), min_lr=F32(2e-5)),
+    ),
 }
 
 

@@ -23,6 +23,7 @@ The functions an auditor or replayer needs:
 Everything read here is untrusted: any problem raises ``InputError`` with
 the file and the field named.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -39,8 +40,7 @@ from .. import state as statehash
 from ..errors import InputError
 from . import data
 from .tokens import padded_vocab
-from .presets import (PRESETS, ModelConfig, TrainConfig, model_from_json, model_to_json,
-                      train_from_json, train_to_json)
+from .presets import PRESETS, ModelConfig, TrainConfig, model_from_json, model_to_json, train_from_json, train_to_json
 
 RUN_FORMAT = "refreplay-run/1"
 RECIPE_FILE = "recipe.json"
@@ -95,11 +95,16 @@ class Recipe:
 
     def hashed(self) -> dict:
         """[step.recipe.c1] The part of the recipe that decides bits."""
-        return {"spec_version": self.spec_version,
-                "model": model_to_json(self.model),
-                "train": train_to_json(self.train),
-                "data": {"manifest_sha256": self.manifest_sha256, "samples": self.samples,
-                         "sample_tokens": self.model.seq_len + 1}}
+        return {
+            "spec_version": self.spec_version,
+            "model": model_to_json(self.model),
+            "train": train_to_json(self.train),
+            "data": {
+                "manifest_sha256": self.manifest_sha256,
+                "samples": self.samples,
+                "sample_tokens": self.model.seq_len + 1,
+            },
+        }
 
     def sha256(self) -> str:
         """[step.recipe.c1] The recipe hash bound into every chain link (binary32
@@ -107,13 +112,19 @@ class Recipe:
         return hashlib.sha256(canonical_json(self.hashed())).hexdigest()
 
     def to_json(self) -> dict:
-        return {"format": RUN_FORMAT,
-                "recipe": self.hashed(),
-                "recipe_sha256": self.sha256(),
-                "run": {"preset": self.preset, "ranks": self.ranks, "launcher": self.launcher,
-                        "steps": self.steps, "checkpoint_every": self.checkpoint_every},
-                "provenance": {"refreplay_version": self.refreplay_version,
-                               "spec_sha256": self.spec_sha256}}
+        return {
+            "format": RUN_FORMAT,
+            "recipe": self.hashed(),
+            "recipe_sha256": self.sha256(),
+            "run": {
+                "preset": self.preset,
+                "ranks": self.ranks,
+                "launcher": self.launcher,
+                "steps": self.steps,
+                "checkpoint_every": self.checkpoint_every,
+            },
+            "provenance": {"refreplay_version": self.refreplay_version, "spec_sha256": self.spec_sha256},
+        }
 
 
 def _need(cond, msg):
@@ -129,24 +140,38 @@ def _obj(d, key, where) -> dict:
 
 def _int(d, key, where, lo=0, hi=1 << 62) -> int:
     v = d.get(key)
-    _need(isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi,
-          f"{where}: field {key!r} must be an integer in [{lo}, {hi}], got {v!r}")
+    _need(
+        isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi,
+        f"{where}: field {key!r} must be an integer in [{lo}, {hi}], got {v!r}",
+    )
     return v
 
 
 def _exact_keys(d, keys, where):
     extra = sorted(set(d) - set(keys))
     missing = sorted(set(keys) - set(d))
-    _need(not extra and not missing,
-          f"{where}: " + "; ".join(filter(None, [extra and f"unknown field(s) {', '.join(extra)}",
-                                                  missing and f"missing field(s) {', '.join(missing)}"])))
+    _need(
+        not extra and not missing,
+        f"{where}: "
+        + "; ".join(
+            filter(
+                None,
+                [
+                    extra and f"unknown field(s) {', '.join(extra)}",
+                    missing and f"missing field(s) {', '.join(missing)}",
+                ],
+            )
+        ),
+    )
 
 
 # [step.recipe.keys.c1] The model keys a later spec version added: a run made
 # under an earlier version may only hold the value the key is omitted at.
-_MODEL_KEYS_SINCE = (("precision", "fp32", "0.3.0"),   # [bf16.precision.c1]
-                     ("pos", "rope", "0.4.0"),         # [model.pos.c1]
-                     ("norm_bias", True, "0.4.0"))     # [norm.layer.nobias.c1]
+_MODEL_KEYS_SINCE = (
+    ("precision", "fp32", "0.3.0"),  # [bf16.precision.c1]
+    ("pos", "rope", "0.4.0"),  # [model.pos.c1]
+    ("norm_bias", True, "0.4.0"),
+)  # [norm.layer.nobias.c1]
 
 
 def _version(v: str) -> tuple:
@@ -164,59 +189,113 @@ def recipe_from_json(obj, where: str = RECIPE_FILE, on_edited=None) -> Recipe:
     hashed = _obj(obj, "recipe", where)
     _exact_keys(hashed, ("spec_version", "model", "train", "data"), f"{where}: recipe")
     sv = hashed["spec_version"]
-    _need(sv in spec.replayed_versions(), f"{where}: the run was made under spec {sv!r}; this refreplay "
-                                           f"implements spec {spec.version()!r} and replays runs of "
-                                           f"{', '.join(spec.replayed_versions())}")
+    _need(
+        sv in spec.replayed_versions(),
+        f"{where}: the run was made under spec {sv!r}; this refreplay "
+        f"implements spec {spec.version()!r} and replays runs of "
+        f"{', '.join(spec.replayed_versions())}",
+    )
     model = model_from_json(_obj(hashed, "model", where), f"{where}: recipe.model")
     for key, default, since in _MODEL_KEYS_SINCE:
-        _need(_version(sv) >= _version(since) or getattr(model, key) == default,
-              f"{where}: recipe.model.{key} is a field of spec {since} and later, not of {sv} ([conv.version.c1])")
+        _need(
+            _version(sv) >= _version(since) or getattr(model, key) == default,
+            f"{where}: recipe.model.{key} is a field of spec {since} and later, not of {sv} ([conv.version.c1])",
+        )
     train = train_from_json(_obj(hashed, "train", where), f"{where}: recipe.train")
     dat = _obj(hashed, "data", where)
     _exact_keys(dat, ("manifest_sha256", "samples", "sample_tokens"), f"{where}: recipe.data")
     msha = dat["manifest_sha256"]
     _need(isinstance(msha, str) and _HEX64.match(msha), f"{where}: recipe.data.manifest_sha256 is malformed")
     samples = _int(dat, "samples", f"{where}: recipe.data", 1)
-    _need(dat["sample_tokens"] == model.seq_len + 1,
-          f"{where}: recipe.data.sample_tokens must be seq_len + 1 = {model.seq_len + 1}")
+    _need(
+        dat["sample_tokens"] == model.seq_len + 1,
+        f"{where}: recipe.data.sample_tokens must be seq_len + 1 = {model.seq_len + 1}",
+    )
     run = _obj(obj, "run", where)
     _exact_keys(run, ("preset", "ranks", "launcher", "steps", "checkpoint_every"), f"{where}: run")
     preset = run["preset"]
-    _need(preset is None or (isinstance(preset, str) and preset in PRESETS),
-          f"{where}: unknown preset {preset!r}; known presets: {', '.join(sorted(PRESETS))}")
+    _need(
+        preset is None or (isinstance(preset, str) and preset in PRESETS),
+        f"{where}: unknown preset {preset!r}; known presets: {', '.join(sorted(PRESETS))}",
+    )
     ranks = _int(run, "ranks", f"{where}: run", 1, train.micro_batches)
     _need(run["launcher"] in LAUNCHERS, f"{where}: run.launcher must be one of {LAUNCHERS}")
     steps = _int(run, "steps", f"{where}: run", 0, 1 << 24)
     every = _int(run, "checkpoint_every", f"{where}: run", 1, 1 << 24)
     prov = _obj(obj, "provenance", where)
     _exact_keys(prov, ("refreplay_version", "spec_sha256"), f"{where}: provenance")
-    _need(isinstance(prov["refreplay_version"], str) and isinstance(prov["spec_sha256"], str)
-          and _HEX64.match(prov["spec_sha256"]), f"{where}: provenance fields are malformed")
-    recipe = Recipe(model, train, msha, samples, preset, ranks, run["launcher"], steps, every,
-                    sv, prov["spec_sha256"], prov["refreplay_version"])
+    _need(
+        isinstance(prov["refreplay_version"], str)
+        and isinstance(prov["spec_sha256"], str)
+        and _HEX64.match(prov["spec_sha256"]),
+        f"{where}: provenance fields are malformed",
+    )
+    recipe = Recipe(
+        model,
+        train,
+        msha,
+        samples,
+        preset,
+        ranks,
+        run["launcher"],
+        steps,
+        every,
+        sv,
+        prov["spec_sha256"],
+        prov["refreplay_version"],
+    )
     published = obj["recipe_sha256"]
     _need(isinstance(published, str) and _HEX64.match(published), f"{where}: recipe_sha256 is malformed")
     if published != recipe.sha256():
-        msg = (f"{where}: recipe_sha256 {published} is not the hash of the recipe "
-               f"({recipe.sha256()}): the recipe was edited")
+        msg = (
+            f"{where}: recipe_sha256 {published} is not the hash of the recipe "
+            f"({recipe.sha256()}): the recipe was edited"
+        )
         if on_edited is None:
             raise InputError(msg)
         on_edited(published, msg)
     return recipe
 
 
-def new_recipe(model: ModelConfig, train: TrainConfig, manifest_sha256: str, samples: int, *,
-               preset, ranks, launcher, steps, checkpoint_every) -> Recipe:
-    return Recipe(model.validate(), train.validate(), manifest_sha256, samples, preset, ranks, launcher,
-                  steps, checkpoint_every, spec.version(), spec.spec_sha256(), __version__)
+def new_recipe(
+    model: ModelConfig,
+    train: TrainConfig,
+    manifest_sha256: str,
+    samples: int,
+    *,
+    preset,
+    ranks,
+    launcher,
+    steps,
+    checkpoint_every,
+) -> Recipe:
+    return Recipe(
+        model.validate(),
+        train.validate(),
+        manifest_sha256,
+        samples,
+        preset,
+        ranks,
+        launcher,
+        steps,
+        checkpoint_every,
+        spec.version(),
+        spec.spec_sha256(),
+        __version__,
+    )
 
 
 # ---- records ---------------------------------------------------------------------------
 
 
 def record_to_json(rec) -> dict:
-    return {"step": rec.step, "state_root": rec.state_root, "data_hash": rec.data_hash,
-            "chain_link": rec.chain_link, "loss": rec.loss_hex()}
+    return {
+        "step": rec.step,
+        "state_root": rec.state_root,
+        "data_hash": rec.data_hash,
+        "chain_link": rec.chain_link,
+        "loss": rec.loss_hex(),
+    }
 
 
 def _record_from_json(obj, where):
@@ -274,25 +353,34 @@ class Run:
         self.recipe = recipe_from_json(obj, str(self.path / RECIPE_FILE), None if strict else edited)
         self.recipe_sha256 = published[0] if published else self.recipe.sha256()
         self.manifest, mraw = data.load_manifest(self._file(DATA_DIR, "manifest.json").parent)
-        self._integrity(hashlib.sha256(mraw).hexdigest() == self.recipe.manifest_sha256, None, "data",
-                        f"{self.path / DATA_DIR / 'manifest.json'}: sha256 does not match the recipe's "
-                        "manifest_sha256")
-        _need(self.manifest["samples"] == self.recipe.samples
-              and self.manifest["sample_tokens"] == self.recipe.model.seq_len + 1,
-              f"{self.path / DATA_DIR / 'manifest.json'}: sample count or length differs from the recipe")
-        _need(self.recipe.model.vocab == padded_vocab(self.manifest["vocab"]),
-              f"{self.path / DATA_DIR / 'manifest.json'}: vocabulary {self.manifest['vocab']} does not pad to "
-              f"the recipe's model vocabulary {self.recipe.model.vocab} ([data.vocab.c1])")
+        self._integrity(
+            hashlib.sha256(mraw).hexdigest() == self.recipe.manifest_sha256,
+            None,
+            "data",
+            f"{self.path / DATA_DIR / 'manifest.json'}: sha256 does not match the recipe's manifest_sha256",
+        )
+        _need(
+            self.manifest["samples"] == self.recipe.samples
+            and self.manifest["sample_tokens"] == self.recipe.model.seq_len + 1,
+            f"{self.path / DATA_DIR / 'manifest.json'}: sample count or length differs from the recipe",
+        )
+        _need(
+            self.recipe.model.vocab == padded_vocab(self.manifest["vocab"]),
+            f"{self.path / DATA_DIR / 'manifest.json'}: vocabulary {self.manifest['vocab']} does not pad to "
+            f"the recipe's model vocabulary {self.recipe.model.vocab} ([data.vocab.c1])",
+        )
         self.records = self._read_records()
         self.last_step = len(self.records) - 1
         has_head = _present(self.path / HEAD_FILE)
         if incomplete and not has_head:
             self.head = None
         else:
-            _need(self.last_step == self.recipe.steps,
-                  f"{self.path / STEPS_FILE}: {len(self.records)} records for a run of {self.recipe.steps} steps "
-                  f"(expected {self.recipe.steps + 1}, steps 0..{self.recipe.steps}) beside a chain head: the "
-                  "records were truncated after publication")
+            _need(
+                self.last_step == self.recipe.steps,
+                f"{self.path / STEPS_FILE}: {len(self.records)} records for a run of {self.recipe.steps} steps "
+                f"(expected {self.recipe.steps + 1}, steps 0..{self.recipe.steps}) beside a chain head: the "
+                "records were truncated after publication",
+            )
             self.head = self._read_head()
         self.complete = self.head is not None
         self.checkpoints = checkpoint_steps(self.recipe.steps, self.recipe.checkpoint_every)
@@ -335,7 +423,7 @@ class Run:
             return []  # training stopped before the record of step 0
         raw = self._read(STEPS_FILE, "step hash", limit)
         if self.incomplete_ok and raw and not raw.endswith(b"\n"):
-            raw = raw[:raw.rfind(b"\n") + 1]  # a record is whole only with its newline
+            raw = raw[: raw.rfind(b"\n") + 1]  # a record is whole only with its newline
         lines = raw.decode("utf-8", "replace").splitlines()
         recs = []
         prev = statehash.GENESIS
@@ -344,23 +432,32 @@ class Run:
             rec = _record_from_json(untrusted.parse_json(line, w), w)
             _need(rec.step == i, f"{w}: expected step {i}, found step {rec.step}")
             if i == 0:
-                _need(rec.chain_link == statehash.GENESIS and rec.data_hash == "00" * 32,
-                      f"{w}: step 0 must carry the genesis link and a zero data hash")
+                _need(
+                    rec.chain_link == statehash.GENESIS and rec.data_hash == "00" * 32,
+                    f"{w}: step 0 must carry the genesis link and a zero data hash",
+                )
             else:
-                want = statehash.chain_link(prev, rec.state_root, rec.data_hash, self.recipe_sha256,
-                                            rec.loss_hex())
-                self._integrity(rec.chain_link == want, i, "chain",
-                                f"{w}: chain link does not follow from the previous link, this step's "
-                                "hashes, its loss and the recipe hash")
+                want = statehash.chain_link(prev, rec.state_root, rec.data_hash, self.recipe_sha256, rec.loss_hex())
+                self._integrity(
+                    rec.chain_link == want,
+                    i,
+                    "chain",
+                    f"{w}: chain link does not follow from the previous link, this step's "
+                    "hashes, its loss and the recipe hash",
+                )
             prev = rec.chain_link
             recs.append(rec)
-        _need(len(recs) <= self.recipe.steps + 1,
-              f"{where}: {len(recs)} records for a run of {self.recipe.steps} steps (at most "
-              f"{self.recipe.steps + 1}, steps 0..{self.recipe.steps})")
-        _need(len(recs) == self.recipe.steps + 1 or self.incomplete_ok,
-              f"{where}: {len(recs)} records for a run of {self.recipe.steps} steps (expected "
-              f"{self.recipe.steps + 1}, steps 0..{self.recipe.steps}); the run is incomplete or truncated "
-              f"(a crashed training run is continued with `refreplay train --resume {self.path}`)")
+        _need(
+            len(recs) <= self.recipe.steps + 1,
+            f"{where}: {len(recs)} records for a run of {self.recipe.steps} steps (at most "
+            f"{self.recipe.steps + 1}, steps 0..{self.recipe.steps})",
+        )
+        _need(
+            len(recs) == self.recipe.steps + 1 or self.incomplete_ok,
+            f"{where}: {len(recs)} records for a run of {self.recipe.steps} steps (expected "
+            f"{self.recipe.steps + 1}, steps 0..{self.recipe.steps}); the run is incomplete or truncated "
+            f"(a crashed training run is continued with `refreplay train --resume {self.path}`)",
+        )
         return recs
 
     def _read_head(self) -> dict:
@@ -370,20 +467,30 @@ class Run:
         _exact_keys(head, ("step", "chain_link", "recipe_sha256"), str(where))
         _int(head, "step", str(where))
         for key in ("chain_link", "recipe_sha256"):
-            _need(isinstance(head[key], str) and _HEX64.match(head[key]),
-                  f"{where}: field {key!r} must be 64 lower-case hex digits")
+            _need(
+                isinstance(head[key], str) and _HEX64.match(head[key]),
+                f"{where}: field {key!r} must be 64 lower-case hex digits",
+            )
         last = self.records[-1]
         if head["step"] != last.step or head["chain_link"] != last.chain_link:
             # the records are checked link by link; a head that is not their last link
             # was substituted (or is stale), whatever recipe it names
-            self._integrity(False, last.step, "head",
-                            f"{where}: the chain head (step {head['step']}, link {head['chain_link']}) is not "
-                            f"the last link of {STEPS_FILE} (step {last.step}, link {last.chain_link}): "
-                            "head.json was substituted or belongs to another run")
+            self._integrity(
+                False,
+                last.step,
+                "head",
+                f"{where}: the chain head (step {head['step']}, link {head['chain_link']}) is not "
+                f"the last link of {STEPS_FILE} (step {last.step}, link {last.chain_link}): "
+                "head.json was substituted or belongs to another run",
+            )
         else:
-            self._integrity(head["recipe_sha256"] == self.recipe_sha256, 1, "recipe",
-                            f"{self.path / RECIPE_FILE} hashes to {self.recipe_sha256} but the published chain "
-                            f"head binds recipe {head['recipe_sha256']}: the recipe was changed after publication")
+            self._integrity(
+                head["recipe_sha256"] == self.recipe_sha256,
+                1,
+                "recipe",
+                f"{self.path / RECIPE_FILE} hashes to {self.recipe_sha256} but the published chain "
+                f"head binds recipe {head['recipe_sha256']}: the recipe was changed after publication",
+            )
         return head
 
     # -- state
@@ -433,12 +540,16 @@ class Run:
         except ValueError as exc:
             raise InputError(str(exc)) from None
         _need(st.step == k, f"{path}: holds step {st.step}, expected {k}")
-        _need(meta == checkpoint_metadata(k, self.records[k].state_root),
-              f"{path}: metadata does not name step {k} and its state root")
+        _need(
+            meta == checkpoint_metadata(k, self.records[k].state_root),
+            f"{path}: metadata does not name step {k} and its state root",
+        )
         root = st.root()
-        _need(root == self.records[k].state_root,
-              f"{path}: state root {root} differs from the published root of step {k} "
-              f"({self.records[k].state_root}): the checkpoint is corrupt")
+        _need(
+            root == self.records[k].state_root,
+            f"{path}: state root {root} differs from the published root of step {k} "
+            f"({self.records[k].state_root}): the checkpoint is corrupt",
+        )
         return st
 
     # -- data
@@ -487,6 +598,7 @@ class Run:
 class Finding:
     """An integrity problem of a published run: the step it first affects
     (None: not known from the files alone), its kind, and what differs."""
+
     step: int | None
     kind: str  # "data" | "chain" | "recipe"
     message: str
@@ -540,8 +652,11 @@ class RunWriter:
         if p.is_symlink():
             raise InputError(f"output {p} is a symbolic link; refusing to write through it")
         if p.exists() and (not p.is_dir() or any(p.iterdir())):
-            hint = (f" (to continue a crashed run: `refreplay train --resume {p}`)"
-                    if _present(p / RECIPE_FILE) and not _present(p / HEAD_FILE) else "")
+            hint = (
+                f" (to continue a crashed run: `refreplay train --resume {p}`)"
+                if _present(p / RECIPE_FILE) and not _present(p / HEAD_FILE)
+                else ""
+            )
             raise InputError(f"output {p} exists and is not an empty directory; refusing to overwrite{hint}")
         try:
             (p / DATA_DIR).mkdir(parents=True, exist_ok=True)
@@ -567,8 +682,9 @@ class RunWriter:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             os.close(fd)
-            raise InputError(f"{p} is being written by another process (a train or --resume still running); "
-                             "wait for it to end") from None
+            raise InputError(
+                f"{p} is being written by another process (a train or --resume still running); wait for it to end"
+            ) from None
         return fd
 
     def write_recipe(self) -> None:
@@ -600,8 +716,7 @@ class RunWriter:
             self._digests.append(json.dumps(line, sort_keys=True, separators=(",", ":")) + "\n")
 
     def checkpoint(self, st, root: str) -> None:
-        tensorio.save(self.path / CKPT_DIR / checkpoint_name(st.step), st.tensors(),
-                      checkpoint_metadata(st.step, root))
+        tensorio.save(self.path / CKPT_DIR / checkpoint_name(st.step), st.tensors(), checkpoint_metadata(st.step, root))
 
     def finish(self, last) -> None:
         self._steps.close()
@@ -650,7 +765,7 @@ class _LineFile:
         try:
             view = memoryview(data)
             while view:
-                view = view[os.write(self.fd, view):]
+                view = view[os.write(self.fd, view) :]
             os.fsync(self.fd)
         except OSError as exc:
             try:

@@ -14,6 +14,7 @@ The TreeFold itself is delegated to a *launcher* (``refreplay.training.launch``)
 an object with ``fold(leaf, M)`` that evaluates ``leaf(m)`` for the
 micro-batches its ranks own and returns the folded sum of [fold.ranks.c1].
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -57,6 +58,7 @@ class TrainState:
     sizes, the number of steps taken and the data position.  The tensors are
     host arrays, or device arrays after a step on a device-resident backend
     (``refreplay.training.backend``); ``tensors()`` and ``copy()`` give host arrays."""
+
     step: int
     params: dict
     m: dict
@@ -92,8 +94,7 @@ class TrainState:
         where each copied tensor lives."""
         keep = keep or np.copy
         cp = lambda d: {k: keep(on_host(d[k])) for k in sorted(d)}  # noqa: E731
-        return TrainState(self.step, cp(self.params), cp(self.m), cp(self.v), cp(self.qsteps),
-                          self.data_position)
+        return TrainState(self.step, cp(self.params), cp(self.m), cp(self.v), cp(self.qsteps), self.data_position)
 
 
 def state_names(cfg: ModelConfig) -> dict[str, tuple[str, tuple]]:
@@ -118,14 +119,16 @@ def state_from_tensors(cfg: ModelConfig, tensors: dict, where: str = "state") ->
     missing = sorted(set(want) - set(tensors))
     extra = sorted(set(tensors) - set(want))
     if missing or extra:
-        raise ValueError(f"{where}: tensors do not match the model: missing {missing[:5]}, "
-                         f"unexpected {extra[:5]}")
+        raise ValueError(f"{where}: tensors do not match the model: missing {missing[:5]}, unexpected {extra[:5]}")
     for name, (dt, shape) in want.items():
         a = tensors[name]
         if statehash.dtype_name(a.dtype) != dt or a.shape != shape:
             raise ValueError(f"{where}: tensor {name!r} is {a.dtype} {a.shape}, expected {dt} {shape}")
-    pick = lambda prefix: {k[len(prefix):]: np.ascontiguousarray(tensors[k])  # noqa: E731
-                           for k in want if k.startswith(prefix)}
+    pick = lambda prefix: {
+        k[len(prefix) :]: np.ascontiguousarray(tensors[k])  # noqa: E731
+        for k in want
+        if k.startswith(prefix)
+    }
     step = int(tensors["train.step"][0])
     pos = tuple(int(x) for x in tensors["data.position"])
     return TrainState(step, pick("param/"), pick("adam.m/"), pick("adam.v/"), pick("quant.step/"), pos)
@@ -136,6 +139,7 @@ class StepRecord:
     """[step.record.c1] What the run publishes for step n.  ``digest`` (the
     state's full Merkle digest, when at hand) is published beside the record
     to localise a mismatch; it takes no part in comparisons."""
+
     step: int
     state_root: str
     data_hash: str
@@ -159,8 +163,9 @@ class Trainer:
     """Runs steps of one recipe: model, hyper-parameters, data stream and the
     recipe hash that every chain link binds."""
 
-    def __init__(self, model_cfg: ModelConfig, train_cfg: TrainConfig, stream: Stream, recipe_hash: str,
-                 device=None, memory=None):
+    def __init__(
+        self, model_cfg: ModelConfig, train_cfg: TrainConfig, stream: Stream, recipe_hash: str, device=None, memory=None
+    ):
         self.ops = backends.get(device)  # "cpu" (the reference, default) or "cuda": same bits
         self.memory = memory or budget.Memory()  # where large tensors live: never changes a bit
         self.model = Model(model_cfg, self.ops)
@@ -239,7 +244,7 @@ class Trainer:
 
         def leaf(mb: int) -> dict:
             pace_threads(work)
-            x, y = inputs_targets(batch[mb * B:(mb + 1) * B])  # [data.batch.c1]
+            x, y = inputs_targets(batch[mb * B : (mb + 1) * B])  # [data.batch.c1]
             res = self.model.loss_and_grads(params, x, y, budget.SpillingDict(mem) if mem.mapped else None)
             out = dict(res.grads)
             out[LOSS] = A.to_device(np.array([res.loss], dtype=np.float32))
@@ -257,16 +262,25 @@ class Trainer:
         if not mem.mapped:  # copied where the tensors live (st stays unmodified)
             cp = lambda d: {k: A.copy(d[k]) for k in sorted(d)}  # noqa: E731
             new = TrainState(n, cp(masters), cp(on_dev(st.m)), cp(on_dev(st.v)), {}, st.data_position)
-            ops.optim.adamw_step(new.params, mean, new.m, new.v, step=n, lr=lr, hp=self.adam,
-                                 no_decay=no_decay_names(new.params))  # [optim.adamw.c1]
+            ops.optim.adamw_step(
+                new.params, mean, new.m, new.v, step=n, lr=lr, hp=self.adam, no_decay=no_decay_names(new.params)
+            )  # [optim.adamw.c1]
         else:  # in mapped files, the same update tensor by tensor (it is elementwise), each released after
             new = st.copy(mem.keep)
             new.step = n
             no_decay = no_decay_names(new.params)
             for k in sorted(new.params):
                 one = lambda d: {k: d[k]}  # noqa: E731
-                ops.optim.adamw_step(one(new.params), one(mean), one(new.m), one(new.v), step=n, lr=lr,
-                                     hp=self.adam, no_decay=no_decay & {k})  # [optim.adamw.c1]
+                ops.optim.adamw_step(
+                    one(new.params),
+                    one(mean),
+                    one(new.m),
+                    one(new.v),
+                    step=n,
+                    lr=lr,
+                    hp=self.adam,
+                    no_decay=no_decay & {k},
+                )  # [optim.adamw.c1]
                 for d in (new.params, mean, new.m, new.v):
                     budget.release(d[k])
         new.qsteps = quant_steps(self.model.cfg, new.params, ops)  # [model.quant.c1]

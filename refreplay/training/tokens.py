@@ -17,6 +17,7 @@ V rounded up to a multiple of 64, as llm.c pads GPT-2's 50,257 to 50,304.
 Token files are untrusted: sizes are checked against the header before any
 token is read, and every problem raises ``InputError`` naming the file.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -93,18 +94,24 @@ def _layout(path: Path, side: dict | None, size: int) -> tuple[str, np.dtype, in
         if size == 0:
             raise InputError(f"{path}: empty token file")
         if size % dt.itemsize:
-            raise InputError(f"{path}: {size} bytes is not a whole number of {side['dtype']} tokens "
-                             "(odd byte count: truncated or not this dtype)")
+            raise InputError(
+                f"{path}: {size} bytes is not a whole number of {side['dtype']} tokens "
+                "(odd byte count: truncated or not this dtype)"
+            )
         return "flat", dt, 0, size // dt.itemsize
     head_bytes = 4 * LLMC_HEADER_INTS
     if size < head_bytes:
-        raise InputError(f"{path}: {size} bytes, shorter than the llm.c header of {head_bytes} bytes "
-                         f"(a flat token file needs a sidecar {sidecar_path(path).name} giving its dtype)")
+        raise InputError(
+            f"{path}: {size} bytes, shorter than the llm.c header of {head_bytes} bytes "
+            f"(a flat token file needs a sidecar {sidecar_path(path).name} giving its dtype)"
+        )
     with open(path, "rb") as f:
         header = np.frombuffer(f.read(head_bytes), dtype="<i4")
     if int(header[0]) != LLMC_MAGIC:
-        raise InputError(f"{path}: no llm.c header (magic {int(header[0])}, expected {LLMC_MAGIC}); "
-                         f"a flat token file needs a sidecar {sidecar_path(path).name} with its dtype")
+        raise InputError(
+            f"{path}: no llm.c header (magic {int(header[0])}, expected {LLMC_MAGIC}); "
+            f"a flat token file needs a sidecar {sidecar_path(path).name} with its dtype"
+        )
     version = int(header[1])
     if version not in LLMC_DTYPES:
         raise InputError(f"{path}: llm.c header version {version} is not 1 (uint16) or 2 (uint32)")
@@ -114,8 +121,10 @@ def _layout(path: Path, side: dict | None, size: int) -> tuple[str, np.dtype, in
         raise InputError(f"{path}: llm.c header declares {count} tokens")
     want = head_bytes + count * dt.itemsize
     if size != want:
-        raise InputError(f"{path}: the header declares {count} tokens ({want} bytes with the header) "
-                         f"but the file has {size} bytes ({'truncated' if size < want else 'trailing bytes'})")
+        raise InputError(
+            f"{path}: the header declares {count} tokens ({want} bytes with the header) "
+            f"but the file has {size} bytes ({'truncated' if size < want else 'trailing bytes'})"
+        )
     return "llm.c", dt, head_bytes, count
 
 
@@ -134,8 +143,10 @@ def read_token_file(path, vocab: int | None = None) -> tuple[np.ndarray, int, di
             raise InputError(f"{path}: --vocab {vocab} differs from the sidecar's vocab {declared}")
     v = vocab if vocab is not None else declared
     if v is None:
-        raise InputError(f"{path}: the vocabulary size is not known: give --vocab V or a sidecar "
-                         f"{sidecar_path(path).name} with \"vocab\" (GPT-2's is 50257)")
+        raise InputError(
+            f"{path}: the vocabulary size is not known: give --vocab V or a sidecar "
+            f'{sidecar_path(path).name} with "vocab" (GPT-2\'s is 50257)'
+        )
     size = os.stat(path).st_size
     layout, dt, offset, count = _layout(path, side, size)
     tokens = np.fromfile(path, dtype=dt, count=count, offset=offset)
@@ -157,9 +168,12 @@ def peek_vocab(files, vocab: int | None = None) -> int:
         if side is not None and "vocab" in side:
             found.add(side["vocab"])
     if len(found) != 1:
-        raise InputError("the token files' vocabulary size is not known: give --vocab V or a sidecar "
-                         "FILE.json with \"vocab\" (GPT-2's is 50257)" if not found else
-                         f"the token files declare different vocabulary sizes {sorted(found)}")
+        raise InputError(
+            "the token files' vocabulary size is not known: give --vocab V or a sidecar "
+            'FILE.json with "vocab" (GPT-2\'s is 50257)'
+            if not found
+            else f"the token files declare different vocabulary sizes {sorted(found)}"
+        )
     return found.pop()
 
 
@@ -179,8 +193,13 @@ def load_tokens(files, vocab: int | None = None) -> tuple[np.ndarray, int, dict]
         described.append(info)
     dt = token_dtype(v)
     tokens = np.concatenate([p.astype(dt) for p in parts])  # exact: every token < V fits
-    source = {"kind": "token-files", "vocab": v, "files": described, "tokens": int(tokens.size),
-              "sha256": hashlib.sha256(tokens.astype(dt.newbyteorder("<")).tobytes()).hexdigest()}
+    source = {
+        "kind": "token-files",
+        "vocab": v,
+        "files": described,
+        "tokens": int(tokens.size),
+        "sha256": hashlib.sha256(tokens.astype(dt.newbyteorder("<")).tobytes()).hexdigest(),
+    }
     return tokens, v, source
 
 

@@ -8,6 +8,7 @@ of each step.  Every rank keeps the full training state (the folded gradient
 reaches all of them), and after each step all ranks must agree on the state
 root.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -34,8 +35,7 @@ class Summary:
 
 
 def _progress(stream, n, total, loss, tokens_per_s, eta_s, final=False):
-    line = (f"step {n:>{len(str(total))}}/{total}  loss {float(loss):.4f}  {tokens_per_s:,.0f} tok/s  "
-            f"ETA {eta_s:.0f} s")
+    line = f"step {n:>{len(str(total))}}/{total}  loss {float(loss):.4f}  {tokens_per_s:,.0f} tok/s  ETA {eta_s:.0f} s"
     if stream.isatty():
         stream.write("\r" + line + ("\n" if final else ""))
     else:
@@ -43,10 +43,24 @@ def _progress(stream, n, total, loss, tokens_per_s, eta_s, final=False):
     stream.flush()
 
 
-def train(model: ModelConfig, train_cfg: TrainConfig, *, steps: int, checkpoint_every: int, out,
-          launcher, launcher_name: str = "inproc", preset: str | None = None, corpus_files=None,
-          byte_cap: int = data.DEFAULT_BYTE_CAP, progress=sys.stderr, device=None,
-          token_files=None, vocab=None, memory=None) -> Summary:
+def train(
+    model: ModelConfig,
+    train_cfg: TrainConfig,
+    *,
+    steps: int,
+    checkpoint_every: int,
+    out,
+    launcher,
+    launcher_name: str = "inproc",
+    preset: str | None = None,
+    corpus_files=None,
+    byte_cap: int = data.DEFAULT_BYTE_CAP,
+    progress=sys.stderr,
+    device=None,
+    token_files=None,
+    vocab=None,
+    memory=None,
+) -> Summary:
     """Train ``steps`` steps and write the run to ``out`` (root rank), with the
     ops on ``device`` ("cpu", the default, or "cuda"; not part of the recipe,
     since it changes no bit).
@@ -62,8 +76,10 @@ def train(model: ModelConfig, train_cfg: TrainConfig, *, steps: int, checkpoint_
     if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
         raise InputError(f"--checkpoint-every must be a positive integer, got {checkpoint_every!r}")
     if launcher.size > train_cfg.micro_batches:
-        raise InputError(f"--ranks {launcher.size} exceeds the {train_cfg.micro_batches} micro-batches "
-                         "of a step: every rank needs at least one")
+        raise InputError(
+            f"--ranks {launcher.size} exceeds the {train_cfg.micro_batches} micro-batches "
+            "of a step: every rank needs at least one"
+        )
 
     writer = None
     lock = None
@@ -91,11 +107,18 @@ def train(model: ModelConfig, train_cfg: TrainConfig, *, steps: int, checkpoint_
     _, samples, manifest_sha, v = payload
     model = dataclasses.replace(model, vocab=tokens.padded_vocab(v)).validate()
 
-    recipe = new_recipe(model, train_cfg, manifest_sha, int(samples.shape[0]), preset=preset,
-                        ranks=launcher.size, launcher=launcher_name, steps=steps,
-                        checkpoint_every=checkpoint_every)
-    stream = data.Stream(samples, train_cfg.seed, data.Batching(train_cfg.micro_batches,
-                                                               train_cfg.micro_batch_size))
+    recipe = new_recipe(
+        model,
+        train_cfg,
+        manifest_sha,
+        int(samples.shape[0]),
+        preset=preset,
+        ranks=launcher.size,
+        launcher=launcher_name,
+        steps=steps,
+        checkpoint_every=checkpoint_every,
+    )
+    stream = data.Stream(samples, train_cfg.seed, data.Batching(train_cfg.micro_batches, train_cfg.micro_batch_size))
     trainer = Trainer(model, train_cfg, stream, recipe.sha256(), device, memory)
     saves = set(checkpoint_steps(steps, checkpoint_every))
     if launcher.is_root:
@@ -133,8 +156,15 @@ def _steps(trainer, st, rec, steps, saves, writer, launcher, progress, model, tr
                 writer.checkpoint(st, rec.state_root)
             if progress is not None:
                 now = time.perf_counter()
-                _progress(progress, n, steps, rec.loss, step_tokens / max(now - t, 1e-9),
-                          (now - t0) / (n - first) * (steps - n), final=n == steps)
+                _progress(
+                    progress,
+                    n,
+                    steps,
+                    rec.loss,
+                    step_tokens / max(now - t, 1e-9),
+                    (now - t0) / (n - first) * (steps - n),
+                    final=n == steps,
+                )
     if writer:
         writer.finish(rec)
     return Summary(steps, rec.chain_link, recipe.sha256(), losses, time.perf_counter() - t0)
@@ -154,8 +184,10 @@ def open_for_resume(out):
     if (path / HEAD_FILE).exists() or (path / HEAD_FILE).is_symlink():
         raise InputError(f"--resume {path}: the run is complete (it has {HEAD_FILE}); nothing to resume")
     if not ((path / RECIPE_FILE).exists() or (path / RECIPE_FILE).is_symlink()):
-        raise InputError(f"--resume {path}: no {RECIPE_FILE}: training stopped before the recipe was written, "
-                         "so there is nothing to resume; remove the directory and train again")
+        raise InputError(
+            f"--resume {path}: no {RECIPE_FILE}: training stopped before the recipe was written, "
+            "so there is nothing to resume; remove the directory and train again"
+        )
     return open_run(path, strict=True, incomplete=True)
 
 
@@ -203,13 +235,16 @@ def _resume_with(run, writer, progress, device, memory):
         st = trainer.initial_state()
         rec = trainer.initial_record(st)
         if run.records and run.records[0].state_root != rec.state_root:
-            raise InputError(f"--resume {path}: the record of step 0 does not hold the recipe's initial state "
-                             f"(published {run.records[0].state_root}, recomputed {rec.state_root}); "
-                             "this is not the output of this recipe")
+            raise InputError(
+                f"--resume {path}: the record of step 0 does not hold the recipe's initial state "
+                f"(published {run.records[0].state_root}, recomputed {rec.state_root}); "
+                "this is not the output of this recipe"
+            )
         writer.reopen(-1)
         writer.record(rec)
         if not (path / CKPT_DIR / checkpoint_name(0)).exists():
             writer.checkpoint(st, rec.state_root)
-    summary = _steps(trainer, st, rec, recipe.steps, saves, writer, launcher, progress, recipe.model,
-                     recipe.train, recipe)
+    summary = _steps(
+        trainer, st, rec, recipe.steps, saves, writer, launcher, progress, recipe.model, recipe.train, recipe
+    )
     return summary, st.step

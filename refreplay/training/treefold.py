@@ -16,6 +16,7 @@ combined by the binary-carry tree of ``spec/22-treefold.txt``:
 A leaf is either one float32 array or a flat dict of named float32 arrays
 (a model's gradients); a merge adds elementwise, name by name.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -48,8 +49,7 @@ def _scale_blocks(x, s, out):
 
 def _check_f32(a, what):
     if not isinstance(a, np.ndarray) or a.dtype != np.float32:
-        raise TypeError(f"{what}: expected a float32 ndarray, got "
-                        f"{getattr(a, 'dtype', type(a).__name__)}")
+        raise TypeError(f"{what}: expected a float32 ndarray, got {getattr(a, 'dtype', type(a).__name__)}")
     if not a.flags.c_contiguous:
         raise ValueError(f"{what}: expected a C-contiguous array")
 
@@ -107,8 +107,7 @@ def scale(value, m: int):
         return {k: scale(value[k], m) for k in sorted(value)}
     _check_f32(value, "scale")
     out = np.empty_like(value)
-    elementwise.run_elementwise(_scale_loop, _scale_blocks, out.size,
-                                value.reshape(-1), r, out.reshape(-1))
+    elementwise.run_elementwise(_scale_loop, _scale_blocks, out.size, value.reshape(-1), r, out.reshape(-1))
     return out
 
 
@@ -118,6 +117,7 @@ def scale(value, m: int):
 @dataclass
 class Block:
     """The combined value of micro-batches [start, start + size)."""
+
     start: int
     size: int
     value: object
@@ -144,8 +144,9 @@ class FoldStack:
 
     def push(self, value, size: int = 1) -> None:
         if size < 1 or size & (size - 1) or self.end % size:
-            raise ValueError(f"FoldStack.push: a block of size {size} at {self.end} "
-                             "is not an aligned power-of-two block")
+            raise ValueError(
+                f"FoldStack.push: a block of size {size} at {self.end} is not an aligned power-of-two block"
+            )
         self.entries.append(Block(self.end, size, value))
         self.end += size
         self.depth_max = max(self.depth_max, len(self.entries))
@@ -224,8 +225,9 @@ def fold_blocks(blocks_in_rank_order, merge=None) -> object:
     stack = FoldStack(node=merge)
     for block in blocks_in_rank_order:
         if block.start != stack.end:
-            raise ValueError(f"fold_blocks: block at {block.start} does not follow "
-                             f"the previous one (ending at {stack.end})")
+            raise ValueError(
+                f"fold_blocks: block at {block.start} does not follow the previous one (ending at {stack.end})"
+            )
         stack.push(block.value, block.size)
     return stack.result()
 
@@ -243,5 +245,15 @@ def fold_rows(leaves: np.ndarray, ranks: int = 1) -> np.ndarray:
     return fold_blocks(blocks)
 
 
-__all__ = ["merge", "scale", "Block", "FoldStack", "treefold", "rank_ranges",
-           "aligned_blocks", "fold_local", "fold_blocks", "fold_rows"]
+__all__ = [
+    "merge",
+    "scale",
+    "Block",
+    "FoldStack",
+    "treefold",
+    "rank_ranges",
+    "aligned_blocks",
+    "fold_local",
+    "fold_blocks",
+    "fold_rows",
+]

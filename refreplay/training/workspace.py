@@ -11,6 +11,7 @@ Every op that writes one overwrites all of its elements, so no bit depends
 on what it held before ([emb.bwd.c1] sets each row to its sum's start
 itself, where a new array was never zeroed either).
 """
+
 from __future__ import annotations
 
 import numpy as np

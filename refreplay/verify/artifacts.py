@@ -16,6 +16,7 @@ step 0, since the chain binds state 0 only through the recipe
 This module decides where a replay starts and checks one checkpoint; the
 step loop is ``refreplay.verify.replay``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from ..training.run import CKPT_DIR, checkpoint_metadata, checkpoint_name
 @dataclass(frozen=True)
 class Checked:
     """A published artifact found equal to the replayed state."""
+
     file: str  # path relative to the run directory
     step: int
     state_root: str
@@ -52,8 +54,12 @@ def localise(published: statehash.StateDigest, replayed_tensors: dict) -> list[s
     differs from the replayed one."""
     ours = statehash.state_hash(replayed_tensors, statehash.default_threads())
     d = statehash.diff(published, ours)
-    return [ln.replace("only in the second state", "only in the replay")
-            .replace("only in the first state", "only in the published state") for ln in d.lines()]
+    return [
+        ln.replace("only in the second state", "only in the replay").replace(
+            "only in the first state", "only in the published state"
+        )
+        for ln in d.lines()
+    ]
 
 
 def _rel(k: int) -> str:
@@ -69,8 +75,10 @@ def choose_start(run, target: int, device=None, memory=None) -> Start:
         try:
             st = run.load_checkpoint(k, memory)
         except InputError as exc:
-            notes.append(f"checkpoint {_rel(k)} is not usable as a starting point ({exc}); "
-                         "replaying from an earlier one, and comparing it with the replayed state")
+            notes.append(
+                f"checkpoint {_rel(k)} is not usable as a starting point ({exc}); "
+                "replaying from an earlier one, and comparing it with the replayed state"
+            )
             continue
         return Start(k, st, (Checked(_rel(k), k, st.root(), "start"),), tuple(notes), False)
     notes.append("no checkpoint before this step is usable: replaying from state 0, recomputed from the recipe")
@@ -87,8 +95,11 @@ def initial_state_divergence(run, start: Start, device=None, memory=None):
     ours = start.state if start.from_seed else run.trainer(device, memory).initial_state()
     root = ours.root()
     if root != run.records[0].state_root:
-        return ("state", "the published root of step 0 is not the root of the recipe's initial state",
-                [f"published root {run.records[0].state_root}", f"recomputed root {root}"])
+        return (
+            "state",
+            "the published root of step 0 is not the root of the recipe's initial state",
+            [f"published root {run.records[0].state_root}", f"recomputed root {root}"],
+        )
     return None
 
 
@@ -106,15 +117,17 @@ def check_checkpoint(run, k: int, state, root: str, memory=None):
         load = tensorio.load_mapped if memory is not None and memory.mapped else tensorio.load
         tensors, meta = load(run._file(CKPT_DIR, checkpoint_name(k)))
     except InputError as exc:
-        return "mismatch", (f"checkpoint {rel} published for step {k} is not a readable tensor file, so it "
-                            "is not the state the chain commits to", [str(exc)])
+        return "mismatch", (
+            f"checkpoint {rel} published for step {k} is not a readable tensor file, so it "
+            "is not the state the chain commits to",
+            [str(exc)],
+        )
     published = statehash.state_hash(tensors, statehash.default_threads())
     if published.root != root:
-        return "mismatch", (f"checkpoint {rel} does not hold the state of step {k} that the replay "
-                            "recomputes and the chain commits to",
-                            [f"checkpoint root {published.root}", f"replayed root   {root}"]
-                            + localise(published, state.tensors()))
+        return "mismatch", (
+            f"checkpoint {rel} does not hold the state of step {k} that the replay recomputes and the chain commits to",
+            [f"checkpoint root {published.root}", f"replayed root   {root}"] + localise(published, state.tensors()),
+        )
     if meta != checkpoint_metadata(k, root):
-        return "mismatch", (f"checkpoint {rel}: its metadata {meta!r} does not name step {k} and its state root",
-                            [])
+        return "mismatch", (f"checkpoint {rel}: its metadata {meta!r} does not name step {k} and its state root", [])
     return "checked", Checked(rel, k, root, "recomputed")

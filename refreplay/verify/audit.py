@@ -24,6 +24,7 @@ replay and ``write_certificate`` writes it; both serve every caller (the
 ``audit`` and ``demo`` commands, and later a cluster's client), so there is
 one certificate writer.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -55,8 +56,15 @@ def _hex_bytes(text: str, what: str, limit: int = MAX_BEACON) -> bytes:
 
 def sample_message(chain_head: str, beacon_hex: str, fingerprint: str) -> bytes:
     """[step.audit.sample.c1] What an auditor signs to draw its sample."""
-    return (SAMPLE_METHOD.encode() + b"\0" + _hex_bytes(fingerprint, "key fingerprint", 32) + b"\0"
-            + chain_head.encode() + b"\0" + _hex_bytes(beacon_hex, "beacon"))
+    return (
+        SAMPLE_METHOD.encode()
+        + b"\0"
+        + _hex_bytes(fingerprint, "key fingerprint", 32)
+        + b"\0"
+        + chain_head.encode()
+        + b"\0"
+        + _hex_bytes(beacon_hex, "beacon")
+    )
 
 
 class _WordStream:
@@ -69,7 +77,7 @@ class _WordStream:
         if not self.buf:
             d = hashlib.sha256(self.seed + self.counter.to_bytes(8, "little")).digest()
             self.counter += 1
-            self.buf = [int.from_bytes(d[i:i + 8], "little") for i in range(0, 32, 8)][::-1]
+            self.buf = [int.from_bytes(d[i : i + 8], "little") for i in range(0, 32, 8)][::-1]
         return self.buf.pop()
 
     def below(self, n: int) -> int:
@@ -101,14 +109,20 @@ def steps_from_proof(proof: bytes, n_steps: int, k: int) -> list[int]:
 class Sample:
     """An auditor's sample of a run: the beacon (lower-case hex), its size,
     the proof (the unique signature of ``sample_message``) and the steps."""
+
     beacon: str
     k: int
     proof: bytes
     steps: list
 
     def to_json(self) -> dict:
-        return {"method": SAMPLE_METHOD, "beacon": self.beacon, "k": self.k, "steps": list(self.steps),
-                "proof": self.proof.hex()}
+        return {
+            "method": SAMPLE_METHOD,
+            "beacon": self.beacon,
+            "k": self.k,
+            "steps": list(self.steps),
+            "proof": self.proof.hex(),
+        }
 
 
 def draw_sample(key: keys.PrivateKey, chain_head: str, beacon_hex: str, n_steps: int, k: int) -> Sample:
@@ -119,8 +133,9 @@ def draw_sample(key: keys.PrivateKey, chain_head: str, beacon_hex: str, n_steps:
     return Sample(beacon, k, proof, verify_sample(key.public, chain_head, beacon, proof, n_steps, k))
 
 
-def verify_sample(public: keys.PublicKey, chain_head: str, beacon_hex: str, proof: bytes,
-                  n_steps: int, k: int) -> list[int]:
+def verify_sample(
+    public: keys.PublicKey, chain_head: str, beacon_hex: str, proof: bytes, n_steps: int, k: int
+) -> list[int]:
     """The steps ``proof`` selects, once it is checked to be the key's
     signature of the sampling message; InputError otherwise."""
     if not public.verify(sample_message(chain_head, beacon_hex, public.fingerprint), proof):
@@ -154,10 +169,24 @@ def key_field(public: keys.PublicKey) -> dict:
     return {"algorithm": keys.ALGORITHM, "public": public.der.hex(), "fingerprint": public.fingerprint}
 
 
-def make_certificate(*, run: dict, step: int, verdict: str, replayed: dict, published: dict,
-                     sample: Sample, auditor: str, key: keys.PrivateKey, spec_version: str, spec_sha256: str,
-                     refreplay_version: str, platform: dict, checked: dict, warnings: list[str],
-                     mismatch: dict | None = None) -> dict:
+def make_certificate(
+    *,
+    run: dict,
+    step: int,
+    verdict: str,
+    replayed: dict,
+    published: dict,
+    sample: Sample,
+    auditor: str,
+    key: keys.PrivateKey,
+    spec_version: str,
+    spec_sha256: str,
+    refreplay_version: str,
+    platform: dict,
+    checked: dict,
+    warnings: list[str],
+    mismatch: dict | None = None,
+) -> dict:
     """One auditor's signed statement about one step ([step.verified.c1],
     [step.audit.cert.c1]).
 
@@ -189,8 +218,7 @@ def make_certificate(*, run: dict, step: int, verdict: str, replayed: dict, publ
     return sign_certificate(cert, key)
 
 
-def certify_step(run, step: int, res, sample: Sample, key: keys.PrivateKey, auditor: str,
-                 platform: dict) -> dict:
+def certify_step(run, step: int, res, sample: Sample, key: keys.PrivateKey, auditor: str, platform: dict) -> dict:
     """The signed certificate of a replay result ``res`` of ``step`` of the
     opened run ``run``: the one place a certificate is made from a replay."""
     from .. import __version__, spec
@@ -205,9 +233,21 @@ def certify_step(run, step: int, res, sample: Sample, key: keys.PrivateKey, audi
         mismatch = {"step": res.divergence.step, "kind": res.divergence.kind, "lines": res.divergence.lines()}
     return make_certificate(
         run={"chain_head": run.head["chain_link"], "recipe_sha256": run.recipe_sha256, "steps": run.recipe.steps},
-        step=step, verdict=verdict, replayed=replayed, published=published, sample=sample, auditor=auditor,
-        key=key, spec_version=spec.version(), spec_sha256=spec.spec_sha256(), refreplay_version=__version__,
-        platform=platform, checked=replay_evidence(res), warnings=res.warnings, mismatch=mismatch)
+        step=step,
+        verdict=verdict,
+        replayed=replayed,
+        published=published,
+        sample=sample,
+        auditor=auditor,
+        key=key,
+        spec_version=spec.version(),
+        spec_sha256=spec.spec_sha256(),
+        refreplay_version=__version__,
+        platform=platform,
+        checked=replay_evidence(res),
+        warnings=res.warnings,
+        mismatch=mismatch,
+    )
 
 
 def certificate_name(cert: dict) -> str:
@@ -215,8 +255,10 @@ def certificate_name(cert: dict) -> str:
     chain head's and the key fingerprint's first 16 hex digits, the first 8 of
     SHA-256(proof), and the step."""
     sample_id = hashlib.sha256(bytes.fromhex(cert["sampling"]["proof"])).hexdigest()[:8]
-    return (f"cert-{cert['run']['chain_head'][:16]}-{cert['key']['fingerprint'][:16]}-{sample_id}"
-            f"-step-{cert['step']:07d}.json")
+    return (
+        f"cert-{cert['run']['chain_head'][:16]}-{cert['key']['fingerprint'][:16]}-{sample_id}"
+        f"-step-{cert['step']:07d}.json"
+    )
 
 
 def write_certificate(directory, cert: dict):
@@ -236,8 +278,11 @@ def replay_evidence(res) -> dict:
     """The ``checked`` field of a certificate from a replay result: the step
     it started from, the steps it recomputed and matched, and the checkpoints
     it found equal to the replayed state."""
-    return {"replayed_from": res.start, "steps": [c.step for c in res.checked],
-            "checkpoints": [a.to_json() for a in res.artifacts]}
+    return {
+        "replayed_from": res.start,
+        "steps": [c.step for c in res.checked],
+        "checkpoints": [a.to_json() for a in res.artifacts],
+    }
 
 
 @dataclass
@@ -258,6 +303,7 @@ class RunFacts:
     text of the running refreplay when it is of the run's version;
     ``later``: (version, SHA-256) of later spec versions that replay the
     run's ([conv.version.c1]), whose certificates also cover it."""
+
     chain_head: str
     n_steps: int
     published: dict  # step -> {state_root, data_hash, chain_link}
@@ -271,26 +317,53 @@ class RunFacts:
 def run_facts(run) -> RunFacts:
     from ..training.run import CKPT_DIR, checkpoint_name
 
-    published = {rec.step: {"state_root": rec.state_root, "data_hash": rec.data_hash,
-                            "chain_link": rec.chain_link} for rec in run.records}
+    published = {
+        rec.step: {"state_root": rec.state_root, "data_hash": rec.data_hash, "chain_link": rec.chain_link}
+        for rec in run.records
+    }
     present = frozenset(k for k in run.checkpoints if (run.path / CKPT_DIR / checkpoint_name(k)).is_file())
     from .. import spec
 
     same = run.recipe.spec_version == spec.version()
     later = () if same else ((spec.version(), spec.spec_sha256()),)  # the run opened: this version replays it
-    return RunFacts(run.head["chain_link"], run.recipe.steps, published, run.recipe_sha256,
-                    run.recipe.spec_version, present, spec.spec_sha256() if same else None, later)
+    return RunFacts(
+        run.head["chain_link"],
+        run.recipe.steps,
+        published,
+        run.recipe_sha256,
+        run.recipe.spec_version,
+        present,
+        spec.spec_sha256() if same else None,
+        later,
+    )
 
 
-_KEYS = {"format", "run", "step", "verdict", "replayed", "published", "sampling", "auditor", "key", "spec",
-         "refreplay_version", "platform", "checked", "warnings", "signature"}
+_KEYS = {
+    "format",
+    "run",
+    "step",
+    "verdict",
+    "replayed",
+    "published",
+    "sampling",
+    "auditor",
+    "key",
+    "spec",
+    "refreplay_version",
+    "platform",
+    "checked",
+    "warnings",
+    "signature",
+}
 _HASH_KEYS = {"state_root", "data_hash", "chain_link"}
 AUDITOR_RE = re.compile(r"[A-Za-z0-9_.@-]{1,64}")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _HEX = re.compile(r"(?:[0-9a-f]{2})+")
 # a release, pre-release, post-release, development or local version, as Python packages number them
-VERSION_RE = re.compile(r"\d{1,4}\.\d{1,4}(?:\.\d{1,4})?(?:(?:a|b|rc)\d{1,4})?(?:\.post\d{1,4})?"
-                        r"(?:\.dev\d{1,8})?(?:\+[a-z0-9.]{1,64})?")
+VERSION_RE = re.compile(
+    r"\d{1,4}\.\d{1,4}(?:\.\d{1,4})?(?:(?:a|b|rc)\d{1,4})?(?:\.post\d{1,4})?"
+    r"(?:\.dev\d{1,8})?(?:\+[a-z0-9.]{1,64})?"
+)
 _PRINTABLE = re.compile(r"[\x20-\x7e]{1,256}")
 _SHORT = 4096  # longest text field accepted in a certificate
 
@@ -309,8 +382,10 @@ def _is_int(v) -> bool:
 
 
 def _text(v, what, pattern=None):
-    _need(isinstance(v, str) and len(v) <= _SHORT and (pattern is None or pattern.fullmatch(v)),
-          f"{what} must be " + ("text" if pattern is None else f"text matching {pattern.pattern}"))
+    _need(
+        isinstance(v, str) and len(v) <= _SHORT and (pattern is None or pattern.fullmatch(v)),
+        f"{what} must be " + ("text" if pattern is None else f"text matching {pattern.pattern}"),
+    )
 
 
 def _keys(obj, keys, what):
@@ -321,15 +396,21 @@ def _keys(obj, keys, what):
 def _hashes(obj, what, nullable):
     _keys(obj, _HASH_KEYS, what)
     for k in sorted(_HASH_KEYS):
-        _need(obj[k] is None and nullable or isinstance(obj[k], str) and _HEX64.fullmatch(obj[k]),
-              f"{what}.{k} must be 64 lower-case hex digits" + (" or null" if nullable else ""))
+        _need(
+            obj[k] is None and nullable or isinstance(obj[k], str) and _HEX64.fullmatch(obj[k]),
+            f"{what}.{k} must be 64 lower-case hex digits" + (" or null" if nullable else ""),
+        )
 
 
 def _isa(v):
     from ..doctor import _ISA_OF_INTEREST
 
-    return (isinstance(v, list) and all(isinstance(x, str) for x in v) and v == sorted(set(v))
-            and set(v) <= set(_ISA_OF_INTEREST))
+    return (
+        isinstance(v, list)
+        and all(isinstance(x, str) for x in v)
+        and v == sorted(set(v))
+        and set(v) <= set(_ISA_OF_INTEREST)
+    )
 
 
 def _count(lo, hi, nullable=False):
@@ -366,8 +447,10 @@ def _platform(cert):
     _keys(p, PLATFORM_FIELDS, "platform")
     for k, (ok, what) in sorted(PLATFORM_FIELDS.items()):
         _need(ok(p[k]), f"platform.{k} must be {what}")
-    _need(p["spec_version"] == cert["spec"]["version"] and p["spec_sha256"] == cert["spec"]["sha256"],
-          "platform.spec_version/spec_sha256 differ from the certificate's spec field")
+    _need(
+        p["spec_version"] == cert["spec"]["version"] and p["spec_sha256"] == cert["spec"]["sha256"],
+        "platform.spec_version/spec_sha256 differ from the certificate's spec field",
+    )
     _need(p["refreplay"] == cert["refreplay_version"], "platform.refreplay differs from refreplay_version")
 
 
@@ -388,10 +471,14 @@ def _public_key(cert, trusted) -> keys.PublicKey:
 
 def _signature(cert, pub: keys.PublicKey):
     s = cert["signature"]
-    _need(isinstance(s, str) and len(s) == 2 * pub.size and _HEX.fullmatch(s),
-          f"signature must be {2 * pub.size} lower-case hex digits")
-    _need(pub.verify(certificate_message(cert), bytes.fromhex(s)),
-          "signature does not verify: the certificate was edited after it was signed, or signed by another key")
+    _need(
+        isinstance(s, str) and len(s) == 2 * pub.size and _HEX.fullmatch(s),
+        f"signature must be {2 * pub.size} lower-case hex digits",
+    )
+    _need(
+        pub.verify(certificate_message(cert), bytes.fromhex(s)),
+        "signature does not verify: the certificate was edited after it was signed, or signed by another key",
+    )
 
 
 def _structure(cert, facts: RunFacts, trusted) -> keys.PublicKey:
@@ -400,9 +487,11 @@ def _structure(cert, facts: RunFacts, trusted) -> keys.PublicKey:
     and the spec."""
     _need(isinstance(cert, dict), "not a JSON object")
     fmt = cert.get("format")
-    _need(fmt not in UNSIGNED_FORMATS and "digest" not in cert,
-          f"unsigned certificate (format {fmt!r} is sealed by an unkeyed digest that anyone can recompute); "
-          "re-audit with an auditor key (refreplay keygen, refreplay audit --key)")
+    _need(
+        fmt not in UNSIGNED_FORMATS and "digest" not in cert,
+        f"unsigned certificate (format {fmt!r} is sealed by an unkeyed digest that anyone can recompute); "
+        "re-audit with an auditor key (refreplay keygen, refreplay audit --key)",
+    )
     missing = sorted(_KEYS - set(cert) - {"mismatch"})
     _need(not missing, "missing fields: " + ", ".join(missing))
     extra = sorted(set(cert) - _KEYS - {"mismatch"})
@@ -412,10 +501,14 @@ def _structure(cert, facts: RunFacts, trusted) -> keys.PublicKey:
     _signature(cert, pub)
     _keys(cert["run"], ("chain_head", "recipe_sha256", "steps"), "run")
     _need(cert["run"]["chain_head"] == facts.chain_head, "certificate is for another run (chain head differs)")
-    _need(cert["run"]["recipe_sha256"] == facts.recipe_sha256,
-          "certificate is for another run (run.recipe_sha256 is not the run's recipe hash)")
-    _need(cert["run"]["steps"] == facts.n_steps and _is_int(cert["run"]["steps"]),
-          f"run.steps is not the run's {facts.n_steps} steps")
+    _need(
+        cert["run"]["recipe_sha256"] == facts.recipe_sha256,
+        "certificate is for another run (run.recipe_sha256 is not the run's recipe hash)",
+    )
+    _need(
+        cert["run"]["steps"] == facts.n_steps and _is_int(cert["run"]["steps"]),
+        f"run.steps is not the run's {facts.n_steps} steps",
+    )
     step = cert["step"]
     _need(_is_int(step) and 1 <= step <= facts.n_steps, f"step {str(step)[:40]!r} is not a step of this run")
     _need(cert["verdict"] in ("verified", "mismatch"), f"unknown verdict {str(cert['verdict'])[:40]!r}")
@@ -424,19 +517,26 @@ def _structure(cert, facts: RunFacts, trusted) -> keys.PublicKey:
     _hashes(cert["replayed"], "replayed", not verified)
     _keys(cert["spec"], ("version", "sha256"), "spec")
     cv, later = cert["spec"]["version"], dict(facts.later)
-    _need(isinstance(cv, str) and (cv == facts.spec_version or cv in later),
-          f"spec.version {str(cv)[:40]!r} is not the run's spec version {facts.spec_version!r}"
-          + (f" nor one that replays it ({', '.join(later)})" if later else ""))
+    _need(
+        isinstance(cv, str) and (cv == facts.spec_version or cv in later),
+        f"spec.version {str(cv)[:40]!r} is not the run's spec version {facts.spec_version!r}"
+        + (f" nor one that replays it ({', '.join(later)})" if later else ""),
+    )
     _text(cert["spec"]["sha256"], "spec.sha256", _HEX64)
     want = facts.spec_sha256 if cv == facts.spec_version else later.get(cv)
-    _need(want is None or cert["spec"]["sha256"] == want,
-          f"spec.sha256 {cert['spec']['sha256']} is not the SHA-256 of spec {cv}'s text ({want})")
+    _need(
+        want is None or cert["spec"]["sha256"] == want,
+        f"spec.sha256 {cert['spec']['sha256']} is not the SHA-256 of spec {cv}'s text ({want})",
+    )
     _text(cert["auditor"], "auditor", AUDITOR_RE)
     _text(cert["refreplay_version"], "refreplay_version", VERSION_RE)
     _platform(cert)
-    _need(isinstance(cert["warnings"], list) and len(cert["warnings"]) <= 1024
-          and all(isinstance(w, str) and len(w) <= _SHORT for w in cert["warnings"]),
-          "warnings must be a list of texts")
+    _need(
+        isinstance(cert["warnings"], list)
+        and len(cert["warnings"]) <= 1024
+        and all(isinstance(w, str) and len(w) <= _SHORT for w in cert["warnings"]),
+        "warnings must be a list of texts",
+    )
     if verified:
         _need("mismatch" not in cert, "a verified certificate carries a mismatch")
     else:
@@ -444,9 +544,12 @@ def _structure(cert, facts: RunFacts, trusted) -> keys.PublicKey:
         m = cert["mismatch"]
         _need(_is_int(m["step"]) and 0 <= m["step"] <= step, "mismatch.step is not a step up to the certified one")
         _text(m["kind"], "mismatch.kind")
-        _need(isinstance(m["lines"], list) and len(m["lines"]) <= 4096
-              and all(isinstance(x, str) and len(x) <= _SHORT for x in m["lines"]),
-              "mismatch.lines must be a list of texts")
+        _need(
+            isinstance(m["lines"], list)
+            and len(m["lines"]) <= 4096
+            and all(isinstance(x, str) and len(x) <= _SHORT for x in m["lines"]),
+            "mismatch.lines must be a list of texts",
+        )
     _sampling(cert, facts, pub)
     _checked(cert, facts, verified)
     return pub
@@ -458,10 +561,14 @@ def _sampling(cert, facts, pub):
     s = cert["sampling"]
     _keys(s, ("method", "beacon", "k", "steps", "proof"), "sampling")
     _need(s["method"] == SAMPLE_METHOD, f"sampling.method is not {SAMPLE_METHOD}")
-    _need(isinstance(s["beacon"], str) and len(s["beacon"]) <= 2 * MAX_BEACON and _HEX.fullmatch(s["beacon"]),
-          f"sampling.beacon must be lower-case hex of at most {MAX_BEACON} bytes")
-    _need(isinstance(s["proof"], str) and len(s["proof"]) == 2 * pub.size and _HEX.fullmatch(s["proof"]),
-          f"sampling.proof must be {2 * pub.size} lower-case hex digits")
+    _need(
+        isinstance(s["beacon"], str) and len(s["beacon"]) <= 2 * MAX_BEACON and _HEX.fullmatch(s["beacon"]),
+        f"sampling.beacon must be lower-case hex of at most {MAX_BEACON} bytes",
+    )
+    _need(
+        isinstance(s["proof"], str) and len(s["proof"]) == 2 * pub.size and _HEX.fullmatch(s["proof"]),
+        f"sampling.proof must be {2 * pub.size} lower-case hex digits",
+    )
     _need(_is_int(s["k"]) and 1 <= s["k"] <= facts.n_steps, "sampling.k is not a sample size for this run")
     _need(isinstance(s["steps"], list) and all(_is_int(x) for x in s["steps"]), "sampling.steps must list steps")
     try:
@@ -484,26 +591,36 @@ def _checked(cert, facts, verified):
     start = c["replayed_from"]
     _need(_is_int(start) and 0 <= start < step, "checked.replayed_from is not a step before the certified one")
     _need(isinstance(c["steps"], list) and all(_is_int(x) for x in c["steps"]), "checked.steps must list steps")
-    _need(isinstance(c["checkpoints"], list) and len(c["checkpoints"]) <= facts.n_steps + 1,
-          "checked.checkpoints must be a list")
+    _need(
+        isinstance(c["checkpoints"], list) and len(c["checkpoints"]) <= facts.n_steps + 1,
+        "checked.checkpoints must be a list",
+    )
     seen = {}
     for i, a in enumerate(c["checkpoints"]):
         _keys(a, ("file", "step", "state_root", "role"), f"checked.checkpoints[{i}]")
-        _need(_is_int(a["step"]) and a["step"] in facts.checkpoints and start <= a["step"] <= step,
-              f"checked.checkpoints[{i}] names no published checkpoint of the replayed range")
+        _need(
+            _is_int(a["step"]) and a["step"] in facts.checkpoints and start <= a["step"] <= step,
+            f"checked.checkpoints[{i}] names no published checkpoint of the replayed range",
+        )
         _need(a["file"] == f"{CKPT_DIR}/{checkpoint_name(a['step'])}", f"checked.checkpoints[{i}].file is wrong")
         _need(a["role"] in ("start", "recomputed"), f"checked.checkpoints[{i}].role is unknown")
-        _need(a["state_root"] == facts.published[a["step"]]["state_root"],
-              f"checked.checkpoints[{i}] does not carry the published root of step {a['step']}")
+        _need(
+            a["state_root"] == facts.published[a["step"]]["state_root"],
+            f"checked.checkpoints[{i}] does not carry the published root of step {a['step']}",
+        )
         seen[a["step"]] = a["role"]
     if not verified:
         return
-    _need(c["steps"] == list(range(start + 1, step + 1)),
-          "a verified certificate must list every step from its starting point to the certified step")
+    _need(
+        c["steps"] == list(range(start + 1, step + 1)),
+        "a verified certificate must list every step from its starting point to the certified step",
+    )
     covered = {k for k in facts.checkpoints if start <= k <= step}
-    _need(covered <= set(seen),
-          "a verified certificate must list every published checkpoint of the steps it recomputed "
-          f"(missing: {sorted(covered - set(seen))})")
+    _need(
+        covered <= set(seen),
+        "a verified certificate must list every published checkpoint of the steps it recomputed "
+        f"(missing: {sorted(covered - set(seen))})",
+    )
 
 
 def check_certificate(cert, facts: RunFacts, trusted: dict) -> CertCheck:
@@ -521,8 +638,10 @@ def check_certificate(cert, facts: RunFacts, trusted: dict) -> CertCheck:
     try:
         _structure(cert, facts, trusted)
         step = cert["step"]
-        _need(cert["published"] == {k: facts.published[step][k] for k in _HASH_KEYS},
-              f"published hashes in the certificate differ from the run's for step {step}")
+        _need(
+            cert["published"] == {k: facts.published[step][k] for k in _HASH_KEYS},
+            f"published hashes in the certificate differ from the run's for step {step}",
+        )
         if cert["verdict"] == "verified":
             _need(cert["replayed"] == cert["published"], "verdict 'verified' but replayed hashes differ from published")
     except _Bad as exc:
@@ -543,7 +662,6 @@ def escape_probability(n_steps: int, sample_sizes: list[int], tampered: int) -> 
     return p
 
 
-
 @dataclass
 class Coverage:
     """``certified``: step -> the certificates counted for it (at most one
@@ -551,6 +669,7 @@ class Coverage:
     ``sample_sizes``: k of each key whose whole sample is certified (the
     escape odds use these); ``incomplete``: fingerprint -> sampled steps
     without a certificate."""
+
     n_steps: int
     certified: dict[int, list[dict]]
     rejected: list[tuple[str, list[str]]]
@@ -585,8 +704,9 @@ def coverage(certs: list[tuple[str, object]], facts: RunFacts, trusted: dict, be
     for name, cert in certs:
         chk = check_certificate(cert, facts, trusted)
         if chk.ok and want_beacon is not None and cert["sampling"]["beacon"] != want_beacon:
-            chk.problems.append(f"sampled with beacon {cert['sampling']['beacon'][:64]}, not the audit's "
-                                f"beacon {want_beacon[:64]}")
+            chk.problems.append(
+                f"sampled with beacon {cert['sampling']['beacon'][:64]}, not the audit's beacon {want_beacon[:64]}"
+            )
         if not chk.ok:
             rejected.append((name, chk.problems))
             continue
@@ -596,16 +716,26 @@ def coverage(certs: list[tuple[str, object]], facts: RunFacts, trusted: dict, be
     for fp, named in sorted(by_key.items()):
         samples = sorted({(c["sampling"]["beacon"], c["sampling"]["k"]) for _, c in named})
         if len(samples) > 1:
-            why = (f"key {fp[:16]} shows {len(samples)} samples of this run (beacon, k: "
-                   + ", ".join(f"{b[:16]}, {k}" for b, k in samples) + "); a key has one sample per run")
+            why = (
+                f"key {fp[:16]} shows {len(samples)} samples of this run (beacon, k: "
+                + ", ".join(f"{b[:16]}, {k}" for b, k in samples)
+                + "); a key has one sample per run"
+            )
             rejected += [(name, [why]) for name, _ in named]
             continue
         seen: dict[int, str] = {}
         for name, cert in sorted(named, key=lambda nc: nc[0]):
             step = cert["step"]
             if step in seen:
-                rejected.append((name, [f"a second certificate of key {fp[:16]} for step {step} "
-                                        f"(one per key and step: {seen[step]} is counted)"]))
+                rejected.append(
+                    (
+                        name,
+                        [
+                            f"a second certificate of key {fp[:16]} for step {step} "
+                            f"(one per key and step: {seen[step]} is counted)"
+                        ],
+                    )
+                )
                 continue
             seen[step] = name
             certified.setdefault(step, []).append(cert)

@@ -26,6 +26,7 @@ pinned to distinct workers (``run_tasks``).  Bits never depend on the
 number of workers: each task is the serial replay of its step
 ([step.verified.r2]).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -61,8 +62,12 @@ def identity() -> dict:
     """What a worker must share with the client: the code and the spec."""
     from .. import __version__, _env, spec
 
-    return {"refreplay": __version__, "source_sha256": _env.SOURCE_HASH,
-            "spec_version": spec.version(), "spec_sha256": spec.spec_sha256()}
+    return {
+        "refreplay": __version__,
+        "source_sha256": _env.SOURCE_HASH,
+        "spec_version": spec.version(),
+        "spec_sha256": spec.spec_sha256(),
+    }
 
 
 def fitness(expected: dict) -> dict:
@@ -98,8 +103,11 @@ def fitness_plugin(expected: dict):
             try:
                 report = await asyncio.get_running_loop().run_in_executor(pool, fitness, self.expected)
             except Exception as exc:  # a worker that cannot even run the checks is unfit, and says why
-                report = {"fit": False, "failed": [f"the fitness checks raised {type(exc).__name__}: {exc}"],
-                          "platform": {}}
+                report = {
+                    "fit": False,
+                    "failed": [f"the fitness checks raised {type(exc).__name__}: {exc}"],
+                    "platform": {},
+                }
             worker.refreplay_fitness = report
             if report["fit"]:
                 await worker.set_resources(**{RESOURCE: 1})
@@ -124,8 +132,10 @@ def prove_fitness(client, timeout: float = 120.0) -> dict[str, dict]:
             raise InputError(f"workers did not report fitness within {timeout:.0f} s")
         time.sleep(0.2)
     if not any(r["fit"] for r in reports.values()):
-        raise InputError("no worker of the cluster is fit to replay: "
-                         + "; ".join(f"{a}: {', '.join(r['failed'])}" for a, r in sorted(reports.items())))
+        raise InputError(
+            "no worker of the cluster is fit to replay: "
+            + "; ".join(f"{a}: {', '.join(r['failed'])}" for a, r in sorted(reports.items()))
+        )
     return reports
 
 
@@ -154,13 +164,19 @@ def replay_task(run_path: str, head: str, target: int, device=None, max_memory=N
     try:
         r = open_run(run_path, strict=False)
         if r.head["chain_link"] != head:
-            raise InputError(f"the run at {run_path} on this worker has chain head {r.head['chain_link']}, "
-                             f"not the client's {head}")
+            raise InputError(
+                f"the run at {run_path} on this worker has chain head {r.head['chain_link']}, not the client's {head}"
+            )
         # the step must fit this worker's memory, checked before anything is allocated
         limit = None if max_memory is None else budget.parse_gib(max_memory)
         c = estimate.cost(r.recipe.model, r.recipe.train)
-        memory = budget.plan(c.peak_ram, c.peak_mapped, limit, budget.available_memory(),
-                             f"a step of this recipe on worker {out['worker']}")
+        memory = budget.plan(
+            c.peak_ram,
+            c.peak_mapped,
+            limit,
+            budget.available_memory(),
+            f"a step of this recipe on worker {out['worker']}",
+        )
         memory = memory if limit is not None else None
         platform = doctor.fingerprint()
         platform["device"] = describe(device)
@@ -168,8 +184,13 @@ def replay_task(run_path: str, head: str, target: int, device=None, max_memory=N
     except InputError as exc:  # the same on every worker: not retried
         return {**out, "error": str(exc)}
     read1 = _bytes_read()
-    return {**out, "result": res, "platform": platform, "seconds": time.perf_counter() - t0,
-            "bytes_read": None if read0 is None or read1 is None else read1 - read0}
+    return {
+        **out,
+        "result": res,
+        "platform": platform,
+        "seconds": time.perf_counter() - t0,
+        "bytes_read": None if read0 is None or read1 is None else read1 - read0,
+    }
 
 
 def _address():
@@ -200,6 +221,7 @@ def _evidence(res) -> tuple:
 class Outcome:
     """Per target step: the results, the steps that failed on every try, the
     steps whose replicas disagreed, and the bad-input errors."""
+
     results: dict[int, dict] = field(default_factory=dict)
     failed: dict[int, str] = field(default_factory=dict)
     disagreements: dict[int, list[str]] = field(default_factory=dict)
@@ -215,8 +237,21 @@ def fit_workers(client) -> list[str]:
     return sorted(a for a, w in info.items() if w.get("resources", {}).get(RESOURCE, 0) >= 1)
 
 
-def run_tasks(client, run_path, head, targets, *, device=None, max_memory=None, replicas=1,
-              retries=2, on_settled=None, task=None, poll: float = 0.05, rejoin: float = 120.0) -> Outcome:
+def run_tasks(
+    client,
+    run_path,
+    head,
+    targets,
+    *,
+    device=None,
+    max_memory=None,
+    replicas=1,
+    retries=2,
+    on_settled=None,
+    task=None,
+    poll: float = 0.05,
+    rejoin: float = 120.0,
+) -> Outcome:
     """Replay every target on the fit workers; ``on_settled(target, outcome)``
     as soon as each target's tries are all in (certificates are written
     then, not at the end).
@@ -254,16 +289,31 @@ def run_tasks(client, run_path, head, targets, *, device=None, max_memory=None, 
                 on_settled(t, out)
 
     if replicas == 1:
-        futures = {client.submit(fn, str(run_path), head, t, device, max_memory, key=f"refreplay-{head[:12]}-{t}-0",
-                                 resources={RESOURCE: 1}, retries=retries, pure=False): t for t in targets}
+        futures = {
+            client.submit(
+                fn,
+                str(run_path),
+                head,
+                t,
+                device,
+                max_memory,
+                key=f"refreplay-{head[:12]}-{t}-0",
+                resources={RESOURCE: 1},
+                retries=retries,
+                pure=False,
+            ): t
+            for t in targets
+        }
         for f in as_completed(list(futures)):
             done(f, futures[f])
         return out
 
     fit = fit_workers(client)
     if len(fit) < replicas:
-        raise InputError(f"--replicas {replicas} needs {replicas} fit workers on different processes; "
-                         f"the cluster has {len(fit)} fit worker(s)")
+        raise InputError(
+            f"--replicas {replicas} needs {replicas} fit workers on different processes; "
+            f"the cluster has {len(fit)} fit worker(s)"
+        )
     pinned: dict = {}  # future -> (target, replica, worker)
     tries: dict[tuple[int, int], int] = {}
     lost: dict = {}  # future -> when its pinned worker was first seen gone
@@ -271,10 +321,20 @@ def run_tasks(client, run_path, head, targets, *, device=None, max_memory=None, 
 
     def submit(t, rep, w):
         n = tries[(t, rep)] = tries.get((t, rep), -1) + 1
-        f = client.submit(fn, str(run_path), head, t, device, max_memory,
-                          key=f"refreplay-{head[:12]}-{t}-{rep}" + (f"-again{n}" if n else ""),
-                          resources={RESOURCE: 1}, workers=[w], allow_other_workers=False, retries=retries,
-                          pure=False)
+        f = client.submit(
+            fn,
+            str(run_path),
+            head,
+            t,
+            device,
+            max_memory,
+            key=f"refreplay-{head[:12]}-{t}-{rep}" + (f"-again{n}" if n else ""),
+            resources={RESOURCE: 1},
+            workers=[w],
+            allow_other_workers=False,
+            retries=retries,
+            pure=False,
+        )
         pinned[f] = (t, rep, w)
         assigned[(t, rep)] = w
 
@@ -306,8 +366,12 @@ def run_tasks(client, run_path, head, targets, *, device=None, max_memory=None, 
             if not free or tries[(t, rep)] >= retries + 1:
                 pinned.pop(f)
                 f.cancel()
-                got[t].append({"failed": f"replica {rep}: its worker {w} left the cluster and no other fit "
-                                         "worker was free of the step's other replicas"})
+                got[t].append(
+                    {
+                        "failed": f"replica {rep}: its worker {w} left the cluster and no other fit "
+                        "worker was free of the step's other replicas"
+                    }
+                )
                 if len(got[t]) == replicas:
                     settle(t, got[t], out)
                     if on_settled:
@@ -335,8 +399,11 @@ def settle(t: int, tries: list[dict], out: Outcome) -> None:
     first = ok[0]
     differ = [x for x in ok[1:] if _evidence(x["result"]) != _evidence(first["result"])]
     if differ:
-        out.disagreements[t] = [f"{'VERIFIED' if x['result'].verified else 'MISMATCH'} on worker {x['worker']}, "
-                                f"platform {fingerprint_id(x['platform'])}" for x in [first] + differ]
+        out.disagreements[t] = [
+            f"{'VERIFIED' if x['result'].verified else 'MISMATCH'} on worker {x['worker']}, "
+            f"platform {fingerprint_id(x['platform'])}"
+            for x in [first] + differ
+        ]
         return
     if len(ok) < len(tries):
         out.failed[t] = "; ".join(x["failed"] for x in tries if "failed" in x)
@@ -364,7 +431,7 @@ def certify_and_write(run, step: int, res, platform: dict, sample, key, auditor:
 def parse_cluster(text: str):
     """``local:N`` -> ("local", N); ``tcp://HOST:PORT`` -> ("tcp", address)."""
     if text.startswith("local:"):
-        n = text[len("local:"):]
+        n = text[len("local:") :]
         if not n.isdigit() or not 1 <= int(n) <= 256:
             raise InputError(f"--cluster local:N needs N between 1 and 256, got {text!r}")
         return "local", int(n)
@@ -386,8 +453,14 @@ def connect(spec_text: str, timeout: float = 60.0):
             return Client(value, timeout=timeout), None
         except (OSError, TimeoutError) as exc:
             raise InputError(f"cannot reach the Dask scheduler at {value}: {exc}") from None
-    cluster = LocalCluster(n_workers=value, threads_per_worker=1, processes=True, host="127.0.0.1",
-                           dashboard_address=None, env={"NUMBA_NUM_THREADS": "1"})
+    cluster = LocalCluster(
+        n_workers=value,
+        threads_per_worker=1,
+        processes=True,
+        host="127.0.0.1",
+        dashboard_address=None,
+        env={"NUMBA_NUM_THREADS": "1"},
+    )
     return Client(cluster, timeout=timeout), cluster
 
 

@@ -12,6 +12,7 @@ signature in [0, n).  That is what lets a signature fix an auditor's sample
 ([step.audit.sample.c1]).  Ed25519 signatures are not unique (the signer picks
 the nonce) and must not be used for that.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -36,8 +37,10 @@ def _crypto():
         from cryptography.hazmat.primitives import hashes, serialization
         from cryptography.hazmat.primitives.asymmetric import padding, rsa
     except ImportError:  # pragma: no cover - the extra is missing
-        raise InputError("auditor keys need the `cryptography` package, a dependency of refreplay: "
-                         "pip install 'cryptography>=42,<49'") from None
+        raise InputError(
+            "auditor keys need the `cryptography` package, a dependency of refreplay: "
+            "pip install 'cryptography>=42,<49'"
+        ) from None
     return InvalidSignature, hashes, serialization, padding, rsa
 
 
@@ -62,6 +65,7 @@ def _check_numbers(key, what: str):
 @dataclass(frozen=True)
 class PublicKey:
     """An auditor's public key; ``der``: its canonical DER SubjectPublicKeyInfo."""
+
     der: bytes
     key: object
 
@@ -125,8 +129,9 @@ class PrivateKey:
 
     def pem(self) -> bytes:
         _, _, serialization, _, _ = _crypto()
-        return self.key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                      serialization.NoEncryption())
+        return self.key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
 
 
 def _private(key, what: str) -> PrivateKey:
@@ -156,8 +161,9 @@ def load_private(path) -> PrivateKey:
     try:
         key = serialization.load_pem_private_key(raw, password=None)
     except TypeError:
-        raise InputError(f"{path}: the private key is encrypted; refreplay reads unencrypted keys "
-                         "(keep the file 0600)") from None
+        raise InputError(
+            f"{path}: the private key is encrypted; refreplay reads unencrypted keys (keep the file 0600)"
+        ) from None
     except _parse_errors() as exc:
         raise InputError(f"{path}: not a PEM private key ({exc})") from None
     return _private(key, f"{path}")

@@ -1,6 +1,7 @@
 """Coverage picture: the run's steps with certified ones marked, and the loss
 curve from the published (bit-exact) per-step losses.  Needs matplotlib (the
 ``plot`` extra); nothing on the normative path uses it."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -19,8 +20,7 @@ def plot_coverage(path, run, cov) -> None:
         raise InputError("--plot needs matplotlib: pip install 'refreplay[plot]'") from None
     steps = [rec.step for rec in run.records[1:]]
     loss = [float(rec.loss) for rec in run.records[1:]]
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 5), sharex=True,
-                                      gridspec_kw={"height_ratios": [1, 3]})
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 5), sharex=True, gridspec_kw={"height_ratios": [1, 3]})
     ok = [s for s, cs in cov.certified.items() if all(c["verdict"] == "verified" for c in cs)]
     bad = cov.mismatched_steps
     top.scatter(steps, [0] * len(steps), marker="|", color="0.7", label="published step")

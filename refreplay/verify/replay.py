@@ -22,6 +22,7 @@ first difference stops the replay and is localised:
 Digests and traces only localise: a fault in one of them is a warning
 beside the verdict, never the verdict ([step.verified.c1]).
 """
+
 from __future__ import annotations
 
 import time
@@ -42,8 +43,9 @@ class Divergence:
     details: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
-        return [f"first divergence at step {self.step} ({self.kind}): {self.summary}"] + \
-            [f"  {d}" for d in self.details]
+        return [f"first divergence at step {self.step} ({self.kind}): {self.summary}"] + [
+            f"  {d}" for d in self.details
+        ]
 
 
 @dataclass
@@ -93,13 +95,17 @@ def _trace_details(run, step: int, state_before, warnings: list[str], device=Non
         warnings.append(f"op-level trace not used: {exc}")
         return []
     if published is None:
-        return [f"(no op-level trace published for step {step}; the publisher can add one with "
-                f"`refreplay trace RUN --step {step}`)"]
+        return [
+            f"(no op-level trace published for step {step}; the publisher can add one with "
+            f"`refreplay trace RUN --step {step}`)"
+        ]
     diff = first_difference(published, step_trace(run.trainer(device), state_before))
     if diff is None:
-        return ["op-level trace: every forward output, the loss and every gradient of every micro-batch "
-                "match the published trace; the divergence lies after the gradients (TreeFold, clipping, "
-                "AdamW, re-pinning) or in the published record itself"]
+        return [
+            "op-level trace: every forward output, the loss and every gradient of every micro-batch "
+            "match the published trace; the divergence lies after the gradients (TreeFold, clipping, "
+            "AdamW, re-pinning) or in the published record itself"
+        ]
     return [f"op-level trace: {diff}"]
 
 
@@ -116,19 +122,24 @@ def replay(run, target: int, progress=None, device=None, memory=None) -> ReplayR
     if not 1 <= target <= steps:
         raise InputError(f"step {target} is not a step of this run (1..{steps})")
     if target > run.last_step:  # an incomplete run (open_run(..., incomplete=True)): never certified
-        raise InputError(f"step {target} has no record: the run is incomplete (records end at step "
-                         f"{run.last_step})")
+        raise InputError(f"step {target} has no record: the run is incomplete (records end at step {run.last_step})")
     dated = sorted((f for f in run.findings if f.step is not None), key=lambda f: f.step)
     if dated:  # the published records themselves are inconsistent
         f = dated[0]
-        return ReplayResult(target, max(c for c in run.checkpoints if c < target), [], Divergence(
-            f.step, f.kind, f.message, [g.message for g in dated[1:]]), warnings=list(run.warnings))
+        return ReplayResult(
+            target,
+            max(c for c in run.checkpoints if c < target),
+            [],
+            Divergence(f.step, f.kind, f.message, [g.message for g in dated[1:]]),
+            warnings=list(run.warnings),
+        )
     res = _replay_from(run, target, progress, device, memory)
     undated = [f.message for f in run.findings if f.step is None]
     if res.divergence is None:
         # every step replayed drew samples that hash to its published data hash
-        res.warnings += [f"{m} (the steps replayed here do not draw the altered samples: their data "
-                         "hashes match)" for m in undated]
+        res.warnings += [
+            f"{m} (the steps replayed here do not draw the altered samples: their data hashes match)" for m in undated
+        ]
     else:
         res.divergence.details += undated
     res.warnings += [w for w in run.warnings if w not in res.warnings]
@@ -152,8 +163,10 @@ def _replay_from(run, target: int, progress, device=None, memory=None) -> Replay
         before = st
         unreadable = run.unreadable_data(s)
         if unreadable:  # nothing to compare: the input itself is unusable
-            raise InputError(f"step {s} draws samples from a shard that cannot be read, so it cannot be "
-                             "replayed: " + "; ".join(unreadable))
+            raise InputError(
+                f"step {s} draws samples from a shard that cannot be read, so it cannot be "
+                "replayed: " + "; ".join(unreadable)
+            )
         st, rec = run.replay_step(st, device=device, memory=memory)
         pub = run.records[s]
         dt = time.perf_counter() - t0
@@ -185,26 +198,41 @@ def _compare_checkpoint(run, res: ReplayResult, s: int, st, root: str, memory=No
 def _record_divergence(run, s, rec, pub, st, before, warnings, device) -> Divergence | None:
     """How the replayed record of step s differs from the published one."""
     if rec.data_hash != pub.data_hash:
-        return Divergence(s, "data", "the batch rebuilt from the recipe and the shards is not the one "
-                          "published for this step",
-                          [f"published data hash {pub.data_hash}", f"replayed data hash  {rec.data_hash}"])
+        return Divergence(
+            s,
+            "data",
+            "the batch rebuilt from the recipe and the shards is not the one published for this step",
+            [f"published data hash {pub.data_hash}", f"replayed data hash  {rec.data_hash}"],
+        )
     if rec.state_root != pub.state_root:
         dig = published_digest(run, s, warnings)
         details = [f"published root {pub.state_root}", f"replayed root  {rec.state_root}"]
         if dig is not None:
             details += artifacts.localise(dig, st.tensors())
         else:
-            details.append("(no published digest that hashes to this step's published root, and no "
-                           "checkpoint: tensors cannot be named)")
+            details.append(
+                "(no published digest that hashes to this step's published root, and no "
+                "checkpoint: tensors cannot be named)"
+            )
         if pub.loss is not None and rec.loss is not None and rec.loss_hex() != pub.loss_hex():
-            details.append(f"loss differs too: published {pub.loss_hex()}, replayed {rec.loss_hex()} "
-                           "(the forward pass already differs)")
+            details.append(
+                f"loss differs too: published {pub.loss_hex()}, replayed {rec.loss_hex()} "
+                "(the forward pass already differs)"
+            )
         details += _trace_details(run, s, before, warnings, device)
         return Divergence(s, "state", "the state after this step differs from the published state", details)
     if rec.loss_hex() != pub.loss_hex():
-        return Divergence(s, "loss", "the published loss is not the loss of this step",
-                          [f"published {pub.loss_hex()}, replayed {rec.loss_hex()}"])
+        return Divergence(
+            s,
+            "loss",
+            "the published loss is not the loss of this step",
+            [f"published {pub.loss_hex()}, replayed {rec.loss_hex()}"],
+        )
     if rec.chain_link != pub.chain_link:
-        return Divergence(s, "chain", "the chain link differs although state and data match",
-                          [f"published {pub.chain_link}", f"replayed  {rec.chain_link}"])
+        return Divergence(
+            s,
+            "chain",
+            "the chain link differs although state and data match",
+            [f"published {pub.chain_link}", f"replayed  {rec.chain_link}"],
+        )
     return None

@@ -12,6 +12,7 @@ when a replay diverges at a traced step, the two traces are compared and the
 first differing entry is reported.  Traces are diagnostic only: nothing
 normative depends on them.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -58,7 +59,7 @@ def step_trace(trainer, state) -> dict:
     mbs = []
     params = trainer.model.working_params(state.params)  # [bf16.tensors.c1]
     for m in range(cfg.micro_batches):
-        x, y = inputs_targets(batch[m * B:(m + 1) * B])
+        x, y = inputs_targets(batch[m * B : (m + 1) * B])
         mbs.append(micro_batch_trace(trainer.model, params, x, y))
     return {"format": TRACE_FORMAT, "step": n, "micro_batches": mbs}
 
@@ -75,11 +76,19 @@ def load_trace(run, step: int) -> dict | None:
     if not p.exists() and not p.is_symlink():
         return None
     t = untrusted.load_json(p, run.path, "trace")
-    ok = (isinstance(t, dict) and set(t) == {"format", "step", "micro_batches"} and t["format"] == TRACE_FORMAT
-          and type(t["step"]) is int and t["step"] == step and isinstance(t["micro_batches"], list)
-          and all(isinstance(mb, list) and all(isinstance(e, list) and len(e) == 2
-                                               and all(isinstance(x, str) for x in e) for e in mb)
-                  for mb in t["micro_batches"]))
+    ok = (
+        isinstance(t, dict)
+        and set(t) == {"format", "step", "micro_batches"}
+        and t["format"] == TRACE_FORMAT
+        and type(t["step"]) is int
+        and t["step"] == step
+        and isinstance(t["micro_batches"], list)
+        and all(
+            isinstance(mb, list)
+            and all(isinstance(e, list) and len(e) == 2 and all(isinstance(x, str) for x in e) for e in mb)
+            for mb in t["micro_batches"]
+        )
+    )
     if not ok:
         raise InputError(f"{p}: not a {TRACE_FORMAT} trace of step {step}")
     return t
@@ -89,8 +98,10 @@ def first_difference(published: dict, ours: dict) -> str | None:
     """The first entry, in execution order, whose digest differs (None: the
     traces agree entry for entry)."""
     if len(published["micro_batches"]) != len(ours["micro_batches"]):
-        return (f"the published trace has {len(published['micro_batches'])} micro-batches, "
-                f"the replay {len(ours['micro_batches'])}")
+        return (
+            f"the published trace has {len(published['micro_batches'])} micro-batches, "
+            f"the replay {len(ours['micro_batches'])}"
+        )
     for m, (pub, mine) in enumerate(zip(published["micro_batches"], ours["micro_batches"])):
         for i, ((name_p, dig_p), (name_o, dig_o)) in enumerate(zip(pub, mine)):
             if name_p != name_o:

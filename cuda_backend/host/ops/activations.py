@@ -1,5 +1,5 @@
-"""GELU, SiLU, SwiGLU (spec chapter 12), as ``refreplay.ops.activations``.
-"""
+"""GELU, SiLU, SwiGLU (spec chapter 12), as ``refreplay.ops.activations``."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -15,8 +15,7 @@ def _map(kernel_name, n_out, **inputs):
     n = int(np.prod(shape, dtype=np.int64))
     outs = [cuda.device_array(n, np.float32) for _ in range(n_out)]
     if n:
-        getattr(ACT, kernel_name)[blocks(n), THREADS](*outs, *(_dev(a.reshape(-1))
-                                                              for a in inputs.values()))
+        getattr(ACT, kernel_name)[blocks(n), THREADS](*outs, *(_dev(a.reshape(-1)) for a in inputs.values()))
     res = tuple(_ret(o).reshape(shape) for o in outs)
     return res if n_out > 1 else res[0]
 

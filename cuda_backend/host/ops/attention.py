@@ -1,5 +1,5 @@
-"""Causal attention (spec chapter 13), as ``refreplay.ops.attention``.
-"""
+"""Causal attention (spec chapter 13), as ``refreplay.ops.attention``."""
+
 from __future__ import annotations
 
 import functools
@@ -35,8 +35,7 @@ def attention_forward(q, k, v):
     B, NH, T, HS = _heads(q=q, k=k, v=v)
     out = cuda.device_array(q.shape, np.float32)
     att = cuda.device_array((B, NH, T, T), np.float32)
-    _each(AT.attention_forward_k, B * NH * T, _dev(q), _dev(k), _dev(v),
-          attention_scale(HS), out, att)
+    _each(AT.attention_forward_k, B * NH * T, _dev(q), _dev(k), _dev(v), attention_scale(HS), out, att)
     return _ret(out), _ret(att)
 
 
@@ -48,7 +47,6 @@ def attention_backward(dout, q, k, v, att):
     d_dout, d_q, d_att = _dev(dout), _dev(q), _dev(att)
     dz = cuda.device_array((B, NH, T, T), np.float32)
     dq, dk, dv = (cuda.device_array(q.shape, np.float32) for _ in range(3))
-    _each(AT.attention_backward_rows_k, B * NH * T, d_dout, d_q, _dev(k), _dev(v),
-          d_att, attention_scale(HS), dz, dq)
+    _each(AT.attention_backward_rows_k, B * NH * T, d_dout, d_q, _dev(k), _dev(v), d_att, attention_scale(HS), dz, dq)
     _each(AT.attention_backward_keys_k, q.size, d_dout, d_q, d_att, dz, dk, dv)
     return _ret(dq), _ret(dk), _ret(dv)

@@ -1,5 +1,5 @@
-"""Linear layer (spec chapter 10) as compositions of the device matmul kernels, as ``refreplay.ops.linear``.
-"""
+"""Linear layer (spec chapter 10) as compositions of the device matmul kernels, as ``refreplay.ops.linear``."""
+
 from __future__ import annotations
 
 from .._common import device_aware
@@ -10,6 +10,7 @@ from ..linalg import bias_add, col_sum, matmul, matmul_nt, matmul_tn
 def linear_forward(x, W, b=None):
     """[linear.fwd.c1] x [N, C], W [OC, C], b [OC] or None -> y = x·Wᵀ (+ b after the sum)."""
     from .._common import check_f32, check_shape
+
     check_f32("x", x, 2), check_f32("W", W, 2)
     check_shape("W", W, (W.shape[0], x.shape[1]))
     if b is not None:
@@ -22,6 +23,7 @@ def linear_forward(x, W, b=None):
 def linear_backward(dy, x, W, has_bias=True):
     """[linear.bwd.c1] -> (dx = dy·W, dW = dyᵀ·x, db = col_sum(dy) or None)."""
     from .._common import check_f32, check_shape
+
     check_f32("dy", dy, 2), check_f32("x", x, 2), check_f32("W", W, 2)
     check_shape("W", W, (W.shape[0], x.shape[1]))
     check_shape("dy", dy, (x.shape[0], W.shape[0]))

@@ -1,5 +1,5 @@
-"""Cross-entropy (spec chapter 14), as ``refreplay.ops.loss``.
-"""
+"""Cross-entropy (spec chapter 14), as ``refreplay.ops.loss``."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -15,6 +15,7 @@ def _check(logits, targets, ignore_index):
     type, shape and contiguity here, the (host) targets by value as the reference does."""
     from refreplay.errors import InputError
     from refreplay.ops import loss as ref
+
     if not is_device(logits):
         return ref._check(logits, targets, ignore_index)
     check_f32("logits", logits, 2)
@@ -30,8 +31,9 @@ def _check(logits, targets, ignore_index):
     bad = (targets != ignore_index) & ((targets < 0) | (targets >= V))
     if bad.any():
         n = int(np.flatnonzero(bad)[0])
-        raise InputError(f"target {int(targets[n])} at token {n} is outside [0, {V}) "
-                         f"and is not the ignore index {ignore_index}")
+        raise InputError(
+            f"target {int(targets[n])} at token {n} is outside [0, {V}) and is not the ignore index {ignore_index}"
+        )
     if N > ref.MAX_COUNT:
         raise ValueError(f"more than 2^24 tokens ({N})")
 
@@ -53,6 +55,7 @@ def cross_entropy_forward(logits, targets, ignore_index=-1):
 def cross_entropy_backward(logits, targets, dloss=np.float32(1.0), count=None, ignore_index=-1):
     """[loss.bwd.c1] dlogits [N, V] of dloss * mean-loss over ``count`` tokens."""
     from refreplay.ops import loss as ref
+
     _check(logits, targets, ignore_index)
     counted = int(np.count_nonzero(targets != ignore_index))
     count = counted if count is None else int(count)
@@ -60,6 +63,13 @@ def cross_entropy_backward(logits, targets, dloss=np.float32(1.0), count=None, i
         raise ValueError(f"count {count} must lie in [{counted}, 2^24]")
     c = mul(np.float32(dloss), recip(np.float32(count))) if count else np.float32(0.0)
     dlogits = cuda.device_array(logits.shape, np.float32)
-    _each(LO.cross_entropy_backward_k, logits.shape[0], _dev(logits), _dev(targets),
-          int(ignore_index), np.float32(c), dlogits)
+    _each(
+        LO.cross_entropy_backward_k,
+        logits.shape[0],
+        _dev(logits),
+        _dev(targets),
+        int(ignore_index),
+        np.float32(c),
+        dlogits,
+    )
     return _ret(dlogits)

@@ -1,5 +1,5 @@
-"""LayerNorm and RMSNorm (spec chapter 11), as ``refreplay.ops.norms``.
-"""
+"""LayerNorm and RMSNorm (spec chapter 11), as ``refreplay.ops.norms``."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -12,6 +12,7 @@ from .._common import _dev, _each, _ret, device_aware
 def _f32_args(**arrays):
     """Validate named float32 arrays with their expected shapes (refreplay.ops' checks)."""
     from .._common import check_f32, check_shape
+
     for name, (a, shape) in arrays.items():
         check_f32(name, a, len(shape))
         check_shape(name, a, shape)
@@ -19,6 +20,7 @@ def _f32_args(**arrays):
 
 def _norm_rows(x):
     from .._common import check_f32
+
     check_f32("x", x, 2)
     N, C = x.shape
     if C < 1 or C > 1 << 24:
@@ -28,6 +30,7 @@ def _norm_rows(x):
 
 def _eps(eps):
     from refreplay.ops import check_scalar_f32
+
     return check_scalar_f32("eps", eps)
 
 
@@ -38,8 +41,7 @@ def layernorm_forward(x, w, b, eps=np.float32(1e-5)):
     _f32_args(w=(w, (C,)), b=(b, (C,)))
     eps = _eps(eps)
     out, mean, rstd = (cuda.device_array(s, np.float32) for s in ((N, C), N, N))
-    _each(NORM.layernorm_forward_k, N, out, mean, rstd, _dev(x),
-                 _dev(w), _dev(b), eps)
+    _each(NORM.layernorm_forward_k, N, out, mean, rstd, _dev(x), _dev(w), _dev(b), eps)
     return _ret(out), _ret(mean), _ret(rstd)
 
 

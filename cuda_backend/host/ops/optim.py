@@ -1,5 +1,5 @@
-"""AdamW, clipping and the LR schedule (spec chapter 15), as ``refreplay.ops.optim``.
-"""
+"""AdamW, clipping and the LR schedule (spec chapter 15), as ``refreplay.ops.optim``."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -24,6 +24,7 @@ def adamw_step(params, grads, m, v, *, step, lr, hp=None, no_decay=frozenset()):
     tensors in sorted name order ([optim.state.c1])."""
     from refreplay.ops import check_scalar_f32
     from refreplay.ops import optim as ref
+
     hp = ref.AdamW() if hp is None else hp
     check_state(params, grads=grads, m=m, v=v)
     t = ref._check_step(step)
@@ -35,8 +36,21 @@ def adamw_step(params, grads, m, v, *, step, lr, hp=None, no_decay=frozenset()):
     for k in sorted(params):
         wd = np.float32(0.0) if k in no_decay else hp.weight_decay
         dp, dm, dv = (_dev(a[k].reshape(-1)) for a in (params, m, v))
-        _each(OP.adamw_k, params[k].size, dp, _dev(grads[k].reshape(-1)), dm, dv,
-              lr, hp.beta1, hp.beta2, hp.eps, wd, rbc1, rbc2)
+        _each(
+            OP.adamw_k,
+            params[k].size,
+            dp,
+            _dev(grads[k].reshape(-1)),
+            dm,
+            dv,
+            lr,
+            hp.beta1,
+            hp.beta2,
+            hp.eps,
+            wd,
+            rbc1,
+            rbc2,
+        )
         for a, d in ((params, dp), (m, dm), (v, dv)):
             if not is_device(a[k]):  # a host tensor: the update back into it
                 a[k].reshape(-1)[:] = d.copy_to_host()
@@ -46,8 +60,16 @@ def adamw_step(params, grads, m, v, *, step, lr, hp=None, no_decay=frozenset()):
 def adamw_update(p, g, m, v, step, lr, hp=None, decay=True):
     """[optim.adamw.c1] One tensor's AdamW update as new arrays -> (p', m', v')."""
     p2, m2, v2 = p.copy(), m.copy(), v.copy()
-    adamw_step({"t": p2}, {"t": g}, {"t": m2}, {"t": v2}, step=step, lr=lr, hp=hp,
-               no_decay=frozenset() if decay else frozenset({"t"}))
+    adamw_step(
+        {"t": p2},
+        {"t": g},
+        {"t": m2},
+        {"t": v2},
+        step=step,
+        lr=lr,
+        hp=hp,
+        no_decay=frozenset() if decay else frozenset({"t"}),
+    )
     return p2, m2, v2
 
 
@@ -63,8 +85,7 @@ def sum_of_squares(g):
 def clip_coefficient(partials, max_norm):
     """[optim.clip.c1] steps 2-4: (norm, coef) from the per-tensor sums in name order."""
     out = cuda.device_array(2, np.float32)
-    _one_thread(OP.clip_coefficient_k, _dev(_f32("partials", partials, 1)),
-                np.float32(max_norm), out)
+    _one_thread(OP.clip_coefficient_k, _dev(_f32("partials", partials, 1)), np.float32(max_norm), out)
     r = out.copy_to_host()
     return r[0], r[1]
 
@@ -73,6 +94,7 @@ def clip_coefficient(partials, max_norm):
 def clip_grad_norm(grads, max_norm):
     """[optim.clip.c1] Global-norm clipping of ``grads`` (dict of host or device arrays), in place -> (norm, coef)."""
     from refreplay.ops import check_scalar_f32
+
     check_state(grads)
     max_norm = check_scalar_f32("max_norm", max_norm)
     names = sorted(grads)
@@ -96,6 +118,7 @@ def lr_at(step, warmup, total, lr_max, lr_min, kind="cosine"):
     """[optim.lr.c1] Learning rate of update ``step`` (1-based)."""
     from refreplay.ops import check_scalar_f32
     from refreplay.ops import optim as ref
+
     t = ref._check_step(step)
     for name, n in (("warmup", warmup), ("total", total)):
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 <= n <= 1 << 24:

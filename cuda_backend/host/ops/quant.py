@@ -1,5 +1,5 @@
-"""int8 quantization-aware linear layer (spec chapter 16), as ``refreplay.ops.quant``.
-"""
+"""int8 quantization-aware linear layer (spec chapter 16), as ``refreplay.ops.quant``."""
+
 from __future__ import annotations
 
 import numpy as np

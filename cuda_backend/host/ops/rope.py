@@ -1,5 +1,5 @@
-"""Rotary embedding (spec chapter 13), as ``refreplay.ops.rope``.
-"""
+"""Rotary embedding (spec chapter 13), as ``refreplay.ops.rope``."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -9,7 +9,7 @@ from ...ops import rope as RO
 from .._common import THREADS, _dev, _each, _f32, _ret, blocks, device_aware
 
 
-MAX_T = 2 ** 14 + 1  # [rope.freq.c1] angles stay in the domain of sin and cos
+MAX_T = 2**14 + 1  # [rope.freq.c1] angles stay in the domain of sin and cos
 
 
 @device_aware
@@ -35,8 +35,7 @@ def _rope(kernel_name, name, x, cos_t, sin_t):
         if HS % 2 or tab.shape[0] < T or tab.shape[1] != HS // 2:
             raise ValueError(f"{tname} table of shape {tab.shape} does not fit {name} of shape {x.shape}")
     out = cuda.device_array(x.shape, np.float32)
-    _each(getattr(RO, kernel_name), x.size // 2, _dev(x), _dev(cos_t),
-          _dev(sin_t), out)
+    _each(getattr(RO, kernel_name), x.size // 2, _dev(x), _dev(cos_t), _dev(sin_t), out)
     return _ret(out)
 
 

@@ -1,5 +1,5 @@
-"""Softmax and log-softmax (spec chapter 13), as ``refreplay.ops.softmax``.
-"""
+"""Softmax and log-softmax (spec chapter 13), as ``refreplay.ops.softmax``."""
+
 from __future__ import annotations
 
 import numpy as np

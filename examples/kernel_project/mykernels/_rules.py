@@ -1,8 +1,9 @@
 """The number rules every op applies (refreplay spec chapter 1)."""
+
 import numpy as np
 
 F32 = np.float32
-FLT_MIN = F32(2.0 ** -126)
+FLT_MIN = F32(2.0**-126)
 CANONICAL_NAN = np.array([0x7FC00000], np.uint32).view(F32)[0]
 
 

@@ -1,5 +1,6 @@
 """add and sum as refreplay's spec has them: the module form of a kernel
 (one function per op, named after the op)."""
+
 import numpy as np
 
 from ._rules import F32, canonical, flush, load, row_sum

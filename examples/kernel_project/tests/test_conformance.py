@@ -1,4 +1,5 @@
 """The kernels against refreplay's golden vectors, through the Python API."""
+
 import pytest
 
 import refreplay.conformance as conformance

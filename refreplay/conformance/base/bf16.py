@@ -4,6 +4,7 @@ common wrong ways, widening, loading.  Nothing here is on the normative path
 (``ops.bf16`` is); the runner compares bf16 outputs through ``widen`` and the
 misreadings (``readings/bf16.py``) are built from these roundings.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -15,6 +16,7 @@ NAN16 = np.uint16(0x7FC0)
 
 
 # ---- roundings of binary32 to bf16 ([bf16.round.c1] and its misreadings) ----------------
+
 
 def _to16(x, step) -> np.ndarray:
     u = fp.bits(np.ascontiguousarray(x, F32)).astype(np.uint64)

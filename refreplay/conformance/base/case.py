@@ -7,6 +7,7 @@ property it probes and the spec clauses it checks.  Families are what the
 diagnosis reasons about: a kernel that fails every ``fma`` case and passes
 every ``order`` case contracts multiply-adds but sums in the spec's order.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -16,46 +17,77 @@ import numpy as np
 # family -> (property probed, clauses it checks beyond the op's own)
 FAMILIES = {
     "random": ("random inputs at this shape", ()),
-    "edge": ("edge-value grid: exponent classes x significand patterns, +-0, subnormals, "
-             "FLT_MIN neighbours, max finite, +-inf, NaNs", ()),
-    "fma": ("fused multiply-add: the rounded products cancel exactly, a contracted "
-            "a*b+c leaves +-2^-24 (scaled)", ("num.nofma.c1",)),
-    "order": ("summation order: reversed, pairwise, blocked/split-k and strided-lane "
-              "(SIMD/warp butterfly) sums all give other bits; products are exact so "
-              "a fused multiply-add cannot matter", ()),
-    "ftz_before_rounding": ("products whose exact value is 2^-126 (1 - d), 0 < d <= 2^-25: "
-                            "IEEE rounding gives FLT_MIN, as does x86 FTZ; flush-to-zero with "
-                            "tininess detected before rounding (ARM FZ) gives 0", ("num.flush.c1",)),
-    "ftz_after_rounding": ("products whose exact value is 2^-126 (1 - d), 2^-25 < d <= 2^-24: "
-                           "IEEE rounding gives FLT_MIN; flush-to-zero with tininess detected "
-                           "on the result rounded with an unbounded exponent (x86 MXCSR.FTZ) "
-                           "gives 0, as does ARM FZ", ("num.flush.c1",)),
-    "flush": ("results that are subnormal after rounding must become a zero of the same sign",
-              ("num.flush.c1",)),
-    "input_zeroing": ("subnormal inputs must be zeroed when loaded; keeping them changes "
-                      "the output", ("num.load.c1",)),
-    "nan": ("non-canonical NaN inputs and NaN-producing operations: every NaN output is "
-            "0x7FC00000", ("num.nan.c1",)),
+    "edge": (
+        "edge-value grid: exponent classes x significand patterns, +-0, subnormals, "
+        "FLT_MIN neighbours, max finite, +-inf, NaNs",
+        (),
+    ),
+    "fma": (
+        "fused multiply-add: the rounded products cancel exactly, a contracted a*b+c leaves +-2^-24 (scaled)",
+        ("num.nofma.c1",),
+    ),
+    "order": (
+        "summation order: reversed, pairwise, blocked/split-k and strided-lane "
+        "(SIMD/warp butterfly) sums all give other bits; products are exact so "
+        "a fused multiply-add cannot matter",
+        (),
+    ),
+    "ftz_before_rounding": (
+        "products whose exact value is 2^-126 (1 - d), 0 < d <= 2^-25: "
+        "IEEE rounding gives FLT_MIN, as does x86 FTZ; flush-to-zero with "
+        "tininess detected before rounding (ARM FZ) gives 0",
+        ("num.flush.c1",),
+    ),
+    "ftz_after_rounding": (
+        "products whose exact value is 2^-126 (1 - d), 2^-25 < d <= 2^-24: "
+        "IEEE rounding gives FLT_MIN; flush-to-zero with tininess detected "
+        "on the result rounded with an unbounded exponent (x86 MXCSR.FTZ) "
+        "gives 0, as does ARM FZ",
+        ("num.flush.c1",),
+    ),
+    "flush": ("results that are subnormal after rounding must become a zero of the same sign", ("num.flush.c1",)),
+    "input_zeroing": ("subnormal inputs must be zeroed when loaded; keeping them changes the output", ("num.load.c1",)),
+    "nan": ("non-canonical NaN inputs and NaN-producing operations: every NaN output is 0x7FC00000", ("num.nan.c1",)),
     "signed_zero": ("sign of zero: sums of -0 terms start from -0; max/min of +-0", ()),
-    "vendor_transcendental": ("inputs where the spec's algorithm and the correctly rounded "
-                              "value differ: a libm, NumPy or CUDA function gives other bits", ()),
-    "empty": ("reductions over zero terms: the empty sum is +0, not the -0 a sum starts from; "
-              "the empty maximum is -inf", ("red.sum.c1",)),
-    "sweep": ("thin-but-long shapes: reductions of length up to 65,537 (131,071 for int8, T = 1,024 "
-              "for attention); a kernel that changes algorithm with shape (split-K, a blocked or online "
-              "softmax, tiling) passes the short cases and fails here", ()),
-    "tf32": ("fp32 inputs with low significand bits: rounding them to TF32 (10 bits) or "
-             "bfloat16 (7 bits) inside the matmul changes the output", ("num.format.c1",)),
+    "vendor_transcendental": (
+        "inputs where the spec's algorithm and the correctly rounded "
+        "value differ: a libm, NumPy or CUDA function gives other bits",
+        (),
+    ),
+    "empty": (
+        "reductions over zero terms: the empty sum is +0, not the -0 a sum starts from; the empty maximum is -inf",
+        ("red.sum.c1",),
+    ),
+    "sweep": (
+        "thin-but-long shapes: reductions of length up to 65,537 (131,071 for int8, T = 1,024 "
+        "for attention); a kernel that changes algorithm with shape (split-K, a blocked or online "
+        "softmax, tiling) passes the short cases and fails here",
+        (),
+    ),
+    "tf32": (
+        "fp32 inputs with low significand bits: rounding them to TF32 (10 bits) or "
+        "bfloat16 (7 bits) inside the matmul changes the output",
+        ("num.format.c1",),
+    ),
     # [bf16.probes.c1]: each checked against its misreading by table.bf16.check_probe
-    "bf16_rounding": ("binary32 results at and beside ties: truncation and ties away from zero give "
-                      "other bf16 bits than round to nearest even", ("bf16.round.c1", "bf16.probes.c1")),
-    "bf16_accumulation": ("sums of exact bf16 products, exact in binary32 in every order, whose partial "
-                          "sums are not bf16 values: an accumulator rounded to bf16 gives other bits",
-                          ("bf16.matmul.c1", "bf16.probes.c1")),
-    "bf16_input_zeroing": ("bf16 subnormal inputs whose zeroing changes the result",
-                           ("bf16.load.c1", "bf16.probes.c1")),
-    "bf16_intermediate": ("an internal value (probability, normalised value, exponential) rounded to bf16 "
-                          "before use changes the result", ("bf16.ops.c1", "bf16.probes.c1")),
+    "bf16_rounding": (
+        "binary32 results at and beside ties: truncation and ties away from zero give "
+        "other bf16 bits than round to nearest even",
+        ("bf16.round.c1", "bf16.probes.c1"),
+    ),
+    "bf16_accumulation": (
+        "sums of exact bf16 products, exact in binary32 in every order, whose partial "
+        "sums are not bf16 values: an accumulator rounded to bf16 gives other bits",
+        ("bf16.matmul.c1", "bf16.probes.c1"),
+    ),
+    "bf16_input_zeroing": (
+        "bf16 subnormal inputs whose zeroing changes the result",
+        ("bf16.load.c1", "bf16.probes.c1"),
+    ),
+    "bf16_intermediate": (
+        "an internal value (probability, normalised value, exponential) rounded to bf16 before use changes the result",
+        ("bf16.ops.c1", "bf16.probes.c1"),
+    ),
 }
 
 
@@ -82,8 +114,14 @@ class Case:
         return BF16 if key in self.bf16 else dtype_name(a)
 
 
-DTYPE_NAMES = {np.dtype(np.float32): "f32", np.dtype(np.int8): "i8", np.dtype(np.int32): "i32",
-               np.dtype(np.uint16): "u16", np.dtype(np.int64): "i64", np.dtype(np.uint32): "u32"}
+DTYPE_NAMES = {
+    np.dtype(np.float32): "f32",
+    np.dtype(np.int8): "i8",
+    np.dtype(np.int32): "i32",
+    np.dtype(np.uint16): "u16",
+    np.dtype(np.int64): "i64",
+    np.dtype(np.uint32): "u32",
+}
 BF16 = "bf16"  # carried as uint16 bit patterns; a tensor's dtype name says which uint16 tensors are bf16
 DTYPES = {**{v: k for k, v in DTYPE_NAMES.items()}, BF16: np.dtype(np.uint16)}
 

@@ -7,6 +7,7 @@ reference kernels.  These helpers model what a non-conformant kernel does, so
 that a probe can be checked to separate conformant from deviant arithmetic
 and a failure can be explained.
 """
+
 from __future__ import annotations
 
 import numpy as np

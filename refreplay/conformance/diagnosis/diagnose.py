@@ -9,6 +9,7 @@ has random cases only, the op is re-evaluated on the smallest failing cases
 with the spec's algorithm changed in one or two places (``variants.py``) and
 the variants that reproduce the kernel, or else the closest one, are named.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -58,8 +59,9 @@ def _rounded_inputs_reproduce(op, r, keep) -> bool:
     """The spec's op on inputs whose significands are rounded to ``keep`` bits gives the kernel's output."""
     if not r.actual or len(op.outputs) != 1 or next(iter(r.case.outputs.values())).dtype != np.float32:
         return False
-    inputs = [fp.round_mantissa(x, keep) if x.dtype == np.float32 else x
-              for x in load_inputs(list(r.case.inputs.values()))]
+    inputs = [
+        fp.round_mantissa(x, keep) if x.dtype == np.float32 else x for x in load_inputs(list(r.case.inputs.values()))
+    ]
     return _same(op.reference(*inputs), _flat_actual(r))
 
 
@@ -139,11 +141,14 @@ def _order_finding(op, fam):
         if len(ran) < len(bad):
             what += f" (on all {len(ran)} failing order probes re-evaluated)"
     elif part and hits[part]:
-        what = (f"partial: the closest candidate, {part}, reproduces {hits[part]} of the {len(ran)} failing order "
-                f"probes re-evaluated; no candidate reproduces them all")
+        what = (
+            f"partial: the closest candidate, {part}, reproduces {hits[part]} of the {len(ran)} failing order "
+            f"probes re-evaluated; no candidate reproduces them all"
+        )
     else:
-        what = ("matches none of the candidate orders (reversed, pairwise, blocked/split-k, "
-                "strided lanes, NumPy pairwise)")
+        what = (
+            "matches none of the candidate orders (reversed, pairwise, blocked/split-k, strided lanes, NumPy pairwise)"
+        )
     return Finding(op.name, f"sums in a different order — {_count(fam, 'order')}; {what}", clause)
 
 
@@ -171,19 +176,23 @@ def _flush_mode_findings(op_name, fam, failing) -> list[Finding]:
     after = "ftz_after_rounding" in failing
     out = []
     if before:
-        how = ("flushes before rounding: products FLT_MIN (1 - d), 0 < d <= 2^-25, that IEEE rounds up to "
-               "FLT_MIN come out 0 (tininess judged on the exact product, as ARM's FZ mode does)"
-               if _outputs_where(fam, "ftz_before_rounding", zero) else
-               "products just below FLT_MIN do not round to FLT_MIN")
+        how = (
+            "flushes before rounding: products FLT_MIN (1 - d), 0 < d <= 2^-25, that IEEE rounds up to "
+            "FLT_MIN come out 0 (tininess judged on the exact product, as ARM's FZ mode does)"
+            if _outputs_where(fam, "ftz_before_rounding", zero)
+            else "products just below FLT_MIN do not round to FLT_MIN"
+        )
         out.append(Finding(op_name, f"{how} — {_count(fam, 'ftz_before_rounding')}", ["num.flush.c1"]))
     if after and not before:
-        how = ("flushes the way x86 FTZ (MXCSR.FTZ) does: tininess judged on the product rounded to 24 bits "
-               "with an unbounded exponent, so products FLT_MIN (1 - d), 2^-25 < d <= 2^-24, that IEEE "
-               "rounds up to FLT_MIN come out 0 (0xAB123191 x 0x14E0241F: IEEE and the spec give 0x80800000, "
-               "x86 FTZ 0x80000000); the spec flushes the IEEE (gradual-underflow) result, so x86 FTZ is not "
-               "the spec's flush"
-               if _outputs_where(fam, "ftz_after_rounding", zero) else
-               "products just below FLT_MIN do not round to FLT_MIN")
+        how = (
+            "flushes the way x86 FTZ (MXCSR.FTZ) does: tininess judged on the product rounded to 24 bits "
+            "with an unbounded exponent, so products FLT_MIN (1 - d), 2^-25 < d <= 2^-24, that IEEE "
+            "rounds up to FLT_MIN come out 0 (0xAB123191 x 0x14E0241F: IEEE and the spec give 0x80800000, "
+            "x86 FTZ 0x80000000); the spec flushes the IEEE (gradual-underflow) result, so x86 FTZ is not "
+            "the spec's flush"
+            if _outputs_where(fam, "ftz_after_rounding", zero)
+            else "products just below FLT_MIN do not round to FLT_MIN"
+        )
         out.append(Finding(op_name, f"{how} — {_count(fam, 'ftz_after_rounding')}", ["num.flush.c1"]))
     return out
 
@@ -213,9 +222,13 @@ def _nan_canonical(r):
         a = np.asarray(actual.get(n, np.zeros(0)))
         if a.dtype == np.float32 and e.dtype == np.float32 and f"out/{n}" not in r.case.bf16:
             actual[n] = np.where(np.isnan(a), fp.f32(fp.CANONICAL_NAN), a).astype(np.float32)
-    same = all(n in actual and np.asarray(actual[n]).shape == e.shape and np.asarray(actual[n]).dtype == e.dtype
-               and np.array_equal(np.asarray(actual[n]).view(np.uint8), e.view(np.uint8))
-               for n, e in r.case.outputs.items())
+    same = all(
+        n in actual
+        and np.asarray(actual[n]).shape == e.shape
+        and np.asarray(actual[n]).dtype == e.dtype
+        and np.array_equal(np.asarray(actual[n]).view(np.uint8), e.view(np.uint8))
+        for n, e in r.case.outputs.items()
+    )
     return replace(r, actual=actual, status=("xpass" if r.status == "xfail" else "pass") if same else r.status)
 
 
@@ -235,8 +248,16 @@ def diagnose(op_name: str, results) -> list[Finding]:
     bf16 = [f for f in out if f.message.startswith("non-canonical bf16 NaN")]
     # a finding the first pass made too stands as it is; one the NaNs hid says how it was found
     first = {f.message for f in out}
-    return errors + nan + bf16 + [f if f.message in first else Finding(f.op, NAN_ASIDE + f.message, f.clauses)
-                                  for f in rest if not f.message.startswith("non-canonical bf16 NaN")]
+    return (
+        errors
+        + nan
+        + bf16
+        + [
+            f if f.message in first else Finding(f.op, NAN_ASIDE + f.message, f.clauses)
+            for f in rest
+            if not f.message.startswith("non-canonical bf16 NaN")
+        ]
+    )
 
 
 def _diagnose(op_name: str, results) -> list[Finding]:
@@ -250,16 +271,27 @@ def _diagnose(op_name: str, results) -> list[Finding]:
     failing = {f for f, (bad, good) in fam.items() if bad}
     errors = [r for r in results if r.status == "error"]
     if errors:
-        out.append(Finding(op_name, f"the kernel failed to run on {len(errors)} cases "
-                                    f"(first: {errors[0].case.id}: {errors[0].message})", ["conv.conformance.c1"]))
+        out.append(
+            Finding(
+                op_name,
+                f"the kernel failed to run on {len(errors)} cases (first: {errors[0].case.id}: {errors[0].message})",
+                ["conv.conformance.c1"],
+            )
+        )
     if "fma" in failing and op.bf16:  # [bf16.exact.r1] only a product below 2^-126 can tell, and both keep it
-        out.append(Finding(op_name, f"keeps a product below 2^-126 that the spec flushes: a fused multiply-add or "
-                                    f"unflushed (gradual-underflow) products, which bf16's exact products make "
-                                    f"indistinguishable — {_count(fam, 'fma')}",
-                           ["num.nofma.c1", "num.flush.c1", "bf16.exact.r1"]))
+        out.append(
+            Finding(
+                op_name,
+                f"keeps a product below 2^-126 that the spec flushes: a fused multiply-add or "
+                f"unflushed (gradual-underflow) products, which bf16's exact products make "
+                f"indistinguishable — {_count(fam, 'fma')}",
+                ["num.nofma.c1", "num.flush.c1", "bf16.exact.r1"],
+            )
+        )
     elif "fma" in failing:
-        out.append(Finding(op_name, f"contracts multiply-add (a*b + c rounded once) — {_count(fam, 'fma')}",
-                           ["num.nofma.c1"]))
+        out.append(
+            Finding(op_name, f"contracts multiply-add (a*b + c rounded once) — {_count(fam, 'fma')}", ["num.nofma.c1"])
+        )
     f = _order_finding(op, fam)
     if f:
         out.append(f)
@@ -267,36 +299,56 @@ def _diagnose(op_name: str, results) -> list[Finding]:
     if "flush" in failing:
         s = _outputs_where(fam, "flush", lambda e, a: (e == 0) & fp.is_subnormal(a))
         t = _outputs_where(fam, "flush", lambda e, a: (e == 0) & (a != 0) & (np.abs(a) <= 2 * fp.FLT_MIN))
-        how = ("does not flush subnormal results to zero (IEEE gradual underflow; the spec flushes the "
-               "IEEE result after rounding)" if s else
-               "does not flush subnormal results to zero: unflushed subnormal products or partial sums "
-               "reach the output (2^-127 + 2^-127 gives FLT_MIN instead of 0)" if t else
-               "subnormal results handled differently")
+        how = (
+            "does not flush subnormal results to zero (IEEE gradual underflow; the spec flushes the "
+            "IEEE result after rounding)"
+            if s
+            else "does not flush subnormal results to zero: unflushed subnormal products or partial sums "
+            "reach the output (2^-127 + 2^-127 gives FLT_MIN instead of 0)"
+            if t
+            else "subnormal results handled differently"
+        )
         out.append(Finding(op_name, f"{how} — {_count(fam, 'flush')}", ["num.flush.c1"]))
     if "input_zeroing" in failing:
-        out.append(Finding(op_name, f"does not zero subnormal inputs — {_count(fam, 'input_zeroing')}",
-                           ["num.load.c1"]))
+        out.append(
+            Finding(op_name, f"does not zero subnormal inputs — {_count(fam, 'input_zeroing')}", ["num.load.c1"])
+        )
     pats = _nan_patterns(fam)
     if pats:
-        out.append(Finding(op_name, f"non-canonical NaN ({', '.join(pats[:4])} where 0x7FC00000 is required)",
-                           ["num.nan.c1"]))
+        out.append(
+            Finding(op_name, f"non-canonical NaN ({', '.join(pats[:4])} where 0x7FC00000 is required)", ["num.nan.c1"])
+        )
     elif "nan" in failing:
         out.append(Finding(op_name, f"NaN handling differs — {_count(fam, 'nan')}", ["num.nan.c1"]))
     if "signed_zero" in failing:
         clause = [c for c in op.clauses if c.startswith(("red.", "num.minmax", "mm."))] or list(op.clauses)
         rule = {"max": "max(-0, +0) is +0", "fmax": "fmax(-0, +0) is +0", "fmin": "fmin(-0, +0) is -0"}.get(
-            op_name, "a sum of -0 terms is -0: start the sum from -0, not +0" if op.terms else
-            "a zero result has the sign IEEE gives it")
+            op_name,
+            "a sum of -0 terms is -0: start the sum from -0, not +0"
+            if op.terms
+            else "a zero result has the sign IEEE gives it",
+        )
         out.append(Finding(op_name, f"sign of zero differs ({rule}) — {_count(fam, 'signed_zero')}", clause))
     if "empty" in failing and op_name not in variants.MODELS:  # there the variant finding says what differs
-        out.append(Finding(op_name, f"an empty reduction differs (the empty sum is +0, not the -0 a sum starts "
-                                    f"from; the empty maximum is -inf) — {_count(fam, 'empty')}",
-                           list(dict.fromkeys(["red.sum.c1"] + [c for c in op.clauses if c.startswith("red.")]))))
+        out.append(
+            Finding(
+                op_name,
+                f"an empty reduction differs (the empty sum is +0, not the -0 a sum starts "
+                f"from; the empty maximum is -inf) — {_count(fam, 'empty')}",
+                list(dict.fromkeys(["red.sum.c1"] + [c for c in op.clauses if c.startswith("red.")])),
+            )
+        )
     if failing == {"sweep"}:  # otherwise the short cases already say what differs
         out.append(_sweep_finding(op, fam))
     if "vendor_transcendental" in failing:
-        out.append(Finding(op_name, f"uses a vendor {op_name} (libm, NumPy, CUDA) instead of the spec's algorithm "
-                                    f"— {_count(fam, 'vendor_transcendental')}", list(op.clauses)))
+        out.append(
+            Finding(
+                op_name,
+                f"uses a vendor {op_name} (libm, NumPy, CUDA) instead of the spec's algorithm "
+                f"— {_count(fam, 'vendor_transcendental')}",
+                list(op.clauses),
+            )
+        )
     if "tf32" in failing:
         out.append(_tf32_finding(op, fam))
     f = _variant_finding(op, results)
@@ -314,14 +366,19 @@ def _unexplained_finding(op, bad, failing, results=()):
     (a few ulp: another order, fused or vendor arithmetic; far: another
     formula).  The finding leads (the results table shows the message up to
     its first detail); where it was measured follows."""
-    where = (f"no diagnostic probe isolates it (fails {', '.join(sorted(failing))} cases, "
-             f"first: {bad[0].case.id})")
+    where = f"no diagnostic probe isolates it (fails {', '.join(sorted(failing))} cases, first: {bad[0].case.id})"
     if all(_zero_sign_only(r) for r in bad):
-        if _outputs_where({"x": (bad, [])}, "x", lambda e, a: (e == 0) & (a == 0) & (fp.bits(e) != fp.bits(a))
-                          & (fp.bits(e) != np.uint32(0x80000000))):
+        if _outputs_where(
+            {"x": (bad, [])},
+            "x",
+            lambda e, a: (e == 0) & (a == 0) & (fp.bits(e) != fp.bits(a)) & (fp.bits(e) != np.uint32(0x80000000)),
+        ):
             return Finding(op.name, f"only the sign of zero differs; {where}", list(op.clauses))
-        return Finding(op.name, f"the spec's -0 comes out +0 (a sum started from +0 instead of -0 does this); "
-                                f"{where}", list(dict.fromkeys(list(op.clauses) + ["red.sum.c1"])))
+        return Finding(
+            op.name,
+            f"the spec's -0 comes out +0 (a sum started from +0 instead of -0 does this); {where}",
+            list(dict.fromkeys(list(op.clauses) + ["red.sum.c1"])),
+        )
     plus, also = _plus_zero_note(bad)
     # ordinary values first: edge cases hold specials and extremes whose ulp distances say little
     measured = [r for r in bad if r.case.family == "random"] or bad
@@ -344,13 +401,18 @@ def _unexplained_finding(op, bad, failing, results=()):
     if special:
         return Finding(op.name, f"differs only where the input {special}; {counted}", list(op.clauses))
     if nan_vs_number:
-        return Finding(op.name, _located(f"gives a NaN where the spec has a number, or the reverse; {counted}", op,
-                                         results), list(op.clauses))
+        return Finding(
+            op.name,
+            _located(f"gives a NaN where the spec has a number, or the reverse; {counted}", op, results),
+            list(op.clauses),
+        )
     med, worst = (int(np.median(d)), int(d.max())) if d.size else (0, 0)
     if med <= 16:
         near_zero = ", where cancellation leaves a result near zero" if worst > 1 << 10 else ""
-        size = (f"differs by a median of {med} ulp (max {worst}{near_zero}): a different summation order, "
-                f"fused operations or vendor functions give differences of this size")
+        size = (
+            f"differs by a median of {med} ulp (max {worst}{near_zero}): a different summation order, "
+            f"fused operations or vendor functions give differences of this size"
+        )
     else:
         size = f"differs by a median of {med} ulp (max {worst}): more than rounding, another formula"
     clauses = list(op.clauses) + (["red.sum.c1"] if plus and "red.sum.c1" not in op.clauses else [])
@@ -372,8 +434,10 @@ def _sweep_finding(op, fam):
     passing = [r for r in good if _size(r) < _size(first)]
     if passing:
         msg += f"; longest passing below it: {max(passing, key=_size).case.id}"
-    msg += ("; every short case passes, so the kernel changes algorithm with shape (split-K, a blocked or "
-            "online softmax, tiling)")
+    msg += (
+        "; every short case passes, so the kernel changes algorithm with shape (split-K, a blocked or "
+        "online softmax, tiling)"
+    )
     if op.terms is not None and first.actual and next(iter(first.actual.values())).dtype == np.float32:
         from ..inputs.separation import split_in_two
 
@@ -386,14 +450,18 @@ def _sweep_finding(op, fam):
 
 def _tf32_finding(op, fam):
     keep = _tf32_keep(op, fam)
-    how = ("drops low significand bits of fp32 inputs" if keep is None else
-           f"rounds fp32 inputs to {'TF32' if keep == 10 else 'bfloat16'} inside the matmul")
-    return Finding(op.name, f"{how} — {_count(fam, 'tf32')}",
-                   ["num.format.c1"] + [c for c in op.clauses if c.startswith("mm.")])
+    how = (
+        "drops low significand bits of fp32 inputs"
+        if keep is None
+        else f"rounds fp32 inputs to {'TF32' if keep == 10 else 'bfloat16'} inside the matmul"
+    )
+    return Finding(
+        op.name, f"{how} — {_count(fam, 'tf32')}", ["num.format.c1"] + [c for c in op.clauses if c.startswith("mm.")]
+    )
 
 
 VARIANT_CASES = 3  # failing cases re-evaluated per op under every variant, smallest first
-VERIFY_CASES = 8   # failing cases a matching variant must reproduce before it is named the cause
+VERIFY_CASES = 8  # failing cases a matching variant must reproduce before it is named the cause
 PASSING_CASES = 3  # passing cases it must reproduce too (the kernel gives the spec's bits there)
 
 
@@ -425,9 +493,17 @@ def _variant_finding(op, results):
     if op.name not in variants.MODELS:
         return None
     # sweep cases are long rows: re-evaluating every variant on them would take minutes
-    bad = [r for r in results if r.status in ("fail", "xfail") and r.case.family != "sweep" and r.actual and all(
-        n in r.actual and _stored(r, n).shape == e.shape and _stored(r, n).dtype == e.dtype
-        for n, e in r.case.outputs.items())]  # a wrong shape or dtype is no arithmetic variant
+    bad = [
+        r
+        for r in results
+        if r.status in ("fail", "xfail")
+        and r.case.family != "sweep"
+        and r.actual
+        and all(
+            n in r.actual and _stored(r, n).shape == e.shape and _stored(r, n).dtype == e.dtype
+            for n, e in r.case.outputs.items()
+        )
+    ]  # a wrong shape or dtype is no arithmetic variant
     if not bad:
         return None
     # random cases first: they hold the op's arithmetic at ordinary values, where the variants differ;
@@ -439,8 +515,10 @@ def _variant_finding(op, results):
         return None
     on = f"on the {ex.cases} smallest failing case{'s' if ex.cases > 1 else ''}"
     checked = _loaded(bad[VARIANT_CASES:VERIFY_CASES])
-    good = sorted([r for r in results if r.status in ("pass", "xpass") and r.case.family != "sweep" and r.actual],
-                  key=lambda r: (r.case.family != "random", _size(r)))  # random rows are the long ones
+    good = sorted(
+        [r for r in results if r.status in ("pass", "xpass") and r.case.family != "sweep" and r.actual],
+        key=lambda r: (r.case.family != "random", _size(r)),
+    )  # random rows are the long ones
     passing = _loaded(good[:PASSING_CASES])
     full = [v for v in ex.matches if variants.tally(op.name, checked, v).exact]
     # a variant that breaks a case the kernel passes is not the kernel (a +0 start and NumPy's
@@ -451,31 +529,38 @@ def _variant_finding(op, results):
         on += f"; every differing element of all {len(bad[:VERIFY_CASES])} failing cases re-evaluated"
     if full:
         names = [variants.name(v) for v in full]
-        what = names[0] if len(names) == 1 else "any of: " + "; ".join(names[:4]) + (
-            f"; and {len(names) - 4} more" if len(names) > 4 else "")
+        what = (
+            names[0]
+            if len(names) == 1
+            else "any of: " + "; ".join(names[:4]) + (f"; and {len(names) - 4} more" if len(names) > 4 else "")
+        )
         msg = f"reproduced exactly by the spec's algorithm with {what} ({on})"
         devs = [d for v in full[:4] for d in v]
     else:
         rs = cases + checked
         scored = [(variants.tally(op.name, rs, v), v) for v in ex.matches or ([ex.closest] if ex.closest else [])]
-        t, best = max(scored, key=lambda tv: (tv[0].explained - tv[0].differ, tv[0].explained),
-                      default=(None, None))
+        t, best = max(scored, key=lambda tv: (tv[0].explained - tv[0].differ, tv[0].explained), default=(None, None))
         n_cases = len(rs)
         size = _ulp_summary(op.name, rs) + _plus_zero_note(bad[:VERIFY_CASES])[1]
         if best is not None and t.explained > 0:
             ulp = "a NaN" if t.max_ulp >= 1 << 32 else f"{t.max_ulp} ulp"
             still = t.spec_differ - t.explained
             broken = t.differ - still  # elements where the kernel has the spec's bits and the variant has not
-            msg = (f"partial: closest variant {variants.name(best)} explains {t.explained} of {t.spec_differ} "
-                   f"differing elements" + (f" ({still} still differ)" if still else "")
-                   + (f", but changes {broken} elements where the kernel has the spec's bits" if broken else "")
-                   + f" (max {ulp} under it); no single deviation or pair reproduces them all "
-                   f"(on the {n_cases} smallest failing case{'s' if n_cases > 1 else ''}){size}")
+            msg = (
+                f"partial: closest variant {variants.name(best)} explains {t.explained} of {t.spec_differ} "
+                f"differing elements"
+                + (f" ({still} still differ)" if still else "")
+                + (f", but changes {broken} elements where the kernel has the spec's bits" if broken else "")
+                + f" (max {ulp} under it); no single deviation or pair reproduces them all "
+                f"(on the {n_cases} smallest failing case{'s' if n_cases > 1 else ''}){size}"
+            )
             devs = list(best)
             msg = _located(msg, op, results)
         else:
-            msg = (f"no single deviation or pair of the spec's algorithm comes closer to it than the spec's own "
-                   f"({ex.spec_differ} of {ex.total} elements differ) ({on}){size}")
+            msg = (
+                f"no single deviation or pair of the spec's algorithm comes closer to it than the spec's own "
+                f"({ex.spec_differ} of {ex.total} elements differ) ({on}){size}"
+            )
             devs = []
             msg = _located(msg, op, results)
     clauses = list(dict.fromkeys(list(op.clauses) + [c for d in devs for c in d.clauses]))
@@ -485,7 +570,7 @@ def _variant_finding(op, results):
 def _nice_between(lo, hi) -> str:
     """The shortest decimal v with lo < v <= hi (lo < hi, finite), as text."""
     for digits in range(0, 10):
-        for v in (np.ceil(lo * 10 ** digits) / 10 ** digits, np.floor(hi * 10 ** digits) / 10 ** digits):
+        for v in (np.ceil(lo * 10**digits) / 10**digits, np.floor(hi * 10**digits) / 10**digits):
             if lo < v <= hi:
                 return np.format_float_positional(np.float64(v), trim="-")
     return np.format_float_positional(np.float32(hi), trim="-")
@@ -522,13 +607,18 @@ def _where(op, results) -> str:
     columns of the outputs ('only in rows 512 and above'); '' otherwise.
     Every case that ran counts (the passing ones agree everywhere); the
     sweep cases' long rows are left out, as in the variant search."""
-    bad = [r for r in results if r.actual and r.status in ("pass", "fail", "xfail", "xpass")
-           and r.case.family != "sweep"]
+    bad = [
+        r for r in results if r.actual and r.status in ("pass", "fail", "xfail", "xpass") and r.case.family != "sweep"
+    ]
     found = []
     names = None
     for r in bad:  # the float32 inputs of the outputs' shape, in every case
-        ns = {n for n, x in r.case.inputs.items() if x.dtype == np.float32 and
-              all(x.shape == e.shape for e in r.case.outputs.values() if e.dtype == np.float32)}
+        ns = {
+            n
+            for n, x in r.case.inputs.items()
+            if x.dtype == np.float32
+            and all(x.shape == e.shape for e in r.case.outputs.values() if e.dtype == np.float32)
+        }
         names = ns if names is None else names & ns
     for name in sorted(names or ()):
         xs, ds = [], []
@@ -582,10 +672,15 @@ def _located(msg, op, results) -> str:
 def _plus_zero_note(bad) -> tuple[int, str]:
     """A +0 start beside another difference: the spec's -0s that come out +0,
     counted, and the sentence that says so ('' if none)."""
-    plus = _outputs_where({"x": (bad, [])}, "x", lambda e, a: (fp.bits(e) == np.uint32(0x80000000))
-                          & (fp.bits(a) == np.uint32(0)))
-    return plus, (f"; besides, {plus} of the differing elements are the spec's -0 come out +0 (a sum started "
-                  f"from +0 instead of -0 does this)" if plus else "")
+    plus = _outputs_where(
+        {"x": (bad, [])}, "x", lambda e, a: (fp.bits(e) == np.uint32(0x80000000)) & (fp.bits(a) == np.uint32(0))
+    )
+    return plus, (
+        f"; besides, {plus} of the differing elements are the spec's -0 come out +0 (a sum started "
+        f"from +0 instead of -0 does this)"
+        if plus
+        else ""
+    )
 
 
 def _ulp_summary(op_name, cases) -> str:
@@ -665,8 +760,13 @@ def _bf16_findings(op, results) -> tuple[list[Finding], set]:
                 flat = a.ravel()
                 nans |= {f"0x{int(b):04X}" for b in flat[((flat & 0x7FFF) > 0x7F80) & (flat != 0x7FC0)][:50]}
     if nans:
-        out.append(Finding(op.name, f"non-canonical bf16 NaN ({', '.join(sorted(nans)[:4])} where 0x7FC0 is "
-                                    f"required)", ["bf16.round.c1", "bf16.load.c1", "num.nan.c1"]))
+        out.append(
+            Finding(
+                op.name,
+                f"non-canonical bf16 NaN ({', '.join(sorted(nans)[:4])} where 0x7FC0 is required)",
+                ["bf16.round.c1", "bf16.load.c1", "num.nan.c1"],
+            )
+        )
     by_family: dict[str, list] = {}
     for r in sorted(bad, key=_size):
         by_family.setdefault(r.case.family, []).append(r)
@@ -691,7 +791,13 @@ def _bf16_findings(op, results) -> tuple[list[Finding], set]:
         if any(ids < {id(r) for r in other} for _, other in hits_of):
             continue
         fams = sorted({r.case.family for r in hits})
-        out.append(Finding(op.name, f"{m.name} — reproduces {len(hits)} of the {len(sample)} failing cases "
-                                    f"re-evaluated ({', '.join(fams)}; first {hits[0].case.id})", list(m.clauses)))
+        out.append(
+            Finding(
+                op.name,
+                f"{m.name} — reproduces {len(hits)} of the {len(sample)} failing cases "
+                f"re-evaluated ({', '.join(fams)}; first {hits[0].case.id})",
+                list(m.clauses),
+            )
+        )
         explained |= ids
     return out, explained

@@ -12,6 +12,7 @@ LCA size rebuilds the tree (a node may have more than two children, as in a
 multi-term adder).  The spec's tree is found the same way by probing the
 reference, and both are matched against the named candidate orders.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -49,16 +50,22 @@ def _run(kernel: Kernel, op: str, X: np.ndarray) -> np.ndarray:
     n = X.shape[1]
     try:
         if op == "sum":
-            parts = (X[r:r + CHUNK].copy() for r in range(0, len(X), CHUNK))
+            parts = (X[r : r + CHUNK].copy() for r in range(0, len(X), CHUNK))
             return np.concatenate([kernel.run("sum", [p], {"out": ("f32", (len(p),))})["out"] for p in parts])
         if op == "matmul":
             ones = np.ones((n, 1), np.float32)
-            return np.concatenate([kernel.run("matmul", [X[r:r + CHUNK].copy(), ones],
-                                              {"C": ("f32", (len(X[r:r + CHUNK]), 1))})["C"].reshape(-1)
-                                   for r in range(0, len(X), CHUNK)])
+            return np.concatenate(
+                [
+                    kernel.run("matmul", [X[r : r + CHUNK].copy(), ones], {"C": ("f32", (len(X[r : r + CHUNK]), 1))})[
+                        "C"
+                    ].reshape(-1)
+                    for r in range(0, len(X), CHUNK)
+                ]
+            )
         ones = np.ones(n, np.float32)
-        return np.array([kernel.run("dot", [row.copy(), ones], {"out": ("f32", (1,))})["out"][0] for row in X],
-                        dtype=np.float32)
+        return np.array(
+            [kernel.run("dot", [row.copy(), ones], {"out": ("f32", (1,))})["out"][0] for row in X], dtype=np.float32
+        )
     except Unsupported as exc:
         raise InputError(f"the kernel does not implement {op}: {exc}") from None
     except KernelError as exc:
@@ -84,14 +91,16 @@ def lca_sizes(outputs: np.ndarray, n: int) -> np.ndarray:
     out = np.asarray(outputs, dtype=np.float64)
     if not np.all(np.isfinite(out)) or np.any(out != np.round(out)) or np.any(out < 0) or np.any(out > n - 2):
         bad = out[~(np.isfinite(out) & (out == np.round(out)) & (out >= 0) & (out <= n - 2))][:3]
-        raise NotATree(f"outputs {bad.tolist()} are not counts of surviving ones: the kernel does not sum "
-                       f"in binary32 (higher-precision or compensated accumulation?)")
+        raise NotATree(
+            f"outputs {bad.tolist()} are not counts of surviving ones: the kernel does not sum "
+            f"in binary32 (higher-precision or compensated accumulation?)"
+        )
     return (n - out).astype(np.int64)
 
 
 def build_tree(sizes: np.ndarray, pairs, n: int):
     """The tree whose LCA sizes are ``sizes`` (one per pair)."""
-    cluster = list(range(n))       # leaf -> its current top node (int for a bare leaf)
+    cluster = list(range(n))  # leaf -> its current top node (int for a bare leaf)
     top: dict[int, object] = {i: i for i in range(n)}
 
     def find(i):
@@ -119,8 +128,9 @@ def build_tree(sizes: np.ndarray, pairs, n: int):
         else:
             node = Node([a, b], s, leaves(a) + leaves(b))
         if node.leaves > s:
-            raise NotATree(f"positions {i} and {j} meet in a sum of {s} terms, but their partial sums "
-                           f"already cover {node.leaves}")
+            raise NotATree(
+                f"positions {i} and {j} meet in a sum of {s} terms, but their partial sums already cover {node.leaves}"
+            )
         cluster[rj] = ri
         top[ri] = node
     roots = {find(i) for i in range(n)}

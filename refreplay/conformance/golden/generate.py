@@ -6,6 +6,7 @@ so adding an op leaves the other ops' vectors unchanged.  Expected outputs
 come from the reference only ([conv.conformance.c1]); the probe families'
 isolation claims are checked on the spot (``separation.ProbeError``).
 """
+
 from __future__ import annotations
 
 import zlib
@@ -54,11 +55,26 @@ def build_op(name: str) -> list[Case]:
             n = next(a.size for k, a in zip(op.inputs, raw) if f"in/{k}" in tiles)
             tiles.update({f"out/{k}": axis_sweeps.TILE for k, a in outputs.items() if a.size == n})
             for k, a in outputs.items():
-                if f"out/{k}" in tiles and not (a.reshape(-1).view(np.uint8) == np.resize(
-                        a.reshape(-1)[:axis_sweeps.TILE], n).view(np.uint8)).all():
+                if (
+                    f"out/{k}" in tiles
+                    and not (
+                        a.reshape(-1).view(np.uint8) == np.resize(a.reshape(-1)[: axis_sweeps.TILE], n).view(np.uint8)
+                    ).all()
+                ):
                     raise separation.ProbeError(f"{name}: output {k} of a tiled case is not tiled")
-        cases.append(Case(f"{name}-{family}-{idx:02d}", name, family, f"{prop} ({note})", clauses,
-                          dict(zip(op.inputs, raw)), outputs, op.bf16, tiles))
+        cases.append(
+            Case(
+                f"{name}-{family}-{idx:02d}",
+                name,
+                family,
+                f"{prop} ({note})",
+                clauses,
+                dict(zip(op.inputs, raw)),
+                outputs,
+                op.bf16,
+                tiles,
+            )
+        )
     if counters.get("order") and op.terms is not None:
         missing = builders.MUST_DISTINGUISH - distinguished
         if missing:
@@ -97,6 +113,6 @@ def _check_probe(op, family, raw, outputs, distinguished, separate=True):
 
 def build_all(names=None) -> list[Case]:
     out = []
-    for name in (names or op_names()):
+    for name in names or op_names():
         out.extend(build_op(name))
     return out

@@ -2,6 +2,7 @@
 ([conf.vectors.c1]) so that ``conform --vectors DIR`` replays them; a save
 replaces only an earlier live save, never other files.
 """
+
 from __future__ import annotations
 
 import json
@@ -12,6 +13,7 @@ from ...errors import InputError
 from ..base.case import Case
 from ..shapes.live import GENERATOR_VERSION
 from . import store
+
 
 def check_save_target(directory) -> list:
     """``directory`` can take a live save: absent, empty, or an earlier live

@@ -1,5 +1,6 @@
 """[conf.verify.c1] ``vectors verify``: compare a fresh in-memory regeneration with the files
 on disk, byte for byte, and name every case whose bytes differ."""
+
 from __future__ import annotations
 
 import json
@@ -49,9 +50,14 @@ def compare(fresh: dict[str, bytes], directory: Path) -> list[str]:
         if a is None:
             problems.append(f"{path}: differs and is not a readable safetensors file")
             continue
-        cases = sorted({_case_ids(k) for k in set(a) ^ set(b)} |
-                       {_case_ids(k) for k in set(a) & set(b)
-                        if a[k].dtype != b[k].dtype or a[k].shape != b[k].shape or a[k].tobytes() != b[k].tobytes()})
+        cases = sorted(
+            {_case_ids(k) for k in set(a) ^ set(b)}
+            | {
+                _case_ids(k)
+                for k in set(a) & set(b)
+                if a[k].dtype != b[k].dtype or a[k].shape != b[k].shape or a[k].tobytes() != b[k].tobytes()
+            }
+        )
         if cases:
             for cid in cases:
                 problems.append(f"{path}: case {cid} differs")

@@ -17,6 +17,7 @@ op vectors, [conf.verify.c1]); ``check()`` recomputes every record from the
 file's own samples on a device and rank count and names the first record
 that differs.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -28,8 +29,15 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import InputError
-from ...training.presets import (ModelConfig, TrainConfig, model_from_json, model_to_json, preset,
-                                 train_from_json, train_to_json)
+from ...training.presets import (
+    ModelConfig,
+    TrainConfig,
+    model_from_json,
+    model_to_json,
+    preset,
+    train_from_json,
+    train_to_json,
+)
 
 FORMAT = "refreplay-steps/1"
 STEPS_FILE = "steps.json"
@@ -47,8 +55,18 @@ class StepCase:
 
 def _cases() -> tuple[StepCase, ...]:
     tiny_m, tiny_t = preset("tiny")
-    variant_m = ModelConfig(width=16, layers=2, heads=2, seq_len=8, mlp_hidden=48, norm="layer",
-                            mlp="swiglu", tied=False, linear="int8", bias=True)
+    variant_m = ModelConfig(
+        width=16,
+        layers=2,
+        heads=2,
+        seq_len=8,
+        mlp_hidden=48,
+        norm="layer",
+        mlp="swiglu",
+        tied=False,
+        linear="int8",
+        bias=True,
+    )
     variant_t = TrainConfig(seed=7, micro_batches=6, micro_batch_size=2, warmup_steps=1, schedule_steps=4)
     return (
         # the `tiny` preset: RMSNorm, GELU, tied head, fp32; 8 micro-batches of 2
@@ -58,17 +76,34 @@ def _cases() -> tuple[StepCase, ...]:
         StepCase("layer-swiglu-int8", variant_m.validate(), variant_t.validate(), 3, 24),
         # the `tiny` preset in the bf16 profile ([bf16.precision.c1]): bf16 working
         # copies, activations and activation gradients; binary32 masters and moments
-        StepCase("tiny-bf16", replace(tiny_m, precision="bf16").validate(),
-                 replace(tiny_t, warmup_steps=1, schedule_steps=3).validate(), 3, 40),
+        StepCase(
+            "tiny-bf16",
+            replace(tiny_m, precision="bf16").validate(),
+            replace(tiny_t, warmup_steps=1, schedule_steps=3).validate(),
+            3,
+            40,
+        ),
         # the step clauses the others leave open: M = 7 leaves blocks of 4, 2 and 1
         # on the stack, so the final fold's direction decides bits ([fold.final.c1]);
         # 1/7 is inexact, so the mean's recip(M) multiply differs from a division
         # ([fold.scale.c1]) and the folded loss from a sum in order ([step.loss.c1]);
         # max_norm 0.25 lies below every step's gradient norm, so clipping engages
         # ([optim.clip.c1])
-        StepCase("tiny-m7-clip", tiny_m,
-                 replace(tiny_t, seed=11, micro_batches=7, micro_batch_size=2, warmup_steps=1, schedule_steps=3,
-                         clip_norm=np.float32(0.25)).validate(), 3, 36),
+        StepCase(
+            "tiny-m7-clip",
+            tiny_m,
+            replace(
+                tiny_t,
+                seed=11,
+                micro_batches=7,
+                micro_batch_size=2,
+                warmup_steps=1,
+                schedule_steps=3,
+                clip_norm=np.float32(0.25),
+            ).validate(),
+            3,
+            36,
+        ),
     )
 
 
@@ -87,13 +122,17 @@ def recipe_sha256(model: ModelConfig, train: TrainConfig, samples: np.ndarray) -
     SHA-256 of the canonical JSON ([step.recipe.c1]) of {"model", "train",
     "samples_sha256"}, "model" and "train" with the keys, types and omitted
     defaults of [step.recipe.keys.c1] (``model_to_json``, ``train_to_json``)."""
-    body = {"model": model_to_json(model), "train": train_to_json(train),
-            "samples_sha256": hashlib.sha256(np.ascontiguousarray(samples).tobytes()).hexdigest()}
+    body = {
+        "model": model_to_json(model),
+        "train": train_to_json(train),
+        "samples_sha256": hashlib.sha256(np.ascontiguousarray(samples).tobytes()).hexdigest(),
+    }
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def run_case(model: ModelConfig, train: TrainConfig, samples: np.ndarray, steps: int,
-             ranks: int = 1, device=None) -> list[dict]:
+def run_case(
+    model: ModelConfig, train: TrainConfig, samples: np.ndarray, steps: int, ranks: int = 1, device=None
+) -> list[dict]:
     """The records of steps 0..steps of one case, computed on ``device`` with
     ``ranks`` in-process ranks."""
     from ...training.data import Batching, Stream
@@ -108,8 +147,15 @@ def run_case(model: ModelConfig, train: TrainConfig, samples: np.ndarray, steps:
     launcher = InProcess(ranks)
     for _ in range(steps):
         st, rec = trainer.step(st, rec.chain_link, launcher)
-        out.append({"step": rec.step, "state_root": rec.state_root, "data_hash": rec.data_hash,
-                    "loss": rec.loss_hex(), "chain_link": rec.chain_link})
+        out.append(
+            {
+                "step": rec.step,
+                "state_root": rec.state_root,
+                "data_hash": rec.data_hash,
+                "loss": rec.loss_hex(),
+                "chain_link": rec.chain_link,
+            }
+        )
     return out
 
 
@@ -118,12 +164,16 @@ def generate() -> bytes:
     cases = []
     for case in CASES:
         samples = _samples(case)
-        cases.append({
-            "name": case.name, "model": model_to_json(case.model), "train": train_to_json(case.train),
-            "samples": [bytes(row).hex() for row in samples],
-            "recipe_sha256": recipe_sha256(case.model, case.train, samples),
-            "records": run_case(case.model, case.train, samples, case.steps),
-        })
+        cases.append(
+            {
+                "name": case.name,
+                "model": model_to_json(case.model),
+                "train": train_to_json(case.train),
+                "samples": [bytes(row).hex() for row in samples],
+                "recipe_sha256": recipe_sha256(case.model, case.train, samples),
+                "records": run_case(case.model, case.train, samples, case.steps),
+            }
+        )
     return (json.dumps({"format": FORMAT, "cases": cases}, indent=1, sort_keys=True) + "\n").encode()
 
 
@@ -175,8 +225,9 @@ def check(path: Path, ranks=(1,), device=None) -> tuple[int, list[str]]:
     for case in load(path):
         want_recipe = recipe_sha256(case.model, case.train, case.samples)
         if want_recipe != case.recipe_sha256:
-            problems.append(f"{case.name}: recipe_sha256 is {case.recipe_sha256}, the configuration and "
-                            f"samples give {want_recipe}")
+            problems.append(
+                f"{case.name}: recipe_sha256 is {case.recipe_sha256}, the configuration and samples give {want_recipe}"
+            )
             continue
         for r in ranks:
             if r > case.train.micro_batches:
@@ -186,8 +237,10 @@ def check(path: Path, ranks=(1,), device=None) -> tuple[int, list[str]]:
                 checked += 1
                 for key in ("state_root", "loss", "data_hash", "chain_link"):
                     if want.get(key) != have.get(key):
-                        problems.append(f"{case.name}, {r} rank(s): step {want['step']}: {key} is "
-                                        f"{have.get(key)}, expected {want.get(key)}")
+                        problems.append(
+                            f"{case.name}, {r} rank(s): step {want['step']}: {key} is "
+                            f"{have.get(key)}, expected {want.get(key)}"
+                        )
                         break
                 else:
                     continue

@@ -13,6 +13,7 @@ Reading checks every file's sha256 against the manifest and every output's
 sha256 against its bytes before anything is compared: a corrupt or edited
 vector is an ``InputError`` (exit 2), never a pass.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -59,8 +60,9 @@ def stored(case: Case, key: str, a: np.ndarray) -> np.ndarray:
     if p is None:
         return a
     flat = np.ascontiguousarray(a).reshape(-1)
-    if not 1 <= p <= flat.size <= MAX_TILED or not np.array_equal(untile(flat[:p], a.shape).view(np.uint8),
-                                                                  np.ascontiguousarray(a).view(np.uint8)):
+    if not 1 <= p <= flat.size <= MAX_TILED or not np.array_equal(
+        untile(flat[:p], a.shape).view(np.uint8), np.ascontiguousarray(a).view(np.uint8)
+    ):
         raise ValueError(f"{case.id}: {key} is not its first {p} elements tiled to {list(a.shape)}")
     return np.ascontiguousarray(flat[:p])
 
@@ -109,12 +111,19 @@ def encode(cases: list[Case], spec_version: str, generator_version: str, seed: i
         "generator_version": generator_version,
         "seed": seed,
         "files": {name: {"sha256": sha256(data), "bytes": len(data)} for name, data in files.items()},
-        "cases": [{
-            "id": c.id, "op": c.op, "file": f"{c.op}.safetensors", "family": c.family,
-            "probes": c.probes, "clauses": [f"[{lb}]" for lb in c.clauses],
-            "inputs": [_tensor_entry(c, "in", n, a, False) for n, a in c.inputs.items()],
-            "outputs": [_tensor_entry(c, "out", n, a, True) for n, a in c.outputs.items()],
-        } for c in cases],
+        "cases": [
+            {
+                "id": c.id,
+                "op": c.op,
+                "file": f"{c.op}.safetensors",
+                "family": c.family,
+                "probes": c.probes,
+                "clauses": [f"[{lb}]" for lb in c.clauses],
+                "inputs": [_tensor_entry(c, "in", n, a, False) for n, a in c.inputs.items()],
+                "outputs": [_tensor_entry(c, "out", n, a, True) for n, a in c.outputs.items()],
+            }
+            for c in cases
+        ],
     }
     files[MANIFEST] = (json.dumps(manifest, indent=1, ensure_ascii=False) + "\n").encode()
     return files
@@ -156,9 +165,13 @@ def _validate_manifest(m, path):
         # a bare file name of this directory: never a path, so nothing outside it is opened
         if not FILE_NAME.fullmatch(name):
             bad(f"file name {name!r} is not a plain <name>.safetensors in the vectors directory")
-        if not (isinstance(entry, dict) and isinstance(entry.get("sha256"), str)
-                and isinstance(entry.get("bytes"), int) and not isinstance(entry.get("bytes"), bool)
-                and 0 <= entry["bytes"] <= MAX_FILE):
+        if not (
+            isinstance(entry, dict)
+            and isinstance(entry.get("sha256"), str)
+            and isinstance(entry.get("bytes"), int)
+            and not isinstance(entry.get("bytes"), bool)
+            and 0 <= entry["bytes"] <= MAX_FILE
+        ):
             bad(f"files[{name!r}] must give its sha256 and a byte count up to {MAX_FILE}")
     ids = set()
     tiled = [0]
@@ -183,8 +196,10 @@ def _check_tile(c, t, tiled, bad) -> None:
         if n > MAX_TILED:
             break
     if not (isinstance(p, int) and not isinstance(p, bool) and 1 <= p <= n <= MAX_TILED):
-        bad(f"case {c['id']}: tensor {t['name']}: tile must be an integer in [1, elements of its shape] "
-            f"and the shape at most {MAX_TILED} elements")
+        bad(
+            f"case {c['id']}: tensor {t['name']}: tile must be an integer in [1, elements of its shape] "
+            f"and the shape at most {MAX_TILED} elements"
+        )
     tiled[0] += n
     if tiled[0] > MAX_TILED_TOTAL:
         bad(f"tiled tensors hold more than {MAX_TILED_TOTAL} elements in all")
@@ -192,19 +207,31 @@ def _check_tile(c, t, tiled, bad) -> None:
 
 def _check_case(c, files, ids, bad, tiled=None) -> None:
     """Every field of one manifest case has its type ([conf.vectors.c1])."""
-    if not (isinstance(c, dict) and all(isinstance(c[k], str) for k in ("id", "op", "file", "family", "probes"))
-            and _strs(c["clauses"]) and isinstance(c["inputs"], list) and isinstance(c["outputs"], list)):
-        bad("a case must be an object with string id, op, file, family and probes, a list of clause "
-            "labels and lists of inputs and outputs")
+    if not (
+        isinstance(c, dict)
+        and all(isinstance(c[k], str) for k in ("id", "op", "file", "family", "probes"))
+        and _strs(c["clauses"])
+        and isinstance(c["inputs"], list)
+        and isinstance(c["outputs"], list)
+    ):
+        bad(
+            "a case must be an object with string id, op, file, family and probes, a list of clause "
+            "labels and lists of inputs and outputs"
+        )
     if c["id"] in ids:
         bad(f"duplicate case id {c['id']}")
     ids.add(c["id"])
     if c["file"] not in files:
         bad(f"case {c['id']} names unknown file {c['file']}")
     for t in c["inputs"] + c["outputs"]:
-        if not (isinstance(t, dict) and isinstance(t["name"], str) and isinstance(t["dtype"], str)
-                and t["dtype"] in DTYPES and isinstance(t["shape"], list)
-                and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in t["shape"])):
+        if not (
+            isinstance(t, dict)
+            and isinstance(t["name"], str)
+            and isinstance(t["dtype"], str)
+            and t["dtype"] in DTYPES
+            and isinstance(t["shape"], list)
+            and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in t["shape"])
+        ):
             bad(f"case {c['id']}: every tensor needs a string name, a known dtype and a shape of sizes")
         if "tile" in t:
             _check_tile(c, t, [0] if tiled is None else tiled, bad)
@@ -226,9 +253,11 @@ def read_file(directory: Path, name: str, entry: dict) -> tuple[dict[str, np.nda
         raise InputError(f"{path}: vector file missing (listed in the manifest)")
     data = untrusted.read_file(path, MAX_FILE, directory, "vector file")
     if sha256(data) != entry.get("sha256"):
-        raise InputError(f"{path}: sha256 {sha256(data)[:16]}... does not match the manifest "
-                         f"({str(entry.get('sha256'))[:16]}...): the file is corrupt or was edited; "
-                         f"`refreplay vectors verify` names the differing cases")
+        raise InputError(
+            f"{path}: sha256 {sha256(data)[:16]}... does not match the manifest "
+            f"({str(entry.get('sha256'))[:16]}...): the file is corrupt or was edited; "
+            f"`refreplay vectors verify` names the differing cases"
+        )
     tensors, metadata, bf16 = tensorio.load_vectors(path)
     if metadata != FORMAT:
         raise InputError(f"{path}: metadata {metadata!r} is not {FORMAT!r}")
@@ -256,17 +285,34 @@ def load_cases(directory: Path = VECTOR_DIR, ops=None) -> tuple[dict, list[Case]
             dt = BF16 if key in bf16 else dtype_name(a)
             want = [t["tile"]] if "tile" in t else t["shape"]  # [conf.vectors.c2] the file holds the pattern
             if dt != t["dtype"] or list(a.shape) != want:
-                raise InputError(f"{directory / c['file']}: {key} is {dt}{list(a.shape)}, "
-                                 f"the manifest says {t['dtype']}{want}")
+                raise InputError(
+                    f"{directory / c['file']}: {key} is {dt}{list(a.shape)}, the manifest says {t['dtype']}{want}"
+                )
             if kind == "out" and tensor_sha(a) != t["sha256"]:
                 raise InputError(f"{directory / c['file']}: {key} does not match its sha256 in the manifest")
             return untile(a, t["shape"]) if "tile" in t else a
 
-        out.append(Case(c["id"], c["op"], c["family"], c["probes"], [lb.strip("[]") for lb in c["clauses"]],
-                        {t["name"]: get("in", t) for t in c["inputs"]},
-                        {t["name"]: get("out", t) for t in c["outputs"]},
-                        frozenset(f"{kind}/{t['name']}" for kind, ts in (("in", c["inputs"]), ("out", c["outputs"]))
-                                  for t in ts if t["dtype"] == BF16),
-                        {f"{kind}/{t['name']}": t["tile"] for kind, ts in (("in", c["inputs"]), ("out", c["outputs"]))
-                         for t in ts if "tile" in t}))
+        out.append(
+            Case(
+                c["id"],
+                c["op"],
+                c["family"],
+                c["probes"],
+                [lb.strip("[]") for lb in c["clauses"]],
+                {t["name"]: get("in", t) for t in c["inputs"]},
+                {t["name"]: get("out", t) for t in c["outputs"]},
+                frozenset(
+                    f"{kind}/{t['name']}"
+                    for kind, ts in (("in", c["inputs"]), ("out", c["outputs"]))
+                    for t in ts
+                    if t["dtype"] == BF16
+                ),
+                {
+                    f"{kind}/{t['name']}": t["tile"]
+                    for kind, ts in (("in", c["inputs"]), ("out", c["outputs"]))
+                    for t in ts
+                    if "tile" in t
+                },
+            )
+        )
     return m, out

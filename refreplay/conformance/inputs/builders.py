@@ -8,6 +8,7 @@ deviation (``orders``, ``fp``) and raises ``ProbeError`` if the inputs would
 not tell a deviant kernel from a conformant one, so a probe can never be
 silently vacuous.
 """
+
 from __future__ import annotations
 
 import math
@@ -39,8 +40,9 @@ MUST_DISTINGUISH = {o.name for o in orders.candidates(False) if not o.spec and o
 # ---- elementwise -------------------------------------------------------------
 
 
-def unary_cases(op, rng, sample, model64=None, vendor=False, zeroing_observable=True,
-                sizes=(1, 7, 31, 1021), boundaries=None):
+def unary_cases(
+    op, rng, sample, model64=None, vendor=False, zeroing_observable=True, sizes=(1, 7, 31, 1021), boundaries=None
+):
     """``sample(rng, n)`` draws inputs in the op's domain; ``model64`` is the
     float64 function used to find inputs whose correctly rounded result is
     subnormal (flush probe) or where the spec's algorithm is not correctly
@@ -49,14 +51,32 @@ def unary_cases(op, rng, sample, model64=None, vendor=False, zeroing_observable=
     ([num.trans.c1]), where input zeroing cannot be seen."""
     out = [("random", {"x": sample(rng, n)}, f"N={n}") for n in sizes]
     out.append(("edge", {"x": V.edge_values()}, "edge grid"))
-    nan = fp.f32([0x7FC00000, 0xFFC00000, 0x7FFFFFFF, 0x7FC12345, 0x7F800001, 0xFF800001,
-                  0xFFFFFFFF, 0xBF800000, 0xFF800000, 0x7F800000])
+    nan = fp.f32(
+        [
+            0x7FC00000,
+            0xFFC00000,
+            0x7FFFFFFF,
+            0x7FC12345,
+            0x7F800001,
+            0xFF800001,
+            0xFFFFFFFF,
+            0xBF800000,
+            0xFF800000,
+            0x7F800000,
+        ]
+    )
     out.append(("nan", {"x": _keep(op, {"x": nan}, np.isnan)["x"]}, "NaN inputs; inputs whose result is NaN"))
     if zeroing_observable:
-        out.append(("input_zeroing", {"x": np.concatenate([V.subnormals(rng, 64), fp.f32([1, 0x807FFFFF])])},
-                    "subnormal inputs"))
-    zeros = _keep(op, {"x": fp.f32([0x00000000, 0x80000000, 0xBE800000, 0x3E800000, 0xBF000000, 0x80800000])},
-                  lambda y: y == 0)
+        out.append(
+            (
+                "input_zeroing",
+                {"x": np.concatenate([V.subnormals(rng, 64), fp.f32([1, 0x807FFFFF])])},
+                "subnormal inputs",
+            )
+        )
+    zeros = _keep(
+        op, {"x": fp.f32([0x00000000, 0x80000000, 0xBE800000, 0x3E800000, 0xBF000000, 0x80800000])}, lambda y: y == 0
+    )
     if zeros["x"].size:
         out.append(("signed_zero", zeros, "inputs whose result is a zero"))
     if model64 is not None:
@@ -64,16 +84,27 @@ def unary_cases(op, rng, sample, model64=None, vendor=False, zeroing_observable=
         pool = np.concatenate([xs, V.random_f32(rng, 4096, 120, 127), V.uniform_f32(rng, 4096, -104, -87)])
         with np.errstate(all="ignore"):
             y = np.array([model64(float(v)) for v in pool], dtype=np.float64)
-        tiny = (np.abs(y) > 2.0 ** -148) & (np.abs(y) < 2.0 ** -126 * (1 - 2.0 ** -23))
+        tiny = (np.abs(y) > 2.0**-148) & (np.abs(y) < 2.0**-126 * (1 - 2.0**-23))
         if tiny.any():
-            out.append(("flush", {"x": np.ascontiguousarray(pool[tiny][:256])},
-                        "correctly rounded result is subnormal"))
+            out.append(
+                ("flush", {"x": np.ascontiguousarray(pool[tiny][:256])}, "correctly rounded result is subnormal")
+            )
         if vendor:
-            out.append(("vendor_transcendental", {"x": _not_correctly_rounded(op, xs, y[:xs.size])},
-                        "spec algorithm != correctly rounded"))
+            out.append(
+                (
+                    "vendor_transcendental",
+                    {"x": _not_correctly_rounded(op, xs, y[: xs.size])},
+                    "spec algorithm != correctly rounded",
+                )
+            )
     if boundaries is not None:
-        out.append(("edge", {"x": boundaries()}, "every branch boundary and rounding tie of the clause, "
-                                                  "with its neighbours at +-1 and +-2 ulp"))
+        out.append(
+            (
+                "edge",
+                {"x": boundaries()},
+                "every branch boundary and rounding tie of the clause, with its neighbours at +-1 and +-2 ulp",
+            )
+        )
     return out
 
 
@@ -102,7 +133,7 @@ def _not_correctly_rounded(op, xs, y64, limit=512):
         hi = np.nextafter(cr, np.float32(np.inf)).astype(np.float64)
         c = cr.astype(np.float64)
         gap = np.minimum(np.abs(y64 - (c + lo) / 2), np.abs(y64 - (c + hi) / 2))
-        safe = np.isfinite(y64) & (gap > np.abs(y64) * 2.0 ** -40) & (np.abs(y64) >= 2.0 ** -126)
+        safe = np.isfinite(y64) & (gap > np.abs(y64) * 2.0**-40) & (np.abs(y64) >= 2.0**-126)
     pick = safe & differs(ref, cr) & np.isfinite(ref)
     _check(pick.sum() >= 8, f"{op.name}: too few inputs where the spec's algorithm is not correctly rounded")
     return np.ascontiguousarray(xs[pick][:limit])
@@ -116,41 +147,60 @@ def binary_cases(op, rng, sample, model64=None, sizes=(1, 7, 31, 1021)):
     nan = fp.f32([0xFFC00000, 0x7FFFFFFF, 0x7FC12345, 0x7F800001, 0xFFFFFFFF, 0x7F800000, 0xFF800000])
     other = fp.f32([0x3F800000, 0x7F800000, 0xFF800000, 0x00000000, 0xFFC00000])
     na, nb = np.meshgrid(nan, other, indexing="ij")
-    out.append(("nan", _keep(op, {"a": np.concatenate([na.ravel(), nb.ravel()]),
-                                  "b": np.concatenate([nb.ravel(), na.ravel()])}, np.isnan),
-                "NaN payloads; inf combinations whose result is NaN"))
+    out.append(
+        (
+            "nan",
+            _keep(
+                op,
+                {"a": np.concatenate([na.ravel(), nb.ravel()]), "b": np.concatenate([nb.ravel(), na.ravel()])},
+                np.isnan,
+            ),
+            "NaN payloads; inf combinations whose result is NaN",
+        )
+    )
     sub = V.subnormals(rng, 32)
-    partner = np.concatenate([fp.f32([0x00800000, 0x80800000, 0x72800000, 0x00000001]),
-                              V.random_f32(rng, 28, -2, 2)])
+    partner = np.concatenate([fp.f32([0x00800000, 0x80800000, 0x72800000, 0x00000001]), V.random_f32(rng, 28, -2, 2)])
     # fmax/fmin flush their result ([num.minmax.c1]), so there a kept subnormal
     # input shows only as a subnormal result: a flush probe, not a zeroing one
-    out.append(("flush" if op.name in ("fmax", "fmin") else "input_zeroing",
-                {"a": np.concatenate([sub, partner]), "b": np.concatenate([partner, sub])},
-                "a subnormal operand"))
+    out.append(
+        (
+            "flush" if op.name in ("fmax", "fmin") else "input_zeroing",
+            {"a": np.concatenate([sub, partner]), "b": np.concatenate([partner, sub])},
+            "a subnormal operand",
+        )
+    )
     z = fp.f32([0x00000000, 0x80000000, 0x3F800000, 0xBF800000])
     za, zb = np.meshgrid(z, z, indexing="ij")
-    out.append(("signed_zero", _keep(op, {"a": za.ravel().copy(), "b": zb.ravel().copy()}, lambda y: y == 0),
-                "+-0 against +-0 and +-1, where the result is a zero"))
+    out.append(
+        (
+            "signed_zero",
+            _keep(op, {"a": za.ravel().copy(), "b": zb.ravel().copy()}, lambda y: y == 0),
+            "+-0 against +-0 and +-1, where the result is a zero",
+        )
+    )
     if op.name == "mul":
         x, y = V.window_pairs(rng, 64, V.WINDOW_BEFORE)
         out.append(("ftz_before_rounding", {"a": x, "b": y}, "exact product FLT_MIN (1 - d), 0 < d <= 2^-25"))
         x, y = V.window_pairs(rng, 64, V.WINDOW_UNBOUNDED)
-        out.append(("ftz_after_rounding", {"a": x, "b": y},
-                    "exact product FLT_MIN (1 - d), 2^-25 < d <= 2^-24"))
+        out.append(("ftz_after_rounding", {"a": x, "b": y}, "exact product FLT_MIN (1 - d), 2^-25 < d <= 2^-24"))
     a, b = V.rounding_pairs()
-    out.append(("edge", _keep(op, {"a": a, "b": b}, lambda y: np.ones(y.shape, bool)),
-                "rounding ties (to even, both directions), the overflow threshold and its neighbours"))
+    out.append(
+        (
+            "edge",
+            _keep(op, {"a": a, "b": b}, lambda y: np.ones(y.shape, bool)),
+            "rounding ties (to even, both directions), the overflow threshold and its neighbours",
+        )
+    )
     if model64 is not None:
         fa = V.random_f32(rng, 1 << 14, -127, -120)
         fb = V.random_f32(rng, 1 << 14, -127, -120) if op.name in ("add", "sub") else V.random_f32(rng, 1 << 14, -8, 0)
         with np.errstate(all="ignore"):
             y = model64(fa.astype(np.float64), fb.astype(np.float64))
-        tiny = (np.abs(y) > 2.0 ** -148) & (np.abs(y) < 2.0 ** -126 * (1 - 2.0 ** -23))
+        tiny = (np.abs(y) > 2.0**-148) & (np.abs(y) < 2.0**-126 * (1 - 2.0**-23))
         tiny &= np.abs(fa) >= fp.FLT_MIN
         tiny &= np.abs(fb) >= fp.FLT_MIN
         if tiny.any():
-            out.append(("flush", {"a": fa[tiny][:256].copy(), "b": fb[tiny][:256].copy()},
-                        "IEEE result is subnormal"))
+            out.append(("flush", {"a": fa[tiny][:256].copy(), "b": fb[tiny][:256].copy()}, "IEEE result is subnormal"))
     return out
 
 
@@ -161,30 +211,65 @@ SUM_SHAPES = ((1, 1), (3, 2), (3, 7), (5, 31), (4, 128), (2, 257), (3, 1021), (1
 
 def sum_cases(op, rng, orient):
     """Row sums (``orient='row'``: X is I x N) or column sums (``'col'``: N x J)."""
+
     def shaped(rows):  # rows: R x N, one sum per row
         return np.ascontiguousarray(rows if orient == "row" else rows.T)
 
     out = [("random", {"X": shaped(V.random_f32(rng, s))}, f"{s[0]} sums of {s[1]}") for s in SUM_SHAPES]
     for n in (5, 8, 9, 16, 33, 100, 128, 257, 1024):
-        out.append(("order", {"X": shaped(V.random_f32(rng, (8, n), -24, 24, mant_bits=10))},
-                    f"8 sums of {n}, magnitudes 2^-24..2^24"))
+        out.append(
+            (
+                "order",
+                {"X": shaped(V.random_f32(rng, (8, n), -24, 24, mant_bits=10))},
+                f"8 sums of {n}, magnitudes 2^-24..2^24",
+            )
+        )
     ev = V.edge_values()
-    rows = [ev[i:i + 16] for i in range(0, len(ev) - 15, 16)]
-    rows += [fp.f32([0x7F7FFFFF, 0x7F7FFFFF, 0xFF7FFFFF]), fp.f32([0x7F800000, 0x3F800000, 0xFF800000]),
-             fp.f32([0xFF7FFFFF, 0xFF7FFFFF, 0x7F7FFFFF])]
+    rows = [ev[i : i + 16] for i in range(0, len(ev) - 15, 16)]
+    rows += [
+        fp.f32([0x7F7FFFFF, 0x7F7FFFFF, 0xFF7FFFFF]),
+        fp.f32([0x7F800000, 0x3F800000, 0xFF800000]),
+        fp.f32([0xFF7FFFFF, 0xFF7FFFFF, 0x7F7FFFFF]),
+    ]
     out.append(("edge", {"X": shaped(_ragged(rows))}, "edge values; overflow; inf - inf"))
-    zeros = [[0x80000000] * 5, [0x80000000, 0, 0x80000000, 0x80000000, 0x80000000],
-             [0x80000000, 0x80000000, 0x80000000, 0x80000000, 0]]
+    zeros = [
+        [0x80000000] * 5,
+        [0x80000000, 0, 0x80000000, 0x80000000, 0x80000000],
+        [0x80000000, 0x80000000, 0x80000000, 0x80000000, 0],
+    ]
     out.append(("signed_zero", {"X": shaped(fp.f32(zeros))}, "sums of -0 terms are -0"))
-    out.append(("flush", {"X": shaped(fp.f32([[0x00C00000, 0x80800000], [0x00800001, 0x80800000],
-                                              [0x80FFFFFF, 0x00800000]]))},
-                "partial sums that are subnormal"))
-    out.append(("input_zeroing", {"X": shaped(fp.f32([[0x00800000, 0x00000001], [0x80800000, 0x807FFFFF],
-                                                      [0x00400000, 0x00400000]]))},
-                "subnormal terms beside FLT_MIN"))
-    out.append(("nan", {"X": shaped(fp.f32([[0x3F800000, 0xFFC00000], [0x7F800000, 0xFF800000],
-                                            [0x7FC12345, 0x3F800000], [0x7F800001, 0x7FFFFFFF]]))},
-                "NaN payloads; inf - inf"))
+    out.append(
+        (
+            "flush",
+            {"X": shaped(fp.f32([[0x00C00000, 0x80800000], [0x00800001, 0x80800000], [0x80FFFFFF, 0x00800000]]))},
+            "partial sums that are subnormal",
+        )
+    )
+    out.append(
+        (
+            "input_zeroing",
+            {"X": shaped(fp.f32([[0x00800000, 0x00000001], [0x80800000, 0x807FFFFF], [0x00400000, 0x00400000]]))},
+            "subnormal terms beside FLT_MIN",
+        )
+    )
+    out.append(
+        (
+            "nan",
+            {
+                "X": shaped(
+                    fp.f32(
+                        [
+                            [0x3F800000, 0xFFC00000],
+                            [0x7F800000, 0xFF800000],
+                            [0x7FC12345, 0x3F800000],
+                            [0x7F800001, 0x7FFFFFFF],
+                        ]
+                    )
+                )
+            },
+            "NaN payloads; inf - inf",
+        )
+    )
     out.append(("empty", {"X": shaped(np.zeros((3, 0), np.float32))}, "3 sums of 0 terms"))
     from . import long_shapes as sweeps
 
@@ -197,23 +282,54 @@ def _ragged(rows) -> np.ndarray:
     n = max(len(r) for r in rows)
     out = np.full((len(rows), n), np.float32(-0.0), dtype=np.float32)
     for i, r in enumerate(rows):
-        out[i, :len(r)] = r
+        out[i, : len(r)] = r
     return out
 
 
 def max_cases(op, rng):
     out = [("random", {"X": V.random_f32(rng, s)}, f"{s[0]} rows of {s[1]}") for s in SUM_SHAPES]
     ev = V.edge_values()
-    out.append(("edge", {"X": _pad_max([ev[i:i + 16] for i in range(0, len(ev) - 15, 16)])}, "edge values"))
-    out.append(("signed_zero", {"X": fp.f32([[0x80000000, 0x00000000], [0x00000000, 0x80000000],
-                                             [0x80000000, 0x80000000], [0xBF800000, 0x80000000]])},
-                "+0 is larger than -0"))
-    out.append(("nan", {"X": fp.f32([[0x3F800000, 0xFFC00000], [0x7FC12345, 0x7F800000],
-                                     [0xFF800000, 0x7F800001], [0x7FFFFFFF, 0xFFFFFFFF]])},
-                "NaN propagates, canonical"))
+    out.append(("edge", {"X": _pad_max([ev[i : i + 16] for i in range(0, len(ev) - 15, 16)])}, "edge values"))
+    out.append(
+        (
+            "signed_zero",
+            {
+                "X": fp.f32(
+                    [
+                        [0x80000000, 0x00000000],
+                        [0x00000000, 0x80000000],
+                        [0x80000000, 0x80000000],
+                        [0xBF800000, 0x80000000],
+                    ]
+                )
+            },
+            "+0 is larger than -0",
+        )
+    )
+    out.append(
+        (
+            "nan",
+            {
+                "X": fp.f32(
+                    [
+                        [0x3F800000, 0xFFC00000],
+                        [0x7FC12345, 0x7F800000],
+                        [0xFF800000, 0x7F800001],
+                        [0x7FFFFFFF, 0xFFFFFFFF],
+                    ]
+                )
+            },
+            "NaN propagates, canonical",
+        )
+    )
     # fmax flushes its result, so a subnormal maximum must come out as a zero
-    out.append(("flush", {"X": fp.f32([[0x00000001, 0x80000000], [0x807FFFFF, 0xBF800000],
-                                       [0x00400000, 0x80000000]])}, "a subnormal is the maximum"))
+    out.append(
+        (
+            "flush",
+            {"X": fp.f32([[0x00000001, 0x80000000], [0x807FFFFF, 0xBF800000], [0x00400000, 0x80000000]])},
+            "a subnormal is the maximum",
+        )
+    )
     out.append(("empty", {"X": np.zeros((2, 0), np.float32)}, "2 rows of 0 terms: the maximum is -inf"))
     return out
 
@@ -222,19 +338,28 @@ def _pad_max(rows):
     n = max(len(r) for r in rows)
     out = np.full((len(rows), n), np.float32(-np.inf), dtype=np.float32)
     for i, r in enumerate(rows):
-        out[i, :len(r)] = r
+        out[i, : len(r)] = r
     return out
 
 
 # ---- matmul --------------------------------------------------------------------
 
-MM_SHAPES = ((1, 1, 1), (1, 2, 1), (3, 5, 7), (7, 1, 3), (17, 35, 23), (2, 257, 3), (5, 1021, 2),
-             (16, 64, 256), (16, 256, 64))
+MM_SHAPES = (
+    (1, 1, 1),
+    (1, 2, 1),
+    (3, 5, 7),
+    (7, 1, 3),
+    (17, 35, 23),
+    (2, 257, 3),
+    (5, 1021, 2),
+    (16, 64, 256),
+    (16, 256, 64),
+)
 FMA_SHAPES = ((1, 2, 1), (3, 4, 5), (17, 36, 23), (8, 128, 16), (5, 258, 7), (4, 768, 3))
 # K >= 64 with K mod 8 = 3, 7, 5: a kernel that fuses only its scalar tail after
 # 8-wide blocks must meet the decisive product there
 FMA_TAIL_SHAPES = ((3, 67, 2), (3, 71, 3), (2, 133, 2))
-U = np.float32(1 + 2.0 ** -12)  # u*u = 1 + 2^-11 + 2^-24 rounds to 1 + 2^-11
+U = np.float32(1 + 2.0**-12)  # u*u = 1 + 2^-11 + 2^-24 rounds to 1 + 2^-11
 
 
 def matmul_cases(op, rng, to_layout):
@@ -245,21 +370,23 @@ def matmul_cases(op, rng, to_layout):
     def add(family, A, B, note):
         out.append((family, to_layout(np.ascontiguousarray(A), np.ascontiguousarray(B)), note))
 
-    for (i, k, j) in MM_SHAPES:
+    for i, k, j in MM_SHAPES:
         add("random", V.random_f32(rng, (i, k), -4, 4), V.random_f32(rng, (k, j), -4, 4), f"I,K,J={i},{k},{j}")
-    for (i, k, j) in FMA_SHAPES:
+    for i, k, j in FMA_SHAPES:
         for dist in sorted({1, min(32, k // 2)}):
             A, B = _fma_probe(rng, i, k, j, dist)
             add("fma", A, B, f"I,K,J={i},{k},{j}; the two cancelling products {dist} apart in k")
-    for (i, k, j) in FMA_TAIL_SHAPES:
+    for i, k, j in FMA_TAIL_SHAPES:
         A, B = _fma_probe(rng, i, k, j, 0, tail=8)
         add("fma", A, B, f"I,K,J={i},{k},{j}; the second cancelling product in the last K mod 8 terms")
-    for (i, k, j) in ((2, 5, 3), (4, 9, 4), (3, 33, 5), (4, 100, 3), (2, 257, 2), (1, 1024, 2)):
+    for i, k, j in ((2, 5, 3), (4, 9, 4), (3, 33, 5), (4, 100, 3), (2, 257, 2), (1, 1024, 2)):
         A = V.random_f32(rng, (i, k), -24, 24, mant_bits=10)
         B = V.powers_of_two(rng, (k, j), -2, 2)
         add("order", A, B, f"I,K,J={i},{k},{j}; exact products 2^-26..2^26")
-    for family, window, what in (("ftz_before_rounding", V.WINDOW_BEFORE, "0 < d <= 2^-25"),
-                                 ("ftz_after_rounding", V.WINDOW_UNBOUNDED, "2^-25 < d <= 2^-24")):
+    for family, window, what in (
+        ("ftz_before_rounding", V.WINDOW_BEFORE, "0 < d <= 2^-25"),
+        ("ftz_after_rounding", V.WINDOW_UNBOUNDED, "2^-25 < d <= 2^-24"),
+    ):
         x, y = V.window_pairs(rng, 24, window)
         perm = rng.permutation(24)
         A = np.zeros((24, 24), np.float32)
@@ -268,16 +395,20 @@ def matmul_cases(op, rng, to_layout):
         B[perm, 0] = y
         B[perm, 1] = np.float32(1.0)
         add(family, A, B, f"one product per output FLT_MIN (1 - d), {what}")
-    A = fp.f32([[0x00800000, 0x00800000, 0x3F800000], [0x00C00000, 0x00000000, 0x00000000],
-                [0x80800000, 0x00800000, 0x00000000]])
+    A = fp.f32(
+        [
+            [0x00800000, 0x00800000, 0x3F800000],
+            [0x00C00000, 0x00000000, 0x00000000],
+            [0x80800000, 0x00800000, 0x00000000],
+        ]
+    )
     B = fp.f32([[0x3F000000, 0x3F800000], [0x3F000000, 0x3F800000], [0x00000000, 0x00000000]])
     add("flush", A, B, "subnormal products; subnormal partial sums")
     A = V.subnormals(rng, 16).reshape(4, 4)
     A[2:, 1] = V.random_f32(rng, 2, -40, -30, mant_bits=8)  # one normal term beside subnormals
     B = V.powers_of_two(rng, (4, 3), 90, 100)  # exact products
     add("input_zeroing", A, B, "subnormal inputs times 2^90..2^100")
-    A = fp.f32([[0x7FC12345, 0x3F800000], [0x7F800000, 0x00000000], [0x7F800000, 0xFF800000],
-                [0xFFC00000, 0x7F800001]])
+    A = fp.f32([[0x7FC12345, 0x3F800000], [0x7F800000, 0x00000000], [0x7F800000, 0xFF800000], [0xFFC00000, 0x7F800001]])
     B = fp.f32([[0x3F800000, 0x00000000], [0x3F800000, 0x7F800000]])
     add("nan", A, B, "NaN payloads; 0*inf; inf - inf")
     A = fp.f32([[0x80000000] * 3, [0x3F800000, 0x80000000, 0x00000000]])
@@ -297,8 +428,10 @@ def matmul_cases(op, rng, to_layout):
 
 def empty_matmul_cases(to_layout):
     """K = 0: every output is the empty sum, +0 ([mm.nn.c1]), not the -0 a sum starts from."""
-    return [("empty", to_layout(np.zeros((i, 0), np.float32), np.zeros((0, j), np.float32)), f"I,K,J={i},0,{j}")
-            for i, j in ((1, 1), (2, 3))]
+    return [
+        ("empty", to_layout(np.zeros((i, 0), np.float32), np.zeros((0, j), np.float32)), f"I,K,J={i},0,{j}")
+        for i, j in ((1, 1), (2, 3))
+    ]
 
 
 def _fma_probe(rng, I, K, J, dist, tail=None):
@@ -359,22 +492,49 @@ def check_isolation(family, terms, expected):
 
 def i8_cases(op, rng):
     out = []
-    for (i, k, j) in MM_SHAPES:
-        out.append(("random", {"A": rng.integers(-128, 128, (i, k), dtype=np.int8),
-                               "B": rng.integers(-128, 128, (k, j), dtype=np.int8)}, f"I,K,J={i},{k},{j}"))
+    for i, k, j in MM_SHAPES:
+        out.append(
+            (
+                "random",
+                {
+                    "A": rng.integers(-128, 128, (i, k), dtype=np.int8),
+                    "B": rng.integers(-128, 128, (k, j), dtype=np.int8),
+                },
+                f"I,K,J={i},{k},{j}",
+            )
+        )
     k = 4099
-    out.append(("edge", {"A": np.full((2, k), -128, np.int8), "B": np.stack([np.full(k, -128, np.int8),
-                                                                             np.full(k, 127, np.int8)], 1).copy()},
-                "extreme products, K=4099"))
+    out.append(
+        (
+            "edge",
+            {
+                "A": np.full((2, k), -128, np.int8),
+                "B": np.stack([np.full(k, -128, np.int8), np.full(k, 127, np.int8)], 1).copy(),
+            },
+            "extreme products, K=4099",
+        )
+    )
     from . import long_shapes as sweeps
 
     k = sweeps.I8_K[0]
-    out.append(("edge", {"A": np.full((1, k), -128, np.int8), "B": np.stack([np.full(k, -128, np.int8),
-                                                                             np.full(k, 127, np.int8)], 1).copy()},
-                f"extreme products at the K bound of [mm.i8.c2], K={k}: sums 2^31 - 2^14 and -128*127*K"))
+    out.append(
+        (
+            "edge",
+            {
+                "A": np.full((1, k), -128, np.int8),
+                "B": np.stack([np.full(k, -128, np.int8), np.full(k, 127, np.int8)], 1).copy(),
+            },
+            f"extreme products at the K bound of [mm.i8.c2], K={k}: sums 2^31 - 2^14 and -128*127*K",
+        )
+    )
     out.append(("empty", {"A": np.zeros((2, 0), np.int8), "B": np.zeros((0, 3), np.int8)}, "K=0"))
-    out.append(("sweep", {"A": rng.integers(-128, 128, (1, k), dtype=np.int8),
-                          "B": rng.integers(-128, 128, (k, 1), dtype=np.int8)}, sweeps.note(f"I,K,J=1,{k},1")))
+    out.append(
+        (
+            "sweep",
+            {"A": rng.integers(-128, 128, (1, k), dtype=np.int8), "B": rng.integers(-128, 128, (k, 1), dtype=np.int8)},
+            sweeps.note(f"I,K,J=1,{k},1"),
+        )
+    )
     return out
 
 
@@ -386,20 +546,23 @@ def dot_from_matmul(cases):
     out = []
     for family, inp, note in cases:
         A, B = inp["A"], inp["B"]
-        out.append((family, {"x": np.ascontiguousarray(A[0]), "y": np.ascontiguousarray(B[:, 0])},
-                    note + "; row 0, column 0"))
+        out.append(
+            (family, {"x": np.ascontiguousarray(A[0]), "y": np.ascontiguousarray(B[:, 0])}, note + "; row 0, column 0")
+        )
     return out
 
 
 def transcendental_sampler(lo, hi):
     def sample(rng, n):
         return V.uniform_f32(rng, n, lo, hi)
+
     return sample
 
 
 def wide_sampler(lo_exp=-8, hi_exp=8, positive=False):
     def sample(rng, n):
         return V.random_f32(rng, n, lo_exp, hi_exp, positive=positive)
+
     return sample
 
 
@@ -412,6 +575,7 @@ def libm(name):
             return fn(x)
         except (OverflowError, ValueError):
             return math.nan
+
     return f
 
 

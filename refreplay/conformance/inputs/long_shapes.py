@@ -17,13 +17,14 @@ checked at generation time
 in order, then added, the simplest split-K) give other bits on at least one
 output; inputs are redrawn until they do (``separation.separating``).
 """
+
 from __future__ import annotations
 
 from .separation import separating
 from . import values as V
 
 # K, N: powers of two and their neighbours; the long ones on thin shapes.
-SHORT_K = tuple(k for p in range(6, 13) for k in (2 ** p - 1, 2 ** p, 2 ** p + 1))  # 63 .. 4097
+SHORT_K = tuple(k for p in range(6, 13) for k in (2**p - 1, 2**p, 2**p + 1))  # 63 .. 4097
 LONG_K = (8192, 16385, 65536, 65537)
 DOT_K = SHORT_K[::3] + (16385, 65536)
 SUM_N = SHORT_K[::3] + (8192, 16385, 65536)
@@ -60,8 +61,10 @@ def matmul_cases(op, rng, to_layout, ks):
 
 
 def dot_cases(op, rng):
-    return [("sweep", separating(op, lambda k=k: {"x": _spread(rng, k), "y": _spread(rng, k)}), note(f"K={k}"))
-            for k in DOT_K]
+    return [
+        ("sweep", separating(op, lambda k=k: {"x": _spread(rng, k), "y": _spread(rng, k)}), note(f"K={k}"))
+        for k in DOT_K
+    ]
 
 
 def sum_cases(op, rng, lengths, shaped):
@@ -69,6 +72,5 @@ def sum_cases(op, rng, lengths, shaped):
     out = []
     for n in lengths:
         r = 2 if n <= 4097 else 1
-        out.append(("sweep", separating(op, lambda: {"X": shaped(_spread(rng, (r, n)))}),
-                    note(f"{r} sums of {n}")))
+        out.append(("sweep", separating(op, lambda: {"X": shaped(_spread(rng, (r, n)))}), note(f"{r} sums of {n}")))
     return out

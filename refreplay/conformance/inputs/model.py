@@ -8,6 +8,7 @@ Each builder here returns ``(family, inputs, note)`` triples that sit exactly
 there; the notes say which rule each case pins.  Sweep cases give the long
 reductions of these ops (``sweeps.py``).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -32,8 +33,25 @@ def _r(rng, shape, lo=-3, hi=1):
 
 def _specials():
     """The edge grid plus the values chapters 12-16 single out."""
-    return np.concatenate([V.edge_values(), fp.f32([0xC1200000, 0xC2C80000, 0x42C80000, 0xC2B00000, 0x3F400000,
-                                                      0xBF400000, 0x3F4CCCCD, 0xBF4CCCCD, 0x3A800000, 0xBA800000])])
+    return np.concatenate(
+        [
+            V.edge_values(),
+            fp.f32(
+                [
+                    0xC1200000,
+                    0xC2C80000,
+                    0x42C80000,
+                    0xC2B00000,
+                    0x3F400000,
+                    0xBF400000,
+                    0x3F4CCCCD,
+                    0xBF4CCCCD,
+                    0x3A800000,
+                    0xBA800000,
+                ]
+            ),
+        ]
+    )
 
 
 def _gelu_branch_points():
@@ -43,17 +61,24 @@ def _gelu_branch_points():
     lo, hi = 0.0, 2.0
     for _ in range(80):  # bisection in float64, the same on every machine
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if s * (mid + k * mid ** 3) < 0.75 else (lo, mid)
+        lo, hi = (mid, hi) if s * (mid + k * mid**3) < 0.75 else (lo, mid)
     p = V.nearest([lo])[0]
     return V.neighbours([p, p | 0x80000000], 4)
 
 
 # ---- activations -------------------------------------------------------------------------
 
+
 def unary_act_edges(rng):
     x = np.concatenate([_specials(), _gelu_branch_points(), V.uniform_f32(rng, 512, -12, 12)])
-    return [("edge", {"x": x}, "edge grid; large negative x where 1 + tanh and sigmoid reach +0; "
-                              "x where the tanh argument crosses the branch at 0.75")]
+    return [
+        (
+            "edge",
+            {"x": x},
+            "edge grid; large negative x where 1 + tanh and sigmoid reach +0; "
+            "x where the tanh argument crosses the branch at 0.75",
+        )
+    ]
 
 
 def _pairs_with(x, others):
@@ -83,45 +108,89 @@ def swiglu_backward_edges(rng):
 
 # ---- linear -----------------------------------------------------------------------------
 
+
 def linear_forward_edges(rng):
     t = fp.f32
     return [
-        ("edge", {"x": t([[0x33800000, 0x33800000], [0x80000000, 0x80000000], [0x80000000, 0x3F800000],
-                          [0x7F800000, 0x3F800000], [0x7FC12345, 0x00000000]]),
-                  "W": t([[0x3F800000, 0x3F800000], [0xBF800000, 0x80000000], [0x3F800000, 0x3F800000]]),
-                  "b": t([0x3F800000, 0x80000000, 0x00000000])},
-         "bias after the sum (2^-24 + 2^-24 + 1); sums of -0 products plus a -0 and a +0 bias; inf, NaN"),
-        ("edge", {"x": V.edge_values()[:160].reshape(10, 16).copy(), "W": _r(rng, (3, 16), -2, 2),
-                  "b": t([0x80000000, 0x7F800000, 0x3F800000])}, "edge grid in x; biases -0, +inf, 1"),
-        ("empty", {"x": np.zeros((3, 0), F32), "W": np.zeros((2, 0), F32), "b": t([0x80000000, 0x3F800000])},
-         "C = 0: y = (+0, the empty sum) + b, so a -0 bias gives +0"),
+        (
+            "edge",
+            {
+                "x": t(
+                    [
+                        [0x33800000, 0x33800000],
+                        [0x80000000, 0x80000000],
+                        [0x80000000, 0x3F800000],
+                        [0x7F800000, 0x3F800000],
+                        [0x7FC12345, 0x00000000],
+                    ]
+                ),
+                "W": t([[0x3F800000, 0x3F800000], [0xBF800000, 0x80000000], [0x3F800000, 0x3F800000]]),
+                "b": t([0x3F800000, 0x80000000, 0x00000000]),
+            },
+            "bias after the sum (2^-24 + 2^-24 + 1); sums of -0 products plus a -0 and a +0 bias; inf, NaN",
+        ),
+        (
+            "edge",
+            {
+                "x": V.edge_values()[:160].reshape(10, 16).copy(),
+                "W": _r(rng, (3, 16), -2, 2),
+                "b": t([0x80000000, 0x7F800000, 0x3F800000]),
+            },
+            "edge grid in x; biases -0, +inf, 1",
+        ),
+        (
+            "empty",
+            {"x": np.zeros((3, 0), F32), "W": np.zeros((2, 0), F32), "b": t([0x80000000, 0x3F800000])},
+            "C = 0: y = (+0, the empty sum) + b, so a -0 bias gives +0",
+        ),
     ]
 
 
 def linear_backward_edges(rng):
     t = fp.f32
     return [
-        ("edge", {"dy": t([[0x3F800000], [0x33800000], [0x33800000]]), "x": t([[0x3F800000]] * 3),
-                  "W": t([[0x40000000]])}, "the example of [linear.bwd.c1]: n increasing loses the 2^-24s"),
-        ("edge", {"dy": t([[0x80000000, 0x7F800000], [0x80000000, 0x3F800000]]),
-                  "x": t([[0x3F800000, 0x80000000, 0x7FC00000], [0x40000000, 0x80000000, 0x3F800000]]),
-                  "W": t([[0x80000000, 0x3F800000, 0x3F800000], [0x3F800000, 0xFF800000, 0x00000000]])},
-         "-0 gradients: sums of -0 products are -0; inf and NaN"),
-        ("empty", {"dy": np.zeros((0, 2), F32), "x": np.zeros((0, 3), F32), "W": _r(rng, (2, 3))},
-         "N = 0 tokens: dW and db are empty sums, +0"),
+        (
+            "edge",
+            {"dy": t([[0x3F800000], [0x33800000], [0x33800000]]), "x": t([[0x3F800000]] * 3), "W": t([[0x40000000]])},
+            "the example of [linear.bwd.c1]: n increasing loses the 2^-24s",
+        ),
+        (
+            "edge",
+            {
+                "dy": t([[0x80000000, 0x7F800000], [0x80000000, 0x3F800000]]),
+                "x": t([[0x3F800000, 0x80000000, 0x7FC00000], [0x40000000, 0x80000000, 0x3F800000]]),
+                "W": t([[0x80000000, 0x3F800000, 0x3F800000], [0x3F800000, 0xFF800000, 0x00000000]]),
+            },
+            "-0 gradients: sums of -0 products are -0; inf and NaN",
+        ),
+        (
+            "empty",
+            {"dy": np.zeros((0, 2), F32), "x": np.zeros((0, 3), F32), "W": _r(rng, (2, 3))},
+            "N = 0 tokens: dW and db are empty sums, +0",
+        ),
     ]
 
 
 # ---- norms ------------------------------------------------------------------------------
+
 
 def _norm_rows(rng, c):
     """Rows a misreading shows on: a constant row (variance 0: eps decides
     rstd), the 0.1 row of [norm.meanop.c1], zeros of both signs, a row with
     a tiny spread (eps inside vs outside the root), huge values (squares
     overflow), an infinity, a NaN, a subnormal beside FLT_MIN."""
-    rows = [np.full(c, F32(0.1)), np.full(c, F32(-3.0)), np.zeros(c, F32), np.full(c, F32(-0.0)),
-            F32(1.0) + _r(rng, c, -24, -20), _r(rng, c, 60, 66), _r(rng, c, -2, 2), _r(rng, c, -2, 2),
-            _r(rng, c, -2, 2), _r(rng, c, -70, -60)]
+    rows = [
+        np.full(c, F32(0.1)),
+        np.full(c, F32(-3.0)),
+        np.zeros(c, F32),
+        np.full(c, F32(-0.0)),
+        F32(1.0) + _r(rng, c, -24, -20),
+        _r(rng, c, 60, 66),
+        _r(rng, c, -2, 2),
+        _r(rng, c, -2, 2),
+        _r(rng, c, -2, 2),
+        _r(rng, c, -70, -60),
+    ]
     rows[6][0] = np.inf
     rows[7][c // 2] = np.nan
     rows[8][:2] = fp.f32([0x00400001, 0x00800000])[:c]
@@ -135,8 +204,14 @@ def norm_edges(rng, kind):
         w = _r(rng, c, -1, 1)
         w[0] = F32(-0.0) if c > 1 else w[0]
         inputs = {"x": x, "w": w} if kind == "rms" else {"x": x, "w": w, "b": fp.f32([0x80000000] * c)}
-        out.append(("edge", inputs, f"C={c}: constant rows (variance 0), zeros, tiny spread, squares that "
-                                    f"overflow, inf, NaN, subnormal; a -0 weight and bias"))
+        out.append(
+            (
+                "edge",
+                inputs,
+                f"C={c}: constant rows (variance 0), zeros, tiny spread, squares that "
+                f"overflow, inf, NaN, subnormal; a -0 weight and bias",
+            )
+        )
     return out
 
 
@@ -152,8 +227,13 @@ def norm_backward_edges(rng, kind):
             out.append(("edge", {"dout": dout, "x": x, "w": w, "rrms": rrms}, f"C={c}: rows as the forward's edges"))
         else:
             _, mean, rstd = _ops("norms").layernorm_forward(x, w, np.zeros(c, F32))
-            out.append(("edge", {"dout": dout, "x": x, "w": w, "mean": mean, "rstd": rstd},
-                        f"C={c}: rows as the forward's edges"))
+            out.append(
+                (
+                    "edge",
+                    {"dout": dout, "x": x, "w": w, "mean": mean, "rstd": rstd},
+                    f"C={c}: rows as the forward's edges",
+                )
+            )
     return out
 
 
@@ -174,29 +254,37 @@ def norm_sweeps(rng, kind, backward=False):
 
 # ---- softmax and cross-entropy ------------------------------------------------------------
 
+
 def _softmax_rows(v):
     """Rows of length v that pin [softmax.fwd.c1]'s special cases."""
     t = np.float32
     rows = np.zeros((10, v), F32)
-    rows[0] = -np.inf                                     # all -inf: a NaN row
+    rows[0] = -np.inf  # all -inf: a NaN row
     rows[1] = -np.inf
-    rows[1][v // 2] = t(0.0)                              # one finite element: exactly 1
-    rows[2] = t(1.0)                                      # all equal
-    rows[3][0] = np.inf                                   # +inf: a NaN row
+    rows[1][v // 2] = t(0.0)  # one finite element: exactly 1
+    rows[2] = t(1.0)  # all equal
+    rows[3][0] = np.inf  # +inf: a NaN row
     rows[4][v - 1] = np.nan
-    rows[5] = np.linspace(-200, 0, v, dtype=F32)          # exp underflows to +0 for most
+    rows[5] = np.linspace(-200, 0, v, dtype=F32)  # exp underflows to +0 for most
     rows[6] = np.linspace(0, 3, v, dtype=F32)
-    rows[6][0] = -np.inf                                  # a -inf beside finite values gives +0
+    rows[6][0] = -np.inf  # a -inf beside finite values gives +0
     rows[7] = fp.f32([0x80000000 if j % 2 else 0x00400000 for j in range(v)])  # -0 and subnormals
     rows[8] = np.linspace(-20000, -10200, v, dtype=F32)  # below a running maximum started at -10,000
-    rows[9] = np.linspace(10001, 20000, v, dtype=F32)    # exp overflows without the maximum subtracted
+    rows[9] = np.linspace(10001, 20000, v, dtype=F32)  # exp overflows without the maximum subtracted
     return rows
 
 
 def softmax_edges(rng):
-    out = [("edge", {"x": _softmax_rows(v)}, f"V={v}: all -inf; one finite; equal; +inf; NaN; underflow; "
-                                              f"-inf beside finite; -0 and subnormals; rows below -10,000 "
-                                              f"and above +10,000") for v in (1, 2, 5)]
+    out = [
+        (
+            "edge",
+            {"x": _softmax_rows(v)},
+            f"V={v}: all -inf; one finite; equal; +inf; NaN; underflow; "
+            f"-inf beside finite; -0 and subnormals; rows below -10,000 "
+            f"and above +10,000",
+        )
+        for v in (1, 2, 5)
+    ]
     out.append(("edge", {"x": V.edge_values()[:160].reshape(10, 16).copy()}, "edge grid rows"))
     return out
 
@@ -216,7 +304,7 @@ def softmax_backward_edges(rng, log):
 def softmax_sweeps(rng, backward=False, log=False):
     out = []
     fwd = _ops("softmax").log_softmax_forward if log else _ops("softmax").softmax_forward
-    for v in (sweeps.V_BACKWARD if backward else sweeps.V_SWEEP):
+    for v in sweeps.V_BACKWARD if backward else sweeps.V_SWEEP:
         x = _r(rng, (1, v), -4, 3)
         inputs = {"dy": _r(rng, (1, v)), "y": fwd(x)} if backward else {"x": x}
         out.append(("sweep", inputs, sweeps.note(f"N,V=1,{v}")))
@@ -231,30 +319,46 @@ def ce_edges(rng):
     lg[2] = t([0xFF800000, 0x3F800000, 0x3F800000, 0x3F800000])  # -inf at the target: loss +inf
     lg[3] = t([0x3F800000, 0x7F800000, 0x3F800000, 0x3F800000])  # +inf: NaN
     lg[4] = t([0x7FC12345, 0x3F800000, 0x3F800000, 0x3F800000])  # NaN in an ignored row: loss +0
-    lg[5] = t([0xFF800000] * 4)                                  # all -inf, ignored
+    lg[5] = t([0xFF800000] * 4)  # all -inf, ignored
     lg[6] = t([0x80000000, 0x00000000, 0x80000000, 0x00400000])  # zeros and a subnormal
     lg[7] = t([0x42C80000, 0x42C80000, 0xC2C80000, 0x42C80000])  # ties for the maximum
     lg[8] = _r(rng, 4, -4, 3)
     targets = np.array([0, 3, 0, 2, -1, -1, 1, 1, 2], np.int32)
-    out = [("edge", {"logits": lg, "targets": targets},
+    out = [
+        (
+            "edge",
+            {"logits": lg, "targets": targets},
             "loss exactly +0; target V-1; -inf at the target; +inf; NaN and all -inf in ignored rows; "
-            "zeros; a tied maximum; 7 counted tokens (recip(7) inexact)")]
-    out.append(("edge", {"logits": _r(rng, (3, 5), -4, 3), "targets": np.full(3, -1, np.int32)},
-                "every token ignored: count 0, mean +0, gradient +0"))
+            "zeros; a tied maximum; 7 counted tokens (recip(7) inexact)",
+        )
+    ]
+    out.append(
+        (
+            "edge",
+            {"logits": _r(rng, (3, 5), -4, 3), "targets": np.full(3, -1, np.int32)},
+            "every token ignored: count 0, mean +0, gradient +0",
+        )
+    )
     far = np.stack([np.linspace(-20000, -10200, 5, dtype=F32), np.linspace(10001, 20000, 5, dtype=F32)])
-    out.append(("edge", {"logits": far, "targets": np.array([2, 4], np.int32)},
-                "rows entirely below -10,000 and above +10,000 (a running maximum started at -10,000, "
-                "or no maximum subtracted, fails)"))
+    out.append(
+        (
+            "edge",
+            {"logits": far, "targets": np.array([2, 4], np.int32)},
+            "rows entirely below -10,000 and above +10,000 (a running maximum started at -10,000, "
+            "or no maximum subtracted, fails)",
+        )
+    )
     for n in (1, 3, 6):
         targets = rng.integers(0, 5, n).astype(np.int32)
-        out.append(("edge", {"logits": _r(rng, (n, 5), -4, 3), "targets": targets},
-                    f"{n} counted tokens, none ignored"))
+        out.append(
+            ("edge", {"logits": _r(rng, (n, 5), -4, 3), "targets": targets}, f"{n} counted tokens, none ignored")
+        )
     return out
 
 
 def ce_sweeps(rng, backward=False):
     out = []
-    for v in (sweeps.V_BACKWARD if backward else sweeps.V_SWEEP):
+    for v in sweeps.V_BACKWARD if backward else sweeps.V_SWEEP:
         logits = _r(rng, (1, v), -4, 3)  # drawn before the target, as always
         target = np.array([int(rng.integers(0, v))], np.int32)
         out.append(("sweep", {"logits": logits, "targets": target}, sweeps.note(f"N,V=1,{v}")))
@@ -262,6 +366,7 @@ def ce_sweeps(rng, backward=False):
 
 
 # ---- attention -----------------------------------------------------------------------------
+
 
 def _attention_edge_inputs(rng):
     """(q, k, v) sets: HS = 3, 5, 6 (recip(sqrt(HS)) inexact), T = 1, a
@@ -287,9 +392,10 @@ def _attention_edge_inputs(rng):
 
 
 def attention_edges(rng):
-    return [("edge", s, "HS 3, 5, 6; T = 1; inf and NaN at later positions; large scores; -0 values; "
-                        "scores below -1e9")
-            for s in _attention_edge_inputs(rng)]
+    return [
+        ("edge", s, "HS 3, 5, 6; T = 1; inf and NaN at later positions; large scores; -0 values; scores below -1e9")
+        for s in _attention_edge_inputs(rng)
+    ]
 
 
 def attention_backward_edges(rng):
@@ -304,7 +410,7 @@ def attention_backward_edges(rng):
 
 def attention_sweeps(rng, backward=False):
     out = []
-    for t in (sweeps.T_BACKWARD if backward else sweeps.T_SWEEP):
+    for t in sweeps.T_BACKWARD if backward else sweeps.T_SWEEP:
         s = {n: _r(rng, (1, 1, t, 2), -3, 1) for n in ("q", "k", "v")}
         if backward:
             _, att = _ops("attention").attention_forward(s["q"], s["k"], s["v"])
@@ -315,44 +421,93 @@ def attention_sweeps(rng, backward=False):
 
 # ---- rotary embedding, embedding -----------------------------------------------------------
 
+
 def rope_edges(rng, name):
     x = V.edge_values()[:160].reshape(1, 2, 20, 4).copy()
     cos_t, sin_t = _ops("rope").rope_tables(20, 4)
     c2, s2 = cos_t.copy(), sin_t.copy()
     c2[3], s2[3] = fp.f32([0x80000000, 0x7F800000]), fp.f32([0x7FC12345, 0x00400000])
-    return [("edge", {name: x, "cos_t": cos_t, "sin_t": sin_t}, "edge grid"),
-            ("edge", {name: _r(rng, (1, 1, 20, 4)), "cos_t": c2, "sin_t": s2},
-             "-0, inf, NaN and a subnormal in the tables")]
+    return [
+        ("edge", {name: x, "cos_t": cos_t, "sin_t": sin_t}, "edge grid"),
+        (
+            "edge",
+            {name: _r(rng, (1, 1, 20, 4)), "cos_t": c2, "sin_t": s2},
+            "-0, inf, NaN and a subnormal in the tables",
+        ),
+    ]
 
 
 def embedding_forward_edges(rng):
     wte = fp.f32([[0x7FC12345, 0x80000000], [0x00400000, 0xFF800000], [0x7F800001, 0x3F800000]])
-    return [("edge", {"wte": wte, "tokens": np.array([[2, 0, 1, 1, 2]], np.int32)},
-             "a copy after loading: NaN payloads canonical, subnormals zeroed, -0 and inf kept")]
+    return [
+        (
+            "edge",
+            {"wte": wte, "tokens": np.array([[2, 0, 1, 1, 2]], np.int32)},
+            "a copy after loading: NaN payloads canonical, subnormals zeroed, -0 and inf kept",
+        )
+    ]
 
 
 def embedding_backward_edges(rng):
     t = fp.f32
-    return [("edge", {"dout": t([[[0x3F800000], [0x33800000], [0x33800000], [0x80000000]]]),
-                      "tokens": np.array([[0, 0, 0, 1]], np.int32), "V": np.array([3], np.int32)},
-             "the example of [emb.bwd.c1]: in increasing position; an id with a -0 term; an id absent (+0)"),
-            ("edge", {"dout": t([[[0x33800000], [0x33800000], [0x3F800000], [0x80000000]]]),
-                      "tokens": np.array([[0, 0, 0, 1]], np.int32), "V": np.array([3], np.int32)},
-             "the same terms in the other order"),
-            ("empty", {"dout": np.zeros((1, 0, 2), F32), "tokens": np.zeros((1, 0), np.int32),
-                       "V": np.array([2], np.int32)}, "no positions: every row is the empty sum, +0"),
-            ("empty", {"dout": np.zeros((1, 3, 0), F32), "tokens": np.array([[0, 2, 0]], np.int32),
-                       "V": np.array([3], np.int32)}, "C = 0: rows of no channels")]
+    return [
+        (
+            "edge",
+            {
+                "dout": t([[[0x3F800000], [0x33800000], [0x33800000], [0x80000000]]]),
+                "tokens": np.array([[0, 0, 0, 1]], np.int32),
+                "V": np.array([3], np.int32),
+            },
+            "the example of [emb.bwd.c1]: in increasing position; an id with a -0 term; an id absent (+0)",
+        ),
+        (
+            "edge",
+            {
+                "dout": t([[[0x33800000], [0x33800000], [0x3F800000], [0x80000000]]]),
+                "tokens": np.array([[0, 0, 0, 1]], np.int32),
+                "V": np.array([3], np.int32),
+            },
+            "the same terms in the other order",
+        ),
+        (
+            "empty",
+            {"dout": np.zeros((1, 0, 2), F32), "tokens": np.zeros((1, 0), np.int32), "V": np.array([2], np.int32)},
+            "no positions: every row is the empty sum, +0",
+        ),
+        (
+            "empty",
+            {"dout": np.zeros((1, 3, 0), F32), "tokens": np.array([[0, 2, 0]], np.int32), "V": np.array([3], np.int32)},
+            "C = 0: rows of no channels",
+        ),
+    ]
 
 
 # ---- int8 quantization ------------------------------------------------------------------------
 
+
 def _quant_ties():
     """x * r = k + 1/2 for s = 1, the clamps at -128 and 127 and beyond, NaN, inf."""
     halves = [k + 0.5 for k in range(-130, 130)] + [-0.4, 0.49999997, -0.49999997, 126.99999, 127.00001, -128.00002]
-    return np.concatenate([fp.f32(V.nearest(halves)), fp.f32([0x80000000, 0x00000000, 0x7F800000, 0xFF800000,
-                                                                0x7FC12345, 0x42FE0000, 0x42FF0000, 0xC3000000,
-                                                                0xC3010000, 0x43480000, 0xC3480000])])
+    return np.concatenate(
+        [
+            fp.f32(V.nearest(halves)),
+            fp.f32(
+                [
+                    0x80000000,
+                    0x00000000,
+                    0x7F800000,
+                    0xFF800000,
+                    0x7FC12345,
+                    0x42FE0000,
+                    0x42FF0000,
+                    0xC3000000,
+                    0xC3010000,
+                    0x43480000,
+                    0xC3480000,
+                ]
+            ),
+        ]
+    )
 
 
 def _s_values():
@@ -367,8 +522,13 @@ def fake_quantize_edges(rng):
     for s in _s_values():
         xs = x if s in (0x3F800000, 0x3E000000) else fp.mul(x, fp.f32([s]))
         xs = np.concatenate([xs, V.uniform_f32(rng, 64, -140, 140) * fp.f32([s])])
-        out.append(("edge", {"x": xs.astype(F32), "s": fp.f32([s])}, f"s = 0x{s:08X}: ties k + 1/2, the clamps "
-                                                                     f"at -128 and 127, NaN, inf"))
+        out.append(
+            (
+                "edge",
+                {"x": xs.astype(F32), "s": fp.f32([s])},
+                f"s = 0x{s:08X}: ties k + 1/2, the clamps at -128 and 127, NaN, inf",
+            )
+        )
     return out
 
 
@@ -378,20 +538,31 @@ def fake_quantize_backward_edges(rng):
         x = _quant_ties() if s == 0x3F800000 else fp.mul(_quant_ties(), fp.f32([s]))
         dy = V.random_f32(rng, x.size, -3, 3)
         dy[::7] = F32(-0.0)
-        out.append(("edge", {"dy": dy, "x": x.astype(F32), "s": fp.f32([s])},
-                    f"s = 0x{s:08X}: codes at and beyond -128 and 127, ties, NaN; -0 gradients"))
+        out.append(
+            (
+                "edge",
+                {"dy": dy, "x": x.astype(F32), "s": fp.f32([s])},
+                f"s = 0x{s:08X}: codes at and beyond -128 and 127, ties, NaN; -0 gradients",
+            )
+        )
     return out
 
 
 def step_size_edges(rng):
     t = fp.f32
-    rows = [([0x00000000, 0x80000000], "all zero: the floor 2^-126"),
-            ([0x03800000, 0x83000000], "a * RQ subnormal: the floor"),
-            ([0x04800000], "a * RQ normal just above the floor"), ([0x7FC00000, 0x3F800000], "NaN"),
-            ([0x3F800000, 0x7FC12345], "NaN last"), ([0x7F800000, 0x3F800000], "+inf"), ([0xFF800000], "-inf"),
-            ([0xC2FE0000, 0x3F800000], "the maximum magnitude is negative: |g|"),
-            ([0x00400000, 0x80000001], "subnormals only"),
-            ([0x7F7FFFFF], "the largest finite"), ([0x42FE0000], "127")]
+    rows = [
+        ([0x00000000, 0x80000000], "all zero: the floor 2^-126"),
+        ([0x03800000, 0x83000000], "a * RQ subnormal: the floor"),
+        ([0x04800000], "a * RQ normal just above the floor"),
+        ([0x7FC00000, 0x3F800000], "NaN"),
+        ([0x3F800000, 0x7FC12345], "NaN last"),
+        ([0x7F800000, 0x3F800000], "+inf"),
+        ([0xFF800000], "-inf"),
+        ([0xC2FE0000, 0x3F800000], "the maximum magnitude is negative: |g|"),
+        ([0x00400000, 0x80000001], "subnormals only"),
+        ([0x7F7FFFFF], "the largest finite"),
+        ([0x42FE0000], "127"),
+    ]
     out = [("edge", {"x": t(r)}, w) for r, w in rows]
     out.append(("empty", {"x": np.zeros(0, F32)}, "no element: a = +0, the floor"))
     return out
@@ -415,11 +586,32 @@ def adamw_edges(rng):
     out = []
     for step in STEPS:
         x = _r(rng, 8, -3, 0)
-        out.append(("edge", {"p": np.concatenate([p, x]), "g": np.concatenate([g, _r(rng, 8, -30, 2)]),
-                             "m": np.concatenate([m, _r(rng, 8, -20, -4)]),
-                             "v": np.concatenate([v, V.random_f32(rng, 8, -60, -10, positive=True)]),
-                             "step": np.array([step], np.int32), "lr": t([0x3A83126F])},
-                    f"step {step}: bias corrections; tiny v (eps after the root); overflow; NaN; -0"))
-    out.append(("edge", {"p": np.zeros(0, F32), "g": np.zeros(0, F32), "m": np.zeros(0, F32), "v": np.zeros(0, F32),
-                         "step": np.array([1], np.int32), "lr": t([0x3A83126F])}, "an empty tensor"))
+        out.append(
+            (
+                "edge",
+                {
+                    "p": np.concatenate([p, x]),
+                    "g": np.concatenate([g, _r(rng, 8, -30, 2)]),
+                    "m": np.concatenate([m, _r(rng, 8, -20, -4)]),
+                    "v": np.concatenate([v, V.random_f32(rng, 8, -60, -10, positive=True)]),
+                    "step": np.array([step], np.int32),
+                    "lr": t([0x3A83126F]),
+                },
+                f"step {step}: bias corrections; tiny v (eps after the root); overflow; NaN; -0",
+            )
+        )
+    out.append(
+        (
+            "edge",
+            {
+                "p": np.zeros(0, F32),
+                "g": np.zeros(0, F32),
+                "m": np.zeros(0, F32),
+                "v": np.zeros(0, F32),
+                "step": np.array([1], np.int32),
+                "lr": t([0x3A83126F]),
+            },
+            "an empty tensor",
+        )
+    )
     return out

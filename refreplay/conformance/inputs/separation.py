@@ -4,6 +4,7 @@ claims (``ProbeError`` otherwise), bit differences with NaNs alike
 (the simplest split-K) give other bits somewhere (``split_in_two``,
 ``separating``, ``check_sweep``).
 """
+
 from __future__ import annotations
 
 import numpy as np

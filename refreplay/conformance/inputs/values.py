@@ -4,6 +4,7 @@ binary32 values with a controlled spread of exponents.
 All values are built from bit patterns, so the same seed gives the same bits
 on every machine (no decimal parsing, no libm).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -43,8 +44,7 @@ def edge_values() -> np.ndarray:
     return fp.f32(out)
 
 
-def random_f32(rng: np.random.Generator, shape, lo_exp=-8, hi_exp=8, mant_bits=23,
-               positive=False) -> np.ndarray:
+def random_f32(rng: np.random.Generator, shape, lo_exp=-8, hi_exp=8, mant_bits=23, positive=False) -> np.ndarray:
     """Random binary32 with uniform exponent in [lo_exp, hi_exp], ``mant_bits``
     random leading significand bits (the rest zero) and a random sign."""
     n = int(np.prod(shape))
@@ -82,7 +82,7 @@ def subnormals(rng: np.random.Generator, n: int) -> np.ndarray:
 #     rounded to 24 bits is FLT_MIN only for d <= 2^-25; for 2^-25 < d <= 2^-24
 #     it is FLT_MIN (1 - 2^-24) < FLT_MIN, so those become 0.
 # Two windows of 2^47 - P (P = mx my, d = (2^47 - P) 2^-47) separate the three.
-WINDOW_BEFORE = (0, 1 << 22)        # 0 < d <= 2^-25: the spec and x86 FTZ give FLT_MIN, ARM FZ 0
+WINDOW_BEFORE = (0, 1 << 22)  # 0 < d <= 2^-25: the spec and x86 FTZ give FLT_MIN, ARM FZ 0
 WINDOW_UNBOUNDED = (1 << 22, 1 << 23)  # 2^-25 < d <= 2^-24: the spec gives FLT_MIN, x86 FTZ and ARM FZ 0
 
 
@@ -132,13 +132,29 @@ def rounding_pairs() -> tuple[np.ndarray, np.ndarray]:
     rounding tie (to even upwards and downwards), lies at the overflow
     threshold (the largest finite plus half an ulp and its neighbours), or is
     1 - 2^-24 and its neighbours; each pair in both orders and both signs."""
-    pairs = [(0x3F800000, 0x33800000), (0x3F800001, 0x33800000), (0x3F800000, 0x33800001),
-             (0x3F800000, 0xB3800000), (0x3F800000, 0xB3000000), (0x3F800001, 0xB3800000),
-             (0x7F7FFFFF, 0x73000000), (0x7F7FFFFF, 0x72FFFFFF), (0x7F7FFFFE, 0x73000000),
-             (0x7F7FFFFF, 0x7F7FFFFF), (0x4B000000, 0x3F000000), (0x4B000001, 0x3F000000),
-             (0x3F800001, 0x3F800001), (0x3F7FFFFF, 0x3F800001), (0x3FFFFFFF, 0x3FFFFFFF),
-             (0x5F800000, 0x5F800000), (0x5F7FFFFF, 0x5F800001), (0x1F800000, 0x1F800000),
-             (0x20000000, 0x1F000000), (0x00800000, 0x3F7FFFFF), (0x00800001, 0x3F000000)]
+    pairs = [
+        (0x3F800000, 0x33800000),
+        (0x3F800001, 0x33800000),
+        (0x3F800000, 0x33800001),
+        (0x3F800000, 0xB3800000),
+        (0x3F800000, 0xB3000000),
+        (0x3F800001, 0xB3800000),
+        (0x7F7FFFFF, 0x73000000),
+        (0x7F7FFFFF, 0x72FFFFFF),
+        (0x7F7FFFFE, 0x73000000),
+        (0x7F7FFFFF, 0x7F7FFFFF),
+        (0x4B000000, 0x3F000000),
+        (0x4B000001, 0x3F000000),
+        (0x3F800001, 0x3F800001),
+        (0x3F7FFFFF, 0x3F800001),
+        (0x3FFFFFFF, 0x3FFFFFFF),
+        (0x5F800000, 0x5F800000),
+        (0x5F7FFFFF, 0x5F800001),
+        (0x1F800000, 0x1F800000),
+        (0x20000000, 0x1F000000),
+        (0x00800000, 0x3F7FFFFF),
+        (0x00800001, 0x3F000000),
+    ]
     a, b = [], []
     for x, y in pairs:
         for sx, sy in ((0, 0), (1, 0), (0, 1), (1, 1)):

@@ -11,6 +11,7 @@ Nothing here is on the normative path: expected outputs come from
 outputs`` in the stored form (uint16 bits for bf16 tensors, float32 for
 binary32), or ``None`` where it does not apply to the op.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,8 +24,9 @@ from ..base.bf16 import F32, loaded, rne, round_f32, ties_away, truncate, widen
 
 # ---- the op in the profile, with one misreading ----------------------------------------------
 
+
 def _base(op):
-    return op.name[len("bf16_"):]
+    return op.name[len("bf16_") :]
 
 
 # the conversions as ops of the profile: the binary32 op between them is the identity
@@ -48,15 +50,19 @@ def _profile(op, inputs, *, widen_in=loaded, round_out=rne, round_f=None):
     with np.errstate(all="ignore"):
         out = args[0] if _base(op) in _CONVERSIONS else FP32[_base(op)](*args)
     outs = out if isinstance(out, tuple) else (out,)
-    return tuple(round_out(o) if k == "h" else (widen(round_f(o)) if round_f else np.asarray(o, F32))
-                 for k, o in zip(kout, outs))
+    return tuple(
+        round_out(o) if k == "h" else (widen(round_f(o)) if round_f else np.asarray(o, F32)) for k, o in zip(kout, outs)
+    )
 
 
 def _has(op, kind_side, kind):
     from ...ops.bf16 import PROFILE
 
-    return (op.name.startswith("bf16_") and (_base(op) in PROFILE or _base(op) in _CONVERSIONS)
-            and kind in _kinds(op)[kind_side])
+    return (
+        op.name.startswith("bf16_")
+        and (_base(op) in PROFILE or _base(op) in _CONVERSIONS)
+        and kind in _kinds(op)[kind_side]
+    )
 
 
 def truncating(op, inputs):
@@ -80,6 +86,7 @@ def rounding_f32_outputs(op, inputs):
 
 # ---- accumulation in bf16 ([bf16.matmul.c1]) ------------------------------------------------
 
+
 def bf16_accumulated(a, b) -> np.ndarray:
     """R sums of products a*b (rows), the accumulator rounded to bf16 after
     every addition (from -0, k increasing)."""
@@ -95,8 +102,10 @@ def halves_rounded(a, b) -> np.ndarray:
 
     t = np.ascontiguousarray(fp.mul(a, b), F32)
     h = (t.shape[1] + 1) // 2
-    return fp.add(round_f32(linalg.row_sum(np.ascontiguousarray(t[:, :h]))),
-                  round_f32(linalg.row_sum(np.ascontiguousarray(t[:, h:]))))
+    return fp.add(
+        round_f32(linalg.row_sum(np.ascontiguousarray(t[:, :h]))),
+        round_f32(linalg.row_sum(np.ascontiguousarray(t[:, h:]))),
+    )
 
 
 def _summed(op, inputs, fn):
@@ -118,6 +127,7 @@ def rounding_partial_sums(op, inputs):
 
 
 # ---- an internal value rounded to bf16 ([bf16.ops.c1]: no other rounding) ----------------------
+
 
 def _attention_out(att, v):
     """[attn.out.c1] out = att·v over s <= t, from -0, s increasing (``variants``' form)."""
@@ -186,28 +196,48 @@ def unrounded_intermediate(op, inputs):
 
 # ---- the table ---------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Misreading:
-    name: str               # what the diagnosis says
-    family: str             # the probe family built to isolate it
-    fn: Callable            # (op, loaded inputs) -> outputs, or None
+    name: str  # what the diagnosis says
+    family: str  # the probe family built to isolate it
+    fn: Callable  # (op, loaded inputs) -> outputs, or None
     clauses: tuple[str, ...]
 
 
 MISREADINGS = (
-    Misreading("rounds to bf16 by truncation (drops the low 16 bits)", "bf16_rounding", truncating,
-               ("bf16.round.c1",)),
-    Misreading("rounds to bf16 with ties away from zero (the spec: ties to even)", "bf16_rounding",
-               rounding_ties_away, ("bf16.round.c1",)),
-    Misreading("accumulates in bf16 (the accumulator rounded to bf16 after every addition)", "bf16_accumulation",
-               accumulating_in_bf16, ("bf16.matmul.c1", "bf16.ops.c1")),
-    Misreading("rounds partial sums to bf16 (split-K halves stored in bf16)", "bf16_accumulation",
-               rounding_partial_sums, ("bf16.matmul.c1", "bf16.ops.c1")),
+    Misreading("rounds to bf16 by truncation (drops the low 16 bits)", "bf16_rounding", truncating, ("bf16.round.c1",)),
+    Misreading(
+        "rounds to bf16 with ties away from zero (the spec: ties to even)",
+        "bf16_rounding",
+        rounding_ties_away,
+        ("bf16.round.c1",),
+    ),
+    Misreading(
+        "accumulates in bf16 (the accumulator rounded to bf16 after every addition)",
+        "bf16_accumulation",
+        accumulating_in_bf16,
+        ("bf16.matmul.c1", "bf16.ops.c1"),
+    ),
+    Misreading(
+        "rounds partial sums to bf16 (split-K halves stored in bf16)",
+        "bf16_accumulation",
+        rounding_partial_sums,
+        ("bf16.matmul.c1", "bf16.ops.c1"),
+    ),
     Misreading("bf16 subnormal inputs not zeroed", "bf16_input_zeroing", keeping_subnormals, ("bf16.load.c1",)),
-    Misreading("rounds an intermediate to bf16 (probabilities, normalised values or exponentials)",
-               "bf16_intermediate", rounding_an_intermediate, ("bf16.ops.c1", "bf16.rounding.r1")),
-    Misreading("rounds a binary32 output to bf16 (a bare product, statistic or gradient sum stays binary32)",
-               "random", rounding_f32_outputs, ("bf16.ops.c1", "bf16.tensors.c1")),
+    Misreading(
+        "rounds an intermediate to bf16 (probabilities, normalised values or exponentials)",
+        "bf16_intermediate",
+        rounding_an_intermediate,
+        ("bf16.ops.c1", "bf16.rounding.r1"),
+    ),
+    Misreading(
+        "rounds a binary32 output to bf16 (a bare product, statistic or gradient sum stays binary32)",
+        "random",
+        rounding_f32_outputs,
+        ("bf16.ops.c1", "bf16.tensors.c1"),
+    ),
 )
 
 

@@ -13,6 +13,7 @@ row per sum; with ``b`` the terms are the products a*b, each rounded (or, with
 arithmetic is binary32 with the spec's flush after rounding, so a candidate
 differs from the spec only in the property it names.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -98,8 +99,7 @@ def _numpy_pairwise_block(t, lo, n):
         while i < n - (n % 8):
             r = [t.fold(r[j], lo + i + j) for j in range(8)]
             i += 8
-        res = fp.add(fp.add(fp.add(r[0], r[1]), fp.add(r[2], r[3])),
-                     fp.add(fp.add(r[4], r[5]), fp.add(r[6], r[7])))
+        res = fp.add(fp.add(fp.add(r[0], r[1]), fp.add(r[2], r[3])), fp.add(fp.add(r[4], r[5]), fp.add(r[6], r[7])))
         for k in range(lo + i, lo + n):
             res = t.fold(res, k)
         return res
@@ -131,14 +131,20 @@ PLUS_ZERO = ("sequential from +0", "NumPy pairwise (8 accumulators, blocks of 12
 
 
 def _unfused_orders() -> list[tuple[str, Callable, bool]]:
-    out = [("sequential k increasing from -0", _sequential, True),
-           ("sequential from +0", lambda t: _sequential(t, np.float32(0.0)), False),
-           ("reversed", _reversed, False),
-           ("pairwise tree (recursive halves)", _pairwise, False)]
-    out += [(f"blocked/split-k, blocks of {b}", (lambda t, b=b: _blocked(t, b)), False)
-            for b in (2, 4, 8, 16, 32, 64, 128, 256)]
-    out += [(f"{lanes} strided lanes + butterfly (SIMD/warp)", (lambda t, L=lanes: _strided(t, L)), False)
-            for lanes in (2, 4, 8, 16, 32)]
+    out = [
+        ("sequential k increasing from -0", _sequential, True),
+        ("sequential from +0", lambda t: _sequential(t, np.float32(0.0)), False),
+        ("reversed", _reversed, False),
+        ("pairwise tree (recursive halves)", _pairwise, False),
+    ]
+    out += [
+        (f"blocked/split-k, blocks of {b}", (lambda t, b=b: _blocked(t, b)), False)
+        for b in (2, 4, 8, 16, 32, 64, 128, 256)
+    ]
+    out += [
+        (f"{lanes} strided lanes + butterfly (SIMD/warp)", (lambda t, L=lanes: _strided(t, L)), False)
+        for lanes in (2, 4, 8, 16, 32)
+    ]
     out += [("NumPy pairwise (8 accumulators, blocks of 128)", _numpy_sum, False)]
     return out
 
@@ -148,8 +154,11 @@ def candidates(products: bool) -> list[Order]:
     products contracted into the accumulation (fused multiply-add)."""
     out = [Order(n, f, spec=s, plus_zero=n in PLUS_ZERO) for n, f, s in _unfused_orders()]
     if products:
-        out += [Order(n + ", fused multiply-add", f, fused=True, plus_zero=n in PLUS_ZERO)
-                for n, f, s in _unfused_orders() if "pairwise tree" not in n]
+        out += [
+            Order(n + ", fused multiply-add", f, fused=True, plus_zero=n in PLUS_ZERO)
+            for n, f, s in _unfused_orders()
+            if "pairwise tree" not in n
+        ]
     return out
 
 

@@ -18,6 +18,7 @@ and the correctly rounded functions (float64 ``np``/``math`` functions
 rounded once to binary32): models of what a kernel does, never of what the
 spec says.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -78,10 +79,13 @@ def _vendor(fn, x):
 
 # ---- transcendentals: the spec's and the deviant ones ----------------------------
 
+
 def _spec(name):
     def fn(x):
         from ...numerics import elementwise
+
         return getattr(elementwise, name)(np.ascontiguousarray(x, dtype=F32))
+
     fn.__name__ = f"spec_{name}"
     return fn
 
@@ -175,6 +179,7 @@ def rounded_sigmoid(x):
 
 # ---- means, reciprocal square roots, normalisation -------------------------------
 
+
 def mean_by_recip(total, count):
     """[norm.meanop.c1] [loss.mean.c1] total * recip(f32(count)) (the spec)."""
     return mul(total, recip(F32(count)))
@@ -219,6 +224,7 @@ def no_max_shift(x):
 
 # ---- log-softmax and the per-token loss ---------------------------------------------
 
+
 def shifted_minus_log(x, m, s, p):
     """[softmax.log.c1] y = (x - m) - log(s) (the spec)."""
     return sub(sub(x, m[..., None]), p.log(s)[..., None])
@@ -255,6 +261,7 @@ def minus_log_probability(lsm, x_y, m, s, e_y, p):
 
 # ---- the start of a sum ---------------------------------------------------------------
 
+
 def minus_zero_start(total):
     """[red.sum.c1] every sum starts from -0, so a sum of -0 terms is -0 (the spec)."""
     return total
@@ -269,6 +276,7 @@ def plus_zero_start(total):
 
 
 # ---- LayerNorm / RMSNorm pieces ----------------------------------------------------------
+
 
 def two_pass_moments(x, p):
     """[norm.layer.fwd.c1] steps 1-5: mean, then the mean of (x - mean)^2 (the spec)."""
@@ -324,6 +332,7 @@ def weight_folded_into_rrms(x, rrms, w):
 
 
 # ---- activation pieces ------------------------------------------------------------------
+
 
 def cube_left_to_right(x):
     """[act.gelu.fwd.c1] step 1: K*x*x*x, left to right, as factors (K*x*x, x)."""
@@ -387,6 +396,7 @@ def grad_times_s_first(g, s, t):
 
 # ---- attention and linear pieces --------------------------------------------------------
 
+
 def scale_after_dot(q, k, p):
     """[attn.scores.c1] z = dot(q, k) * recip(sqrt(f32(HS))) (the spec)."""
     return mul(_scores(p, q, k), recip(sqrt(F32(q.shape[-1]))))
@@ -427,13 +437,14 @@ SPEC_ORDER = orders.spec_order(False)
 @dataclass(frozen=True)
 class Parts:
     """The pieces an op model is built from; the defaults are the spec's."""
+
     exp: Callable = spec_exp
     log: Callable = spec_log
     tanh: Callable = spec_tanh
     sigmoid: Callable = spec_sigmoid
-    order: orders.Order = SPEC_ORDER          # every sum of the op ([red.sum.c1])
-    start: Callable = minus_zero_start        # the value every sum starts from ([red.sum.c1])
-    fma: bool = False                         # contract mul-then-add ([num.nofma.c1])
+    order: orders.Order = SPEC_ORDER  # every sum of the op ([red.sum.c1])
+    start: Callable = minus_zero_start  # the value every sum starts from ([red.sum.c1])
+    fma: bool = False  # contract mul-then-add ([num.nofma.c1])
     mean: Callable = mean_by_recip
     rsqrt: Callable = recip_of_sqrt
     normalize: Callable = scale_by_recip
@@ -484,6 +495,7 @@ def _rows(p, x):
 
 
 # ---- the op models: (inputs..., p) -> outputs -------------------------------------------
+
 
 def _exp_rows(x, p):
     m = p.shift(x)
@@ -632,7 +644,7 @@ def embedding_backward(dout, tokens, V, p):
     t = np.asarray(tokens).reshape(-1)
     d = dout.reshape(t.size, C)
     out = np.zeros((int(np.asarray(V).reshape(-1)[0]), C), F32)
-    for v in (np.unique(t) if C else ()):
+    for v in np.unique(t) if C else ():
         idx = np.flatnonzero(t == v)
         out[v] = _rows(p, np.ascontiguousarray(d[idx].T))
     return out
@@ -641,7 +653,7 @@ def embedding_backward(dout, tokens, V, p):
 @dataclass(frozen=True)
 class Model:
     fn: Callable
-    parts: tuple[str, ...]           # the Parts fields the op's spec algorithm reads
+    parts: tuple[str, ...]  # the Parts fields the op's spec algorithm reads
     pair_only: tuple[str, ...] = ()  # fields read only by a deviant part: tried in pairs only
 
 
@@ -651,11 +663,11 @@ _SOFTMAX = ("exp", "order", "normalize", "shift")
 MODELS = {
     "softmax_forward": Model(softmax_forward, _SOFTMAX),
     "log_softmax_forward": Model(log_softmax_forward, ("exp", "log", "order", "shift", "log_softmax")),
-    "cross_entropy_forward": Model(cross_entropy_forward, ("exp", "log", "order", "shift", "token_loss", "mean"),
-                                   pair_only=("log_softmax",)),
+    "cross_entropy_forward": Model(
+        cross_entropy_forward, ("exp", "log", "order", "shift", "token_loss", "mean"), pair_only=("log_softmax",)
+    ),
     "cross_entropy_backward": Model(cross_entropy_backward, _SOFTMAX + ("mean",)),
-    "layernorm_forward": Model(layernorm_forward, ("order", "start", "fma", "mean", "rsqrt", "moments",
-                                                   "ln_affine")),
+    "layernorm_forward": Model(layernorm_forward, ("order", "start", "fma", "mean", "rsqrt", "moments", "ln_affine")),
     "rmsnorm_forward": Model(rmsnorm_forward, ("order", "fma", "mean", "rsqrt", "rms_scale")),
     "gelu_forward": Model(gelu_forward, ("tanh", "fma", "gelu_cube")),
     "gelu_backward": Model(gelu_backward, ("tanh", "fma", "gelu_cube", "gelu_k3", "sech2")),
@@ -682,9 +694,12 @@ def _bf16_model(op: str, model: Model) -> Model:
     def fn(*args):
         *inputs, p = args
         out = model.fn(*[loaded(x) if k == "h" else x for k, x in zip(kin, inputs)], p)
-        outs = tuple(round_f32(np.asarray(o, F32)) if k == "h" else o
-                     for k, o in zip(kout, out if isinstance(out, tuple) else (out,)))
+        outs = tuple(
+            round_f32(np.asarray(o, F32)) if k == "h" else o
+            for k, o in zip(kout, out if isinstance(out, tuple) else (out,))
+        )
         return outs if len(outs) > 1 else outs[0]
+
     return Model(fn, model.parts, model.pair_only)
 
 
@@ -692,6 +707,7 @@ MODELS.update({f"bf16_{op}": _bf16_model(op, m) for op, m in list(MODELS.items()
 
 
 # ---- deviations: one part swapped ---------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Deviation:
@@ -701,10 +717,17 @@ class Deviation:
     clauses: tuple[str, ...]
 
 
-ORDER_NAMES = ("reversed", "pairwise tree (recursive halves)",
-               "blocked/split-k, blocks of 4", "blocked/split-k, blocks of 8", "blocked/split-k, blocks of 16",
-               "4 strided lanes + butterfly (SIMD/warp)", "8 strided lanes + butterfly (SIMD/warp)",
-               "16 strided lanes + butterfly (SIMD/warp)", "NumPy pairwise (8 accumulators, blocks of 128)")
+ORDER_NAMES = (
+    "reversed",
+    "pairwise tree (recursive halves)",
+    "blocked/split-k, blocks of 4",
+    "blocked/split-k, blocks of 8",
+    "blocked/split-k, blocks of 16",
+    "4 strided lanes + butterfly (SIMD/warp)",
+    "8 strided lanes + butterfly (SIMD/warp)",
+    "16 strided lanes + butterfly (SIMD/warp)",
+    "NumPy pairwise (8 accumulators, blocks of 128)",
+)
 
 
 def _fn(name, part, value, *clauses):
@@ -712,45 +735,53 @@ def _fn(name, part, value, *clauses):
 
 
 def _deviations() -> list[Deviation]:
-    out = [_fn("vendor exp (np.exp)", "exp", vendor_exp, "num.exp.c1"),
-           _fn("correctly rounded exp", "exp", rounded_exp, "num.exp.c1"),
-           _fn("vendor log (np.log)", "log", vendor_log, "num.log.c1"),
-           _fn("correctly rounded log", "log", rounded_log, "num.log.c1"),
-           _fn("vendor tanh (np.tanh)", "tanh", vendor_tanh, "num.tanh.c1"),
-           _fn("correctly rounded tanh", "tanh", rounded_tanh, "num.tanh.c1"),
-           _fn("vendor sigmoid 1/(1 + np.exp(-x))", "sigmoid", vendor_sigmoid, "num.sigmoid.c1"),
-           _fn("correctly rounded sigmoid", "sigmoid", rounded_sigmoid, "num.sigmoid.c1"),
-           _fn("fused multiply-add", "fma", True, "num.nofma.c1"),
-           _fn("means divided by the count", "mean", mean_by_division, "norm.meanop.c1", "loss.mean.c1"),
-           _fn("rsqrt rounded once", "rsqrt", rsqrt_rounded_once, "num.sqrt.c1", "num.recip.c1"),
-           _fn("division by the row sum", "normalize", divide_by_sum, "softmax.fwd.c1", "num.recip.c1"),
-           _fn("no max subtraction", "shift", no_max_shift, "softmax.fwd.c1"),
-           _fn("log-softmax as x - (m + log s)", "log_softmax", minus_logsumexp, "softmax.log.c1"),
-           _fn("log-softmax as log(softmax)", "log_softmax", log_of_softmax, "softmax.log.c1"),
-           _fn("loss as the negated log-softmax", "token_loss", negated_log_softmax, "loss.token.c1"),
-           _fn("loss as -log(e/s) (the log of the probability)", "token_loss", minus_log_probability,
-               "loss.token.c1", "num.recip.c1"),
-           _fn("sech² as 1/cosh² (correctly rounded cosh)", "sech2", sech2_by_rounded_cosh, "act.gelu.bwd.c1"),
-           _fn("variance as E[x²] - E[x]²", "moments", one_pass_moments, "norm.layer.fwd.c1"),
-           _fn("Welford mean and variance", "moments", welford_moments, "norm.layer.fwd.c1", "norm.meanop.c1"),
-           _fn("affine folded into x*scale + shift", "ln_affine", folded_scale_shift, "norm.layer.fwd.c1"),
-           _fn("x*(rrms*w)", "rms_scale", weight_folded_into_rrms, "norm.rms.fwd.c1"),
-           _fn("cube as K*(x*x*x)", "gelu_cube", cube_then_constant, "act.gelu.fwd.c1"),
-           _fn("K3 = 3*K", "gelu_k3", k3_as_product, "act.gelu.bwd.c1"),
-           _fn("SiLU as x / (1 + exp(-x))", "silu", silu_by_division, "act.silu.fwd.c1"),
-           _fn("gradient times s first", "grad_local", grad_times_s_first, "act.silu.bwd.c1"),
-           _fn("q scaled before the dot", "att_scores", scale_q_first, "attn.scores.c1"),
-           _fn("scores divided by sqrt(HS)", "att_scores", divide_by_sqrt_hs, "attn.scores.c1", "num.recip.c1"),
-           _fn("bias as the sum's first term", "bias", bias_as_first_term, "mm.bias.c1"),
-           _fn("sums started from +0 (not -0)", "start", plus_zero_start, "red.sum.c1", "red.start.r1")]
+    out = [
+        _fn("vendor exp (np.exp)", "exp", vendor_exp, "num.exp.c1"),
+        _fn("correctly rounded exp", "exp", rounded_exp, "num.exp.c1"),
+        _fn("vendor log (np.log)", "log", vendor_log, "num.log.c1"),
+        _fn("correctly rounded log", "log", rounded_log, "num.log.c1"),
+        _fn("vendor tanh (np.tanh)", "tanh", vendor_tanh, "num.tanh.c1"),
+        _fn("correctly rounded tanh", "tanh", rounded_tanh, "num.tanh.c1"),
+        _fn("vendor sigmoid 1/(1 + np.exp(-x))", "sigmoid", vendor_sigmoid, "num.sigmoid.c1"),
+        _fn("correctly rounded sigmoid", "sigmoid", rounded_sigmoid, "num.sigmoid.c1"),
+        _fn("fused multiply-add", "fma", True, "num.nofma.c1"),
+        _fn("means divided by the count", "mean", mean_by_division, "norm.meanop.c1", "loss.mean.c1"),
+        _fn("rsqrt rounded once", "rsqrt", rsqrt_rounded_once, "num.sqrt.c1", "num.recip.c1"),
+        _fn("division by the row sum", "normalize", divide_by_sum, "softmax.fwd.c1", "num.recip.c1"),
+        _fn("no max subtraction", "shift", no_max_shift, "softmax.fwd.c1"),
+        _fn("log-softmax as x - (m + log s)", "log_softmax", minus_logsumexp, "softmax.log.c1"),
+        _fn("log-softmax as log(softmax)", "log_softmax", log_of_softmax, "softmax.log.c1"),
+        _fn("loss as the negated log-softmax", "token_loss", negated_log_softmax, "loss.token.c1"),
+        _fn(
+            "loss as -log(e/s) (the log of the probability)",
+            "token_loss",
+            minus_log_probability,
+            "loss.token.c1",
+            "num.recip.c1",
+        ),
+        _fn("sech² as 1/cosh² (correctly rounded cosh)", "sech2", sech2_by_rounded_cosh, "act.gelu.bwd.c1"),
+        _fn("variance as E[x²] - E[x]²", "moments", one_pass_moments, "norm.layer.fwd.c1"),
+        _fn("Welford mean and variance", "moments", welford_moments, "norm.layer.fwd.c1", "norm.meanop.c1"),
+        _fn("affine folded into x*scale + shift", "ln_affine", folded_scale_shift, "norm.layer.fwd.c1"),
+        _fn("x*(rrms*w)", "rms_scale", weight_folded_into_rrms, "norm.rms.fwd.c1"),
+        _fn("cube as K*(x*x*x)", "gelu_cube", cube_then_constant, "act.gelu.fwd.c1"),
+        _fn("K3 = 3*K", "gelu_k3", k3_as_product, "act.gelu.bwd.c1"),
+        _fn("SiLU as x / (1 + exp(-x))", "silu", silu_by_division, "act.silu.fwd.c1"),
+        _fn("gradient times s first", "grad_local", grad_times_s_first, "act.silu.bwd.c1"),
+        _fn("q scaled before the dot", "att_scores", scale_q_first, "attn.scores.c1"),
+        _fn("scores divided by sqrt(HS)", "att_scores", divide_by_sqrt_hs, "attn.scores.c1", "num.recip.c1"),
+        _fn("bias as the sum's first term", "bias", bias_as_first_term, "mm.bias.c1"),
+        _fn("sums started from +0 (not -0)", "start", plus_zero_start, "red.sum.c1", "red.start.r1"),
+    ]
     if _libm("expf") is not None:  # the C library's functions, where one can be loaded
-        out += [_fn("libm expf (the C library's exp)", "exp", libm_exp, "num.exp.c1"),
-                _fn("libm logf (the C library's log)", "log", libm_log, "num.log.c1"),
-                _fn("libm tanhf (the C library's tanh)", "tanh", libm_tanh, "num.tanh.c1"),
-                _fn("sech² as 1/coshf² (the C library's coshf)", "sech2", sech2_by_libm_cosh, "act.gelu.bwd.c1")]
+        out += [
+            _fn("libm expf (the C library's exp)", "exp", libm_exp, "num.exp.c1"),
+            _fn("libm logf (the C library's log)", "log", libm_log, "num.log.c1"),
+            _fn("libm tanhf (the C library's tanh)", "tanh", libm_tanh, "num.tanh.c1"),
+            _fn("sech² as 1/coshf² (the C library's coshf)", "sech2", sech2_by_libm_cosh, "act.gelu.bwd.c1"),
+        ]
     by_name = {o.name: o for o in orders.candidates(False)}
-    out += [_fn(f"sums {'in ' if n[0].isdigit() else ''}{n}", "order", by_name[n], "red.sum.c1")
-            for n in ORDER_NAMES]
+    out += [_fn(f"sums {'in ' if n[0].isdigit() else ''}{n}", "order", by_name[n], "red.sum.c1") for n in ORDER_NAMES]
     return out
 
 
@@ -773,8 +804,10 @@ def evaluate(op: str, inputs, devs=()) -> tuple[np.ndarray, ...]:
     with np.errstate(all="ignore"):
         out = MODELS[op].fn(*inputs, parts(devs))
     # every NaN canonical ([num.nan.c1]): a variant changes arithmetic, not the NaN rule
-    return tuple(np.where(np.isnan(o), fp.f32(fp.CANONICAL_NAN), o).astype(F32)
-                 for o in (np.asarray(o, F32) for o in (out if isinstance(out, tuple) else (out,))))
+    return tuple(
+        np.where(np.isnan(o), fp.f32(fp.CANONICAL_NAN), o).astype(F32)
+        for o in (np.asarray(o, F32) for o in (out if isinstance(out, tuple) else (out,)))
+    )
 
 
 def variants(op: str, pairs=True):
@@ -788,6 +821,7 @@ def variants(op: str, pairs=True):
 
 
 # ---- explaining a kernel's outputs -------------------------------------------------------
+
 
 def differing(outputs, actual) -> np.ndarray | None:
     """Per element of every float32 output (concatenated): True where the
@@ -804,10 +838,11 @@ def differing(outputs, actual) -> np.ndarray | None:
 @dataclass
 class Tally:
     """How far one variant goes towards a kernel's outputs."""
-    explained: int   # elements where the spec's algorithm differs from the kernel and the variant does not
+
+    explained: int  # elements where the spec's algorithm differs from the kernel and the variant does not
     spec_differ: int  # elements where the spec's algorithm differs from the kernel
-    differ: int      # elements where the variant differs from the kernel
-    max_ulp: int     # the largest ulp distance among those (2^32: NaN against a number)
+    differ: int  # elements where the variant differs from the kernel
+    max_ulp: int  # the largest ulp distance among those (2^32: NaN against a number)
 
     @property
     def exact(self) -> bool:
@@ -848,12 +883,12 @@ def distance(outputs, actual) -> tuple[int, int]:
 
 @dataclass
 class Explanation:
-    matches: list[tuple[Deviation, ...]]   # variants reproducing every case exactly
+    matches: list[tuple[Deviation, ...]]  # variants reproducing every case exactly
     closest: tuple[Deviation, ...] | None  # else the nearest variant, if nearer than the spec
-    differ: int                            # the closest variant's differing elements
+    differ: int  # the closest variant's differing elements
     max_ulp: int
-    spec_differ: int                       # the spec's own algorithm's
-    total: int                             # elements compared
+    spec_differ: int  # the spec's own algorithm's
+    total: int  # elements compared
     cases: int
 
 

@@ -1,6 +1,7 @@
 """The conformance report: a per-op table, every failing case with its first
 mismatch in hex, ulp distance and histogram, the diagnosis, and the verdict.
 Also JSON (for tools) and JUnit XML (for CI systems)."""
+
 from __future__ import annotations
 
 import json
@@ -78,12 +79,18 @@ def _case_lines(r) -> list[str]:
         if m.shape_mismatch:
             lines.append(f"      output {m.output}: expected {m.expected}, got {m.actual}")
             continue
-        how = ("ulp distance n/a (NaN)" if m.ulp is None else
-               "sign of zero differs (-0 against +0)" if m.ulp == 0 and m.expected.startswith("0x") else
-               f"ulp distance {m.ulp}")
+        how = (
+            "ulp distance n/a (NaN)"
+            if m.ulp is None
+            else "sign of zero differs (-0 against +0)"
+            if m.ulp == 0 and m.expected.startswith("0x")
+            else f"ulp distance {m.ulp}"
+        )
         hist = ", ".join(f"{k}: {v}" for k, v in m.histogram.items())
-        lines.append(f"      output {m.output}: {m.count} of {m.total} elements differ; first at "
-                     f"{list(m.first_index)}: expected {m.expected}, actual {m.actual}, {how}")
+        lines.append(
+            f"      output {m.output}: {m.count} of {m.total} elements differ; first at "
+            f"{list(m.first_index)}: expected {m.expected}, actual {m.actual}, {how}"
+        )
         lines.append(f"      ulp histogram: {hist}")
     return lines
 
@@ -98,8 +105,11 @@ def case_report(r, findings) -> str:
 
 
 def text(s: Summary, verbose=False) -> str:
-    out = [f"refreplay conform {s.kernel} — spec {s.spec_version}, vectors generator {s.generator_version}, "
-           f"{len(s.results)} cases", ""]
+    out = [
+        f"refreplay conform {s.kernel} — spec {s.spec_version}, vectors generator {s.generator_version}, "
+        f"{len(s.results)} cases",
+        "",
+    ]
     w = max([14] + [len(op) for op in s.ops])
     out.append(f"{'op':{w}s} {'pass':>5s} {'fail':>5s} {'error':>5s} {'xfail':>5s} {'xpass':>5s} {'skip':>5s}")
     for op in s.ops:
@@ -121,8 +131,12 @@ def text(s: Summary, verbose=False) -> str:
             out.append(f"  {len(ids)} cases: {why}" if len(ids) > 1 else f"  {ids[0]}: {why}")
     xp = [r for r in s.results if r.status == "xpass"]
     if xp:
-        out += ["", f"Unexpected passes ({len(xp)}): " + ", ".join(r.case.id for r in xp) +
-                " — remove them from the xfail file"]
+        out += [
+            "",
+            f"Unexpected passes ({len(xp)}): "
+            + ", ".join(r.case.id for r in xp)
+            + " — remove them from the xfail file",
+        ]
     if s.findings:
         out += ["", "Diagnosis:"] + [f"  {f.text()}" for f in s.findings]
     c = s.counts()
@@ -135,31 +149,60 @@ def text(s: Summary, verbose=False) -> str:
         out += [f"  {x}" for x in s.not_run]
     out.append("")
     if s.incomplete:
-        out.append(f"verdict: INCOMPLETE — {c['pass']} cases match bit for bit, {len(s.not_run)} shapes asked for "
-                   f"were not run (exit 4)")
+        out.append(
+            f"verdict: INCOMPLETE — {c['pass']} cases match bit for bit, {len(s.not_run)} shapes asked for "
+            f"were not run (exit 4)"
+        )
     elif s.conformant:
-        out.append(f"verdict: CONFORMANT — {c['pass']} cases match bit for bit"
-                   + (f" ({c['xfail']} expected failures)" if c['xfail'] else ""))
+        out.append(
+            f"verdict: CONFORMANT — {c['pass']} cases match bit for bit"
+            + (f" ({c['xfail']} expected failures)" if c["xfail"] else "")
+        )
     else:
-        out.append(f"verdict: NOT CONFORMANT — {c['fail']} failed, {c['error']} errors, {c['skip']} skipped, "
-                   f"{c['pass']} passed")
+        out.append(
+            f"verdict: NOT CONFORMANT — {c['fail']} failed, {c['error']} errors, {c['skip']} skipped, "
+            f"{c['pass']} passed"
+        )
     return "\n".join(out)
 
 
 def to_json(s: Summary) -> dict:
     return {
-        "kernel": s.kernel, "spec_version": s.spec_version, "generator_version": s.generator_version,
-        "conformant": s.conformant, "verdict": s.verdict, "not_run": list(s.not_run), "counts": s.counts(),
+        "kernel": s.kernel,
+        "spec_version": s.spec_version,
+        "generator_version": s.generator_version,
+        "conformant": s.conformant,
+        "verdict": s.verdict,
+        "not_run": list(s.not_run),
+        "counts": s.counts(),
         "domain": s.domain(),
         "ops": {op: s.counts(op) for op in s.ops},
         "diagnosis": [{"op": f.op, "message": f.message, "clauses": f.clauses} for f in s.findings],
-        "cases": [{
-            "id": r.case.id, "op": r.case.op, "family": r.case.family, "clauses": r.case.clauses,
-            "status": r.status, "message": r.message, "xfail_reason": r.xfail_reason,
-            "mismatches": [{"output": m.output, "count": m.count, "total": m.total,
-                            "first_index": list(m.first_index), "expected": m.expected, "actual": m.actual,
-                            "ulp": m.ulp, "histogram": m.histogram} for m in r.mismatches],
-        } for r in s.results],
+        "cases": [
+            {
+                "id": r.case.id,
+                "op": r.case.op,
+                "family": r.case.family,
+                "clauses": r.case.clauses,
+                "status": r.status,
+                "message": r.message,
+                "xfail_reason": r.xfail_reason,
+                "mismatches": [
+                    {
+                        "output": m.output,
+                        "count": m.count,
+                        "total": m.total,
+                        "first_index": list(m.first_index),
+                        "expected": m.expected,
+                        "actual": m.actual,
+                        "ulp": m.ulp,
+                        "histogram": m.histogram,
+                    }
+                    for m in r.mismatches
+                ],
+            }
+            for r in s.results
+        ],
     }
 
 
@@ -168,15 +211,26 @@ def to_junit(s: Summary) -> bytes:
     for op in s.ops:
         rs = [r for r in s.results if r.case.op == op]
         c = s.counts(op)
-        suite = ET.SubElement(root, "testsuite", name=op, tests=str(len(rs)), failures=str(c["fail"]),
-                              errors=str(c["error"]), skipped=str(c["skip"] + c["xfail"]))
+        suite = ET.SubElement(
+            root,
+            "testsuite",
+            name=op,
+            tests=str(len(rs)),
+            failures=str(c["fail"]),
+            errors=str(c["error"]),
+            skipped=str(c["skip"] + c["xfail"]),
+        )
         for r in rs:
             tc = ET.SubElement(suite, "testcase", classname=f"refreplay.conform.{op}", name=r.case.id)
             detail = "\n".join(_case_lines(r))
             if r.status == "fail":
                 m = r.mismatches[0]
-                ET.SubElement(tc, "failure", message=f"{m.output}[{','.join(map(str, m.first_index))}]: "
-                                                     f"expected {m.expected}, actual {m.actual}").text = detail
+                ET.SubElement(
+                    tc,
+                    "failure",
+                    message=f"{m.output}[{','.join(map(str, m.first_index))}]: "
+                    f"expected {m.expected}, actual {m.actual}",
+                ).text = detail
             elif r.status == "error":
                 ET.SubElement(tc, "error", message=r.message).text = detail
             elif r.status in ("skip", "xfail"):

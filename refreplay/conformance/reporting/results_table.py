@@ -5,6 +5,7 @@ verdict on that op's cases and the diagnosis, in Markdown or HTML.
 Reports are input from elsewhere: every field used is type-checked, and a
 malformed report is an ``InputError`` naming the file, never a pass.
 """
+
 from __future__ import annotations
 
 import html
@@ -45,24 +46,35 @@ def read(path) -> KernelResult:
     except (ValueError, RecursionError) as exc:
         raise InputError(f"{p}: not JSON: {str(exc)[:200]}") from None
     _need(isinstance(doc, dict), p, "the top level is not an object")
-    for key, typ in (("kernel", str), ("spec_version", str), ("conformant", bool), ("ops", dict),
-                     ("diagnosis", list)):
+    for key, typ in (("kernel", str), ("spec_version", str), ("conformant", bool), ("ops", dict), ("diagnosis", list)):
         _need(isinstance(doc.get(key), typ), p, f"'{key}' missing or not a {typ.__name__}")
     ops = {}
     for op, counts in doc["ops"].items():
-        _need(isinstance(counts, dict) and all(isinstance(counts.get(s), int) and not isinstance(counts.get(s), bool)
-                                               and counts[s] >= 0 for s in STATUSES), p, f"bad counts for op {op!r}")
+        _need(
+            isinstance(counts, dict)
+            and all(
+                isinstance(counts.get(s), int) and not isinstance(counts.get(s), bool) and counts[s] >= 0
+                for s in STATUSES
+            ),
+            p,
+            f"bad counts for op {op!r}",
+        )
         ops[op] = {s: counts[s] for s in STATUSES}
     findings: dict[str, list] = {}
     for f in doc["diagnosis"]:
-        _need(isinstance(f, dict) and isinstance(f.get("op"), str) and isinstance(f.get("message"), str)
-              and isinstance(f.get("clauses"), list) and all(isinstance(c, str) for c in f["clauses"]),
-              p, "a diagnosis entry is not {op, message, clauses}")
+        _need(
+            isinstance(f, dict)
+            and isinstance(f.get("op"), str)
+            and isinstance(f.get("message"), str)
+            and isinstance(f.get("clauses"), list)
+            and all(isinstance(c, str) for c in f["clauses"]),
+            p,
+            "a diagnosis entry is not {op, message, clauses}",
+        )
         _need(f["op"] in ops, p, f"a diagnosis names op {f['op']!r}, which the report did not run")
         findings.setdefault(f["op"], []).append((f["message"], f["clauses"]))
     verdict = all(c["fail"] == 0 and c["error"] == 0 and c["skip"] == 0 for c in ops.values()) and bool(ops)
-    _need(verdict == doc["conformant"] or not doc["conformant"], p,
-          "it says conformant but its counts show failures")
+    _need(verdict == doc["conformant"] or not doc["conformant"], p, "it says conformant but its counts show failures")
     return KernelResult(doc["kernel"], doc["spec_version"], doc["conformant"], ops, findings)
 
 
@@ -72,8 +84,10 @@ def combine(paths) -> list[KernelResult]:
         raise InputError("no reports given")
     versions = sorted({r.spec_version for r in results})
     if len(versions) > 1:
-        raise InputError(f"the reports are for different spec versions ({', '.join(versions)}): "
-                         "a table would compare different rules")
+        raise InputError(
+            f"the reports are for different spec versions ({', '.join(versions)}): "
+            "a table would compare different rules"
+        )
     seen: set[str] = set()
     for r in results:
         if r.kernel in seen:
@@ -105,7 +119,8 @@ def _cell(r: KernelResult, op: str, brief: bool) -> tuple[str, str, str]:
     if brief:
         clauses = dict.fromkeys(x for _, cl in found for x in cl)
         why = "; ".join(dict.fromkeys(short(m) for m, _ in found)) + (
-            " " + " ".join(f"[{x}]" for x in clauses) if clauses else "")
+            " " + " ".join(f"[{x}]" for x in clauses) if clauses else ""
+        )
     else:
         why = "; ".join(m + " " + " ".join(f"[{x}]" for x in cl) for m, cl in found)
     return ("pass" if ok else "FAIL"), counts, why
@@ -117,9 +132,13 @@ def _md(text: str) -> str:
 
 def markdown(results: list[KernelResult]) -> str:
     head = "| op | " + " | ".join(_md(r.kernel) for r in results) + " |"
-    out = [f"Conformance to refreplay spec {_md(results[0].spec_version)}: "
-           "cases passing bit for bit, and the diagnosis where an op fails.", "",
-           head, "|---" * (len(results) + 1) + "|"]
+    out = [
+        f"Conformance to refreplay spec {_md(results[0].spec_version)}: "
+        "cases passing bit for bit, and the diagnosis where an op fails.",
+        "",
+        head,
+        "|---" * (len(results) + 1) + "|",
+    ]
     for op in _ops(results):
         cells = []
         for r in results:
@@ -127,8 +146,11 @@ def markdown(results: list[KernelResult]) -> str:
             text = f"**{verdict}**" if verdict == "FAIL" else verdict
             cells.append(" ".join(x for x in (text, f"({counts})" if counts else "", why and f"— {_md(why)}") if x))
         out.append(f"| `{_md(op)}` | " + " | ".join(cells) + " |")
-    out += ["", "Verdict: " + "; ".join(f"{_md(r.kernel)} {'CONFORMANT' if r.conformant else 'NOT CONFORMANT'}"
-                                       for r in results)]
+    out += [
+        "",
+        "Verdict: "
+        + "; ".join(f"{_md(r.kernel)} {'CONFORMANT' if r.conformant else 'NOT CONFORMANT'}" for r in results),
+    ]
     return "\n".join(out) + "\n"
 
 
@@ -140,14 +162,21 @@ def html_page(results: list[KernelResult]) -> str:
         for r in results:
             verdict, counts, why = _cell(r, op, brief=False)
             cls = {"pass": "pass", "FAIL": "fail"}.get(verdict, "none")
-            cells.append(f'<td class="{cls}"><b>{e(verdict)}</b> {e(counts)}'
-                         + (f"<br><small>{e(why)}</small>" if why else "") + "</td>")
+            cells.append(
+                f'<td class="{cls}"><b>{e(verdict)}</b> {e(counts)}'
+                + (f"<br><small>{e(why)}</small>" if why else "")
+                + "</td>"
+            )
         rows.append(f"<tr><th><code>{e(op)}</code></th>{''.join(cells)}</tr>")
-    head = "".join(f"<th>{e(r.kernel)}<br><small>{'CONFORMANT' if r.conformant else 'NOT CONFORMANT'}</small></th>"
-                   for r in results)
-    return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>refreplay conformance</title>\n"
-            "<style>body{font-family:sans-serif}table{border-collapse:collapse}td,th{border:1px solid #ccc;"
-            "padding:4px;vertical-align:top;text-align:left}.pass{background:#e6ffe6}.fail{background:#ffe6e6}"
-            ".none{color:#888}</style></head><body>\n"
-            f"<h1>Conformance to refreplay spec {e(results[0].spec_version)}</h1>\n"
-            f"<table><tr><th>op</th>{head}</tr>\n" + "\n".join(rows) + "\n</table></body></html>\n")
+    head = "".join(
+        f"<th>{e(r.kernel)}<br><small>{'CONFORMANT' if r.conformant else 'NOT CONFORMANT'}</small></th>"
+        for r in results
+    )
+    return (
+        '<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>refreplay conformance</title>\n'
+        "<style>body{font-family:sans-serif}table{border-collapse:collapse}td,th{border:1px solid #ccc;"
+        "padding:4px;vertical-align:top;text-align:left}.pass{background:#e6ffe6}.fail{background:#ffe6e6}"
+        ".none{color:#888}</style></head><body>\n"
+        f"<h1>Conformance to refreplay spec {e(results[0].spec_version)}</h1>\n"
+        f"<table><tr><th>op</th>{head}</tr>\n" + "\n".join(rows) + "\n</table></body></html>\n"
+    )

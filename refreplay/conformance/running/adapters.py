@@ -17,6 +17,7 @@ the kernel's job, [num.load.c1]).  A kernel returns one array or a tuple in
 the order of the op's outputs.  Raising ``NotImplementedError`` declines an
 op: its cases are reported as skipped.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -50,15 +51,26 @@ class Table(Kernel):
 def _numpy_table():
     f32 = np.float32
     return {
-        "add": np.add, "sub": np.subtract, "mul": np.multiply,
-        "recip": lambda x: f32(1) / x, "sqrt": np.sqrt,
-        "fmax": np.maximum, "fmin": np.minimum, "rint": np.rint,
-        "exp": np.exp, "log": np.log, "tanh": np.tanh, "sin": np.sin, "cos": np.cos,
+        "add": np.add,
+        "sub": np.subtract,
+        "mul": np.multiply,
+        "recip": lambda x: f32(1) / x,
+        "sqrt": np.sqrt,
+        "fmax": np.maximum,
+        "fmin": np.minimum,
+        "rint": np.rint,
+        "exp": np.exp,
+        "log": np.log,
+        "tanh": np.tanh,
+        "sin": np.sin,
+        "cos": np.cos,
         "sigmoid": lambda x: f32(1) / (f32(1) + np.exp(-x)),
-        "sum": lambda X: X.sum(axis=1), "col_sum": lambda X: X.sum(axis=0),
+        "sum": lambda X: X.sum(axis=1),
+        "col_sum": lambda X: X.sum(axis=0),
         "max": lambda X: X.max(axis=1),
         "dot": lambda x, y: np.array([np.dot(x, y)], dtype=np.float32),
-        "matmul": lambda A, B: A @ B, "matmul_nt": lambda A, B: A @ B.T,
+        "matmul": lambda A, B: A @ B,
+        "matmul_nt": lambda A, B: A @ B.T,
         "matmul_tn": lambda A, B: A.T @ B,
         "matmul_i8": lambda A, B: (A.astype(np.int64) @ B.astype(np.int64)).astype(np.int32),
     }
@@ -73,17 +85,26 @@ def _torch_table():
         return x.numpy()
 
     return {
-        "add": lambda a, b: n(t(a) + t(b)), "sub": lambda a, b: n(t(a) - t(b)),
-        "mul": lambda a, b: n(t(a) * t(b)), "recip": lambda x: n(torch.reciprocal(t(x))),
-        "sqrt": lambda x: n(torch.sqrt(t(x))), "fmax": lambda a, b: n(torch.maximum(t(a), t(b))),
-        "fmin": lambda a, b: n(torch.minimum(t(a), t(b))), "rint": lambda x: n(torch.round(t(x))),
-        "exp": lambda x: n(torch.exp(t(x))), "log": lambda x: n(torch.log(t(x))),
-        "tanh": lambda x: n(torch.tanh(t(x))), "sigmoid": lambda x: n(torch.sigmoid(t(x))),
-        "sin": lambda x: n(torch.sin(t(x))), "cos": lambda x: n(torch.cos(t(x))),
-        "sum": lambda X: n(t(X).sum(1)), "col_sum": lambda X: n(t(X).sum(0)),
+        "add": lambda a, b: n(t(a) + t(b)),
+        "sub": lambda a, b: n(t(a) - t(b)),
+        "mul": lambda a, b: n(t(a) * t(b)),
+        "recip": lambda x: n(torch.reciprocal(t(x))),
+        "sqrt": lambda x: n(torch.sqrt(t(x))),
+        "fmax": lambda a, b: n(torch.maximum(t(a), t(b))),
+        "fmin": lambda a, b: n(torch.minimum(t(a), t(b))),
+        "rint": lambda x: n(torch.round(t(x))),
+        "exp": lambda x: n(torch.exp(t(x))),
+        "log": lambda x: n(torch.log(t(x))),
+        "tanh": lambda x: n(torch.tanh(t(x))),
+        "sigmoid": lambda x: n(torch.sigmoid(t(x))),
+        "sin": lambda x: n(torch.sin(t(x))),
+        "cos": lambda x: n(torch.cos(t(x))),
+        "sum": lambda X: n(t(X).sum(1)),
+        "col_sum": lambda X: n(t(X).sum(0)),
         "max": lambda X: n(t(X).amax(1)),
         "dot": lambda x, y: n(torch.dot(t(x), t(y)).reshape(1)),
-        "matmul": lambda A, B: n(t(A) @ t(B)), "matmul_nt": lambda A, B: n(t(A) @ t(B).T),
+        "matmul": lambda A, B: n(t(A) @ t(B)),
+        "matmul_nt": lambda A, B: n(t(A) @ t(B).T),
         "matmul_tn": lambda A, B: n(t(A).T @ t(B)),
         "matmul_i8": lambda A, B: n((t(A).long() @ t(B).long()).int()),
         **_torch_model_ops(torch),
@@ -152,8 +173,15 @@ def _torch_bf16_ops(torch):
     def layernorm_backward(dout, x, w, mean, rstd):
         """ATen's bf16 LayerNorm backward (it takes mean and rstd in bf16)."""
         dx, dw, db = torch.ops.aten.native_layer_norm_backward(
-            h(dout), h(x), (x.shape[1],), torch.from_numpy(mean).to(bf), torch.from_numpy(rstd).to(bf), h(w),
-            torch.zeros(w.shape, dtype=bf), [True, True, True])
+            h(dout),
+            h(x),
+            (x.shape[1],),
+            torch.from_numpy(mean).to(bf),
+            torch.from_numpy(rstd).to(bf),
+            h(w),
+            torch.zeros(w.shape, dtype=bf),
+            [True, True, True],
+        )
         return bits(dx), f(dw), f(db)
 
     def rmsnorm(x, w):
@@ -191,13 +219,13 @@ def _torch_bf16_ops(torch):
         "bf16_rmsnorm_forward": rmsnorm,
         "bf16_rmsnorm_backward": rmsnorm_backward,
         "bf16_softmax_backward": lambda dy, y: bits(torch.ops.aten._softmax_backward_data(h(dy), h(y), 1, bf)),
-        "bf16_log_softmax_backward": lambda dy, y: bits(
-            torch.ops.aten._log_softmax_backward_data(h(dy), h(y), 1, bf)),
+        "bf16_log_softmax_backward": lambda dy, y: bits(torch.ops.aten._log_softmax_backward_data(h(dy), h(y), 1, bf)),
         "bf16_attention_backward": attention_backward,
         "bf16_rope_forward": lambda x, c, s: bits(rope(h(x), c, s)),
         "bf16_rope_backward": rope_backward,
-        "bf16_embedding_backward": lambda dout, tokens, V: f(torch.ops.aten.embedding_dense_backward(
-            h(dout), torch.from_numpy(tokens).long(), int(V[0]), -1, False)),
+        "bf16_embedding_backward": lambda dout, tokens, V: f(
+            torch.ops.aten.embedding_dense_backward(h(dout), torch.from_numpy(tokens).long(), int(V[0]), -1, False)
+        ),
         "bf16_matmul": lambda A, B: mm(h(A), h(B)),
         "bf16_matmul_nt": lambda A, B: mm(h(A), h(B).T),
         "bf16_matmul_tn": lambda A, B: mm(h(A).T, h(B)),
@@ -285,8 +313,11 @@ def _torch_model_ops(torch):
 
     def layernorm_backward(dout, x, w, mean, rstd):
         """ATen's own LayerNorm backward, given the forward's mean and rstd."""
-        return n(*torch.ops.aten.native_layer_norm_backward(
-            t(dout), t(x), (x.shape[1],), t(mean), t(rstd), t(w), torch.zeros_like(t(w)), [True, True, True]))
+        return n(
+            *torch.ops.aten.native_layer_norm_backward(
+                t(dout), t(x), (x.shape[1],), t(mean), t(rstd), t(w), torch.zeros_like(t(w)), [True, True, True]
+            )
+        )
 
     def rmsnorm_backward(dout, x, w, rrms):
         """Autograd of F.rms_norm (ATen has no CPU kernel that takes rrms)."""
@@ -307,8 +338,22 @@ def _torch_model_ops(torch):
         from torch.optim.adamw import adamw
 
         P, M, Vv = t(p.copy()), t(m.copy()), t(v.copy())
-        adamw([P], [t(g)], [M], [Vv], [], [torch.tensor(float(step[0]) - 1)], foreach=False, amsgrad=False,
-              beta1=0.9, beta2=0.95, lr=float(lr[0]), weight_decay=0.1, eps=1e-8, maximize=False)
+        adamw(
+            [P],
+            [t(g)],
+            [M],
+            [Vv],
+            [],
+            [torch.tensor(float(step[0]) - 1)],
+            foreach=False,
+            amsgrad=False,
+            beta1=0.9,
+            beta2=0.95,
+            lr=float(lr[0]),
+            weight_decay=0.1,
+            eps=1e-8,
+            maximize=False,
+        )
         return n(P, M, Vv)
 
     gelu = lambda x: F.gelu(x, approximate="tanh")  # noqa: E731
@@ -319,15 +364,18 @@ def _torch_model_ops(torch):
         "rmsnorm_backward": rmsnorm_backward,
         "softmax_backward": lambda dy, y: n(torch.ops.aten._softmax_backward_data(t(dy), t(y), 1, torch.float32)),
         "log_softmax_backward": lambda dy, y: n(
-            torch.ops.aten._log_softmax_backward_data(t(dy), t(y), 1, torch.float32)),
+            torch.ops.aten._log_softmax_backward_data(t(dy), t(y), 1, torch.float32)
+        ),
         "attention_backward": attention_backward,
         "rope_backward": lambda dout, c, s: grad(lambda X: rope_t(X, t(c), t(s)), dout, np.zeros_like(dout)),
-        "embedding_backward": lambda dout, tokens, V: n(torch.ops.aten.embedding_dense_backward(
-            t(dout), t(tokens).long(), int(V[0]), -1, False)),
+        "embedding_backward": lambda dout, tokens, V: n(
+            torch.ops.aten.embedding_dense_backward(t(dout), t(tokens).long(), int(V[0]), -1, False)
+        ),
         "quant_step_size": lambda x: n((t(x).abs().max() / 127 if x.size else torch.zeros(())).reshape(1)),
         "fake_quantize": fake_quantize,
         "fake_quantize_backward": lambda dy, x, s: grad(
-            lambda X: torch.fake_quantize_per_tensor_affine(X, float(s[0]), 0, -128, 127), dy, x),
+            lambda X: torch.fake_quantize_per_tensor_affine(X, float(s[0]), 0, -128, 127), dy, x
+        ),
         "adamw_update": adamw_update,
         "gelu_forward": lambda x: n(gelu(t(x))),
         "gelu_backward": lambda dout, x: grad(gelu, dout, x),
@@ -388,13 +436,14 @@ def resolve(spec: str, exec_timeout: float | None = None) -> Kernel:
         try:
             from cuda_backend.adapter import conform_op
         except Exception as exc:  # no numba-cuda, no GPU and no simulator
-            raise InputError(f"the cuda kernel needs cuda_backend and numba-cuda with a GPU "
-                             f"(or NUMBA_ENABLE_CUDASIM=1): {exc}") from None
+            raise InputError(
+                f"the cuda kernel needs cuda_backend and numba-cuda with a GPU (or NUMBA_ENABLE_CUDASIM=1): {exc}"
+            ) from None
         return PythonCallable("cuda", conform_op, per_op=False)
     if spec.startswith("exec:"):
         from .execproto import ExecKernel
 
-        command = spec[len("exec:"):].strip()
+        command = spec[len("exec:") :].strip()
         if not command:
             raise InputError("exec: needs a command, e.g. exec:./my_kernel")
         return ExecKernel(command) if exec_timeout is None else ExecKernel(command, exec_timeout)
@@ -402,8 +451,10 @@ def resolve(spec: str, exec_timeout: float | None = None) -> Kernel:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise InputError(f"kernel {spec!r}: cannot import {module_name} ({exc}); expected reference, "
-                         f"numpy, torch, package.module[:function] or exec:COMMAND") from None
+        raise InputError(
+            f"kernel {spec!r}: cannot import {module_name} ({exc}); expected reference, "
+            f"numpy, torch, package.module[:function] or exec:COMMAND"
+        ) from None
     if not fn_name:
         return PythonCallable(spec, module, per_op=True)
     fn = getattr(module, fn_name, None)

@@ -2,6 +2,7 @@
 ([conv.conformance.c1], [conf.runner.c1]): a case passes only if every bit of every output
 equals the vector.  Ulp distances are computed only to describe a failure.
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -30,15 +31,15 @@ class Mismatch:
     first_index: tuple
     expected: str
     actual: str
-    ulp: int | None                # None: NaN involved
+    ulp: int | None  # None: NaN involved
     histogram: dict[str, int] = field(default_factory=dict)
-    shape_mismatch: bool = False   # expected/actual then hold dtype[shape]
+    shape_mismatch: bool = False  # expected/actual then hold dtype[shape]
 
 
 @dataclass
 class Result:
     case: Case
-    status: str                     # pass, fail, error, skip, xfail, xpass
+    status: str  # pass, fail, error, skip, xfail, xpass
     message: str = ""
     mismatches: list[Mismatch] = field(default_factory=list)
     actual: dict[str, np.ndarray] = field(default_factory=dict)
@@ -85,9 +86,16 @@ def compare(expected: np.ndarray, actual: np.ndarray, name: str, bf16: bool = Fa
     if bf16:
         actual = as_bits(actual)
     if actual.dtype != expected.dtype or actual.shape != expected.shape:
-        return Mismatch(name, expected.size, expected.size, (),
-                        f"{'bf16' if bf16 else dtype_name(expected)}{list(expected.shape)}",
-                        f"{actual.dtype}{list(actual.shape)}", None, shape_mismatch=True)
+        return Mismatch(
+            name,
+            expected.size,
+            expected.size,
+            (),
+            f"{'bf16' if bf16 else dtype_name(expected)}{list(expected.shape)}",
+            f"{actual.dtype}{list(actual.shape)}",
+            None,
+            shape_mismatch=True,
+        )
     e = expected.reshape(-1)
     a = actual.reshape(-1)
     uint = np.dtype(f"u{e.dtype.itemsize}")
@@ -107,9 +115,9 @@ def compare(expected: np.ndarray, actual: np.ndarray, name: str, bf16: bool = Fa
         d = np.abs(e[diff].astype(np.int64) - a[diff].astype(np.int64))
         ulp = int(abs(int(e[first]) - int(a[first])))
         hist = histogram(d)
-    return Mismatch(name, int(diff.sum()), e.size, idx, _hex(e[first], bf16), _hex(a[first], bf16),
-                    None if ulp < 0 else ulp, hist)
-
+    return Mismatch(
+        name, int(diff.sum()), e.size, idx, _hex(e[first], bf16), _hex(a[first], bf16), None if ulp < 0 else ulp, hist
+    )
 
 
 def run_case(kernel: Kernel, case: Case) -> Result:
@@ -120,8 +128,7 @@ def run_case(kernel: Kernel, case: Case) -> Result:
         return Result(case, "skip", str(exc))
     except KernelError as exc:
         return Result(case, "error", str(exc))
-    mism = [m for n, e in case.outputs.items()
-            if (m := compare(e, np.asarray(actual[n]), n, f"out/{n}" in case.bf16))]
+    mism = [m for n, e in case.outputs.items() if (m := compare(e, np.asarray(actual[n]), n, f"out/{n}" in case.bf16))]
     return Result(case, "fail" if mism else "pass", mismatches=mism, actual=actual)
 
 
@@ -140,8 +147,10 @@ def read_xfail(path: str) -> list[tuple[str, str]]:
             continue
         parts = line.split(None, 1)
         if len(parts) < 2 or not parts[1].strip():
-            raise InputError(f"{path}:{n}: xfail entry {parts[0]!r} has no reason "
-                             f"(write: PATTERN  why this case is expected to fail)")
+            raise InputError(
+                f"{path}:{n}: xfail entry {parts[0]!r} has no reason "
+                f"(write: PATTERN  why this case is expected to fail)"
+            )
         entries.append((parts[0], parts[1].strip()))
     return entries
 

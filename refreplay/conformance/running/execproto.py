@@ -27,6 +27,7 @@ outlive their case.  Its stdout and stderr go to files, of which only the
 tail is read, and every file it writes is capped at ``FILE_LIMIT`` bytes
 (RLIMIT_FSIZE): a program that floods its output cannot exhaust memory.
 """
+
 from __future__ import annotations
 
 import json
@@ -47,9 +48,9 @@ from ..table import OPS
 
 PROTOCOL = "refreplay-exec/1"
 EXIT_UNSUPPORTED = 3
-TIMEOUT_S = 120.0           # default of `conform --timeout`, per case
-FILE_LIMIT = 1 << 30        # bytes any one file the program writes may have
-STDERR_TAIL = 2000          # characters of stderr shown with a failure
+TIMEOUT_S = 120.0  # default of `conform --timeout`, per case
+FILE_LIMIT = 1 << 30  # bytes any one file the program writes may have
+STDERR_TAIL = 2000  # characters of stderr shown with a failure
 
 
 def write_case(directory: Path, op_name: str, case_id: str, inputs: list[np.ndarray], out_specs: dict) -> dict:
@@ -150,8 +151,14 @@ class ExecKernel(Kernel):
         process group is killed whole on timeout and after the program ends."""
         with open(log_dir / "stdout", "wb") as out, open(log_dir / "stderr", "wb") as err:
             try:
-                proc = subprocess.Popen(self.argv + [str(case_dir)], stdin=subprocess.DEVNULL, stdout=out,
-                                        stderr=err, start_new_session=True, preexec_fn=_limit_files)
+                proc = subprocess.Popen(
+                    self.argv + [str(case_dir)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    start_new_session=True,
+                    preexec_fn=_limit_files,
+                )
             except FileNotFoundError:
                 raise InputError(f"exec: program not found: {self.argv[0]}") from None
             except PermissionError:
@@ -161,8 +168,10 @@ class ExecKernel(Kernel):
             except subprocess.TimeoutExpired:
                 _kill_group(proc.pid)
                 proc.wait()
-                raise KernelError(f"timed out after {self.timeout:g} s (--timeout); killed its process group; "
-                                  f"stderr:\n{_tail(log_dir / 'stderr')}") from None
+                raise KernelError(
+                    f"timed out after {self.timeout:g} s (--timeout); killed its process group; "
+                    f"stderr:\n{_tail(log_dir / 'stderr')}"
+                ) from None
             finally:
                 _kill_group(proc.pid)  # children it left behind; the group id is the child's pid
         return status

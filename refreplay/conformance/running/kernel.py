@@ -3,6 +3,7 @@ declines an op (``Unsupported``) or fails a case (``KernelError``).  The
 adapters (``adapters.py``) and the exec protocol (``execproto.py``) are
 kernels of this kind.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -30,8 +31,9 @@ class Kernel:
         """``call`` for a kernel that is told the case id (an external program logs it)."""
         return self.call(op_name, inputs, out_specs)
 
-    def run(self, op_name: str, inputs: list[np.ndarray], out_specs: dict,
-            case_id: str = "case") -> dict[str, np.ndarray]:
+    def run(
+        self, op_name: str, inputs: list[np.ndarray], out_specs: dict, case_id: str = "case"
+    ) -> dict[str, np.ndarray]:
         """Outputs of one case.  ``out_specs``: output name -> (dtype, shape)
         the case expects (an external program is told them)."""
         try:

@@ -4,6 +4,7 @@ other letters thin: rows, tokens, heads and element counts as well as the
 reductions, so that a switch on any axis an implementation tiles meets a
 case just past it.  (The thin-but-long reductions are ``inputs/long_shapes``.)
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -30,20 +31,25 @@ from . import live
 # embedding backward reordered above 4,096 tokens, another AdamW formula above 2^20 elements,
 # bf16 accumulation above K = 8,192, a fast path when J and K are multiples of 128).
 
+
 def around(*centres):
     return tuple(sorted({x for c in centres for x in (c - 1, c, c + 1)}))
 
 
 ROWS = around(8, 16, 64, 128, 512, 1024) + (4097,)  # rows summed over: column sums, dw/db, tokens
-ROWS_PAR = (15, 16, 17, 127, 128, 129, 1025)        # rows computed apart (a kernel may still switch)
-RED = around(128, 1024, 8192)                       # reduction lengths on a thin shape
+ROWS_PAR = (15, 16, 17, 127, 128, 129, 1025)  # rows computed apart (a kernel may still switch)
+RED = around(128, 1024, 8192)  # reduction lengths on a thin shape
 COUNTS = around(8, 16, 64, 128) + (1024, 1025, 4096, 4097, 65537)
 # past 2^20 and 2^22 elements (tiled, but whole once loaded: 2^22 + 1 elements are 16 MiB a tensor,
 # so only the optimizer, whose update is one tensor of a whole model, and the add of a residual)
-BIG_COUNTS = {"adamw_update": (2 ** 20, 2 ** 20 + 1, 2 ** 22 + 1), "add": (2 ** 20 + 1,), "mul": (2 ** 20 + 1,),
-              "bf16_add": (2 ** 20 + 1,)}
-TILE_FROM = 1024              # element counts from here on are stored tiled
-TILE = 251                    # the pattern length (a prime: no alignment repeats inside it)
+BIG_COUNTS = {
+    "adamw_update": (2**20, 2**20 + 1, 2**22 + 1),
+    "add": (2**20 + 1,),
+    "mul": (2**20 + 1,),
+    "bf16_add": (2**20 + 1,),
+}
+TILE_FROM = 1024  # element counts from here on are stored tiled
+TILE = 251  # the pattern length (a prime: no alignment repeats inside it)
 # (I, K, J) with K and J multiples of 128 (a fast path's condition) and beside it, and cubes of
 # the alignments 8, 16, 64
 ALIGNED_MM = ((8, 8, 8), (16, 16, 16), (64, 64, 64), (1, 128, 128), (2, 256, 128), (1, 128, 127))
@@ -129,16 +135,22 @@ def axis_cases(op, rng):
 
             inputs = separating(op, draw) if separate else draw()
             tiles = {f"in/{k}": TILE for k, a in inputs.items() if tiled and a.shape == (v,)}
-            out.append(("sweep", inputs, f"axis {letter} = {v}: {_fmt(dims)}; thin on the other axes",
-                        tiles, separate))
-    for i, k, j in (ALIGNED_MM if _axes(op.name)[0].keys() >= {"I", "K", "J"} else ()):
+            out.append(("sweep", inputs, f"axis {letter} = {v}: {_fmt(dims)}; thin on the other axes", tiles, separate))
+    for i, k, j in ALIGNED_MM if _axes(op.name)[0].keys() >= {"I", "K", "J"} else ():
         dims = {"I": i, "K": k, "J": j}
 
         def draw(dims=dims):
             return lv.make(live.NumpySource(rng), dims)
 
-        out.append(("sweep", separating(op, draw) if op.terms is not None else draw(),
-                    f"aligned I,K,J = {i},{k},{j}", {}, op.terms is not None))
+        out.append(
+            (
+                "sweep",
+                separating(op, draw) if op.terms is not None else draw(),
+                f"aligned I,K,J = {i},{k},{j}",
+                {},
+                op.terms is not None,
+            )
+        )
     return out
 
 

@@ -1,6 +1,7 @@
 """The domain a verdict covers ([conf.domain.c1]): per op, each shape letter's
 sizes among the cases checked, from the op's calling convention.
 """
+
 from __future__ import annotations
 
 import re
@@ -75,12 +76,19 @@ def manifest_domain(manifest) -> dict:
     def view(shape):
         return as_strided(one, tuple(shape), (0,) * len(shape))
 
-    cases = [SimpleNamespace(op=c["op"], inputs={t["name"]: view(t["shape"]) for t in c["inputs"]},
-                             outputs={t["name"]: view(t["shape"]) for t in c["outputs"]}) for c in manifest["cases"]]
+    cases = [
+        SimpleNamespace(
+            op=c["op"],
+            inputs={t["name"]: view(t["shape"]) for t in c["inputs"]},
+            outputs={t["name"]: view(t["shape"]) for t in c["outputs"]},
+        )
+        for c in manifest["cases"]
+    ]
     return domain(cases)
 
 
 def domain_line(op, d) -> str:
-    axes = ", ".join(f"{x} {v[0]}..{v[-1]} ({len(v)} sizes)" if len(v) > 1 else f"{x} {v[0]}"
-                     for x, v in d["axes"].items())
+    axes = ", ".join(
+        f"{x} {v[0]}..{v[-1]} ({len(v)} sizes)" if len(v) > 1 else f"{x} {v[0]}" for x, v in d["axes"].items()
+    )
     return f"{op}: {axes or 'no shape letters'}; {d['cases']} cases, up to {d['max_elements']:,} elements a case"

@@ -31,6 +31,7 @@ by the variants of [conf.diagnosis.r1], not by a family.
   within NEAR_UNARY ulp of a boundary, so any deviation of at most that many
   ulp that changes some bf16 output changes one of these.
 """
+
 from __future__ import annotations
 
 import zlib
@@ -43,8 +44,8 @@ from ..inputs import values as V
 
 F32 = np.float32
 STREAM = 31
-NEAR_UNARY = 64    # ulp of binary32 around a bf16 rounding boundary (elementwise, exhaustive)
-NEAR_ROWS = 2      # ulp for row ops (drawn rows)
+NEAR_UNARY = 64  # ulp of binary32 around a bf16 rounding boundary (elementwise, exhaustive)
+NEAR_ROWS = 2  # ulp for row ops (drawn rows)
 TAIL_SHAPES = ((3, 67, 2), (2, 133, 2))  # I (N), K, J: K >= 64, K mod 8 = 3, 5
 
 
@@ -63,6 +64,7 @@ def extra(op, seed: int) -> list:
 
 
 # ---- binary32 ---------------------------------------------------------------------------------
+
 
 def _mp():
     from ..inputs import model as model_probes
@@ -85,29 +87,56 @@ def _tail_probe(rng, i, k, j):
 
 def linear_forward(rng):
     t = fp.f32
-    out = [("edge", {"x": np.full((2, 3), NEG0), "W": t([[0x3F800000, 0x40000000, 0x3F000000],
-                                                                   [0x3F800000, 0x3F800000, 0x3F800000]]),
-                            "b": t([0x80000000, 0x00000000])},
+    out = [
+        (
+            "edge",
+            {
+                "x": np.full((2, 3), NEG0),
+                "W": t([[0x3F800000, 0x40000000, 0x3F000000], [0x3F800000, 0x3F800000, 0x3F800000]]),
+                "b": t([0x80000000, 0x00000000]),
+            },
             "x = -0, W > 0: every product -0, the sum -0; + b = -0 gives -0 (a sum from +0 gives +0), "
-            "+ b = +0 gives +0")]
+            "+ b = +0 gives +0",
+        )
+    ]
     for i, k, j in TAIL_SHAPES:
         A, B = _tail_probe(rng, i, k, j)
-        out.append(("edge", {"x": A, "W": np.ascontiguousarray(B.T), "b": np.full(j, NEG0)},
-                    f"N,C,OC={i},{k},{j}; the second cancelling product in the last C mod 8 terms; b = -0"))
+        out.append(
+            (
+                "edge",
+                {"x": A, "W": np.ascontiguousarray(B.T), "b": np.full(j, NEG0)},
+                f"N,C,OC={i},{k},{j}; the second cancelling product in the last C mod 8 terms; b = -0",
+            )
+        )
     return out
 
 
 def linear_backward(rng):
     pos = lambda shape: V.powers_of_two(rng, shape, -2, 2)  # noqa: E731  (positive, exact products)
-    out = [("edge", {"dy": np.full((3, 2), NEG0), "x": pos((3, 4)), "W": pos((2, 4))},
-            "dy = -0, x, W > 0: dx, dW and db are sums of -0 terms, -0 (a sum from +0 gives +0)")]
+    out = [
+        (
+            "edge",
+            {"dy": np.full((3, 2), NEG0), "x": pos((3, 4)), "W": pos((2, 4))},
+            "dy = -0, x, W > 0: dx, dW and db are sums of -0 terms, -0 (a sum from +0 gives +0)",
+        )
+    ]
     i, k, j = TAIL_SHAPES[0]
     A, B = _tail_probe(rng, i, k, j)  # dx = dy·W: K = OC
-    out.append(("edge", {"dy": A, "x": V.random_f32(rng, (i, 2), -2, 2), "W": B},
-                f"N,OC,C={i},{k},{j}: dx = dy·W, the second cancelling product in the last OC mod 8 terms"))
+    out.append(
+        (
+            "edge",
+            {"dy": A, "x": V.random_f32(rng, (i, 2), -2, 2), "W": B},
+            f"N,OC,C={i},{k},{j}: dx = dy·W, the second cancelling product in the last OC mod 8 terms",
+        )
+    )
     A, B = _tail_probe(rng, j, k, 3)  # dW = dyᵀ·x: K = N
-    out.append(("edge", {"dy": np.ascontiguousarray(A.T), "x": B, "W": V.random_f32(rng, (j, 3), -2, 2)},
-                f"N,OC,C={k},{j},3: dW = dyᵀ·x, the second cancelling product in the last N mod 8 terms"))
+    out.append(
+        (
+            "edge",
+            {"dy": np.ascontiguousarray(A.T), "x": B, "W": V.random_f32(rng, (j, 3), -2, 2)},
+            f"N,OC,C={k},{j},3: dW = dyᵀ·x, the second cancelling product in the last N mod 8 terms",
+        )
+    )
     return out
 
 
@@ -119,15 +148,25 @@ def _norm_zero_rows(rng, c=4):
 def layernorm_backward(rng):
     x, w = _norm_zero_rows(rng)
     _, mean, rstd = _norms().layernorm_forward(x, w, np.zeros(w.size, F32))
-    return [("edge", {"dout": np.full(x.shape, NEG0), "x": x, "w": w, "mean": mean, "rstd": rstd},
-             "dout = -0: db and, where xhat > 0, dw are sums of -0 terms, -0 (a sum from +0 gives +0)")]
+    return [
+        (
+            "edge",
+            {"dout": np.full(x.shape, NEG0), "x": x, "w": w, "mean": mean, "rstd": rstd},
+            "dout = -0: db and, where xhat > 0, dw are sums of -0 terms, -0 (a sum from +0 gives +0)",
+        )
+    ]
 
 
 def rmsnorm_backward(rng):
     x, w = _norm_zero_rows(rng)
     _, rrms = _norms().rmsnorm_forward(x, w)
-    return [("edge", {"dout": np.full(x.shape, NEG0), "x": x, "w": w, "rrms": rrms},
-             "dout = -0, x > 0: dw is a sum of -0 terms, -0 (a sum from +0 gives +0)")]
+    return [
+        (
+            "edge",
+            {"dout": np.full(x.shape, NEG0), "x": x, "w": w, "rrms": rrms},
+            "dout = -0, x > 0: dw is a sum of -0 terms, -0 (a sum from +0 gives +0)",
+        )
+    ]
 
 
 # steps where f32(beta^t in float64) gives another rbc2 (6) or rbc1 and rbc2 (14) than the product
@@ -138,20 +177,35 @@ def adamw_update(rng):
     out = []
     for step in ADAMW_POWER_STEPS:
         p = np.where(np.arange(16) % 2 == 0, F32(0.0), NEG0).astype(F32)
-        out.append(("edge", {"p": p, "g": V.random_f32(rng, 16, -8, 2), "m": V.random_f32(rng, 16, -8, 0),
-                             "v": V.random_f32(rng, 16, -12, 0, positive=True),
-                             "step": np.array([step], np.int32), "lr": fp.f32([0x3A800000])},
-                    f"step {step}: beta^t by repeated binary32 products, not rounded once from float64; "
-                    f"p = +-0 and lr = 2^-10, so p' = -lr * update shows the update's every bit"))
+        out.append(
+            (
+                "edge",
+                {
+                    "p": p,
+                    "g": V.random_f32(rng, 16, -8, 2),
+                    "m": V.random_f32(rng, 16, -8, 0),
+                    "v": V.random_f32(rng, 16, -12, 0, positive=True),
+                    "step": np.array([step], np.int32),
+                    "lr": fp.f32([0x3A800000]),
+                },
+                f"step {step}: beta^t by repeated binary32 products, not rounded once from float64; "
+                f"p = +-0 and lr = 2^-10, so p' = -lr * update shows the update's every bit",
+            )
+        )
     return out
 
 
-F32_CASES = {"linear_forward": linear_forward, "linear_backward": linear_backward,
-             "layernorm_backward": layernorm_backward, "rmsnorm_backward": rmsnorm_backward,
-             "adamw_update": adamw_update}
+F32_CASES = {
+    "linear_forward": linear_forward,
+    "linear_backward": linear_backward,
+    "layernorm_backward": layernorm_backward,
+    "rmsnorm_backward": rmsnorm_backward,
+    "adamw_update": adamw_update,
+}
 
 
 # ---- bf16 -----------------------------------------------------------------------------------
+
 
 def _bo():
     from ..table import bf16 as bf16_ops
@@ -219,12 +273,21 @@ def _near_unary(op, make):
     r = r[0] if isinstance(r, tuple) else r
     keep = _distance(r) <= NEAR_UNARY
     e6 = x[(x & 0x7F80) == (133 << 7)]  # exponent 6
-    return [("edge", make(np.ascontiguousarray(x[keep])),
-             f"every bf16 x whose binary32 result lies within {NEAR_UNARY} ulp of a bf16 rounding boundary "
-             f"({int(keep.sum())} of {x.size}): a deviation of at most {NEAR_UNARY} ulp before the one rounding "
-             f"that changes any bf16 output changes one of these"),
-            ("edge", make(np.ascontiguousarray(e6)), "every bf16 x with |x| in [64, 128): exp(|x|) crosses its "
-                                                     "overflow threshold, sigmoid and 1 + tanh reach +0")]
+    return [
+        (
+            "edge",
+            make(np.ascontiguousarray(x[keep])),
+            f"every bf16 x whose binary32 result lies within {NEAR_UNARY} ulp of a bf16 rounding boundary "
+            f"({int(keep.sum())} of {x.size}): a deviation of at most {NEAR_UNARY} ulp before the one rounding "
+            f"that changes any bf16 output changes one of these",
+        ),
+        (
+            "edge",
+            make(np.ascontiguousarray(e6)),
+            "every bf16 x with |x| in [64, 128): exp(|x|) crosses its "
+            "overflow threshold, sigmoid and 1 + tanh reach +0",
+        ),
+    ]
 
 
 ONE_H = np.uint16(0x3F80)
@@ -243,17 +306,28 @@ def _near_rows(op, rng, v=8, rows=48, pool=1 << 17, lo=-4, hi=3):
     near = (_distance(r) <= NEAR_ROWS).any(axis=1)
     pick = np.flatnonzero(near)[:rows]
     Bld._check(pick.size >= rows // 2, f"{op}: too few rows near a bf16 rounding boundary")
-    return [("edge", {"x": np.ascontiguousarray(x[pick])},
-             f"N,V={pick.size},{v}: every row has an output within {NEAR_ROWS} ulp of a bf16 rounding boundary "
-             f"before the one rounding (a division for the reciprocal, another association, shows there)")]
+    return [
+        (
+            "edge",
+            {"x": np.ascontiguousarray(x[pick])},
+            f"N,V={pick.size},{v}: every row has an output within {NEAR_ROWS} ulp of a bf16 rounding boundary "
+            f"before the one rounding (a division for the reciprocal, another association, shows there)",
+        )
+    ]
 
 
 def _softmax_far(op, rng):
     rows = _mp()._softmax_rows(5)
     if op.endswith("forward"):
-        return [("edge", {"x": _enc(rows)}, "V=5: all -inf; one finite; equal; +inf; NaN; underflow; -inf beside "
-                                            "finite; -0 and subnormals; rows entirely below -10,000 and above "
-                                            "+10,000; rounded to bf16")]
+        return [
+            (
+                "edge",
+                {"x": _enc(rows)},
+                "V=5: all -inf; one finite; equal; +inf; NaN; underflow; -inf beside "
+                "finite; -0 and subnormals; rows entirely below -10,000 and above "
+                "+10,000; rounded to bf16",
+            )
+        ]
     dy = _enc(V.random_f32(rng, rows.shape, -3, 1))
     d = _bo()._derive(op, {"dy": dy, "y": np.zeros(rows.shape, np.uint16)}, lambda shape: rows)
     return [("edge", d, "V=5: the forward's edge rows (below -10,000, above +10,000, all -inf), rounded to bf16")]
@@ -268,8 +342,8 @@ def _tail_fma_bf16(rng, i, k, j):
         k1 = k - k % 8 + int(rng.integers(0, k % 8))
         k0 = k1 - (1, 8, 32)[r % 3]
         A[r, k0] = F32(2.0 ** (-63 + r % 2))
-        A[r, k1] = F32(2.0 ** -64) * (F32(-1) if rng.random() < 0.5 else F32(1))
-    return A, np.full((k, j), F32(2.0 ** -63))
+        A[r, k1] = F32(2.0**-64) * (F32(-1) if rng.random() < 0.5 else F32(1))
+    return A, np.full((k, j), F32(2.0**-63))
 
 
 def bf16_matmul(op, rng):
@@ -277,8 +351,13 @@ def bf16_matmul(op, rng):
     kind = {"matmul": "nn", "matmul_nt": "nt", "matmul_tn": "tn"}[op]
     for i, k, j in TAIL_SHAPES:
         A, B = _tail_fma_bf16(rng, i, k, j)
-        out.append(("fma", {n: _enc(x) for n, x in _bo()._layout(kind, A, B).items()},
-                    f"I,K,J={i},{k},{j}; a product below 2^-126 in the last K mod 8 terms after 2^-126 or 2^-125"))
+        out.append(
+            (
+                "fma",
+                {n: _enc(x) for n, x in _bo()._layout(kind, A, B).items()},
+                f"I,K,J={i},{k},{j}; a product below 2^-126 in the last K mod 8 terms after 2^-126 or 2^-125",
+            )
+        )
     return out
 
 
@@ -288,22 +367,40 @@ def bf16_linear_forward(op, rng):
     out = _ported(op, cases, rng)
     # spec: (2^-8 + 2^-24) + 2^-24 = 2^-8 + 2^-23, + 1 rounds up to 1 + 2^-7; bias first:
     # (1 + 2^-8) + 2^-24 ties to 1 + 2^-8 twice, a bf16 tie that rounds to even, 1
-    out.append(("edge", {"x": _enc(t([[0x3B800000, 0x33800000, 0x33800000]])), "W": _enc(np.ones((1, 3), F32)),
-                         "b": _enc(t([0x3F800000]))},
-                "the bias after the sum: 1 + ((2^-8 + 2^-24) + 2^-24) rounds to 1 + 2^-7, "
-                "((1 + 2^-8) + 2^-24) + 2^-24 is a bf16 tie that rounds to 1"))
+    out.append(
+        (
+            "edge",
+            {
+                "x": _enc(t([[0x3B800000, 0x33800000, 0x33800000]])),
+                "W": _enc(np.ones((1, 3), F32)),
+                "b": _enc(t([0x3F800000])),
+            },
+            "the bias after the sum: 1 + ((2^-8 + 2^-24) + 2^-24) rounds to 1 + 2^-7, "
+            "((1 + 2^-8) + 2^-24) + 2^-24 is a bf16 tie that rounds to 1",
+        )
+    )
     for i, k, j in TAIL_SHAPES:
         A, B = _tail_fma_bf16(rng, i, k, j)
-        out.append(("edge", {"x": _enc(A), "W": _enc(np.ascontiguousarray(B.T)), "b": np.full(j, 0x8000, np.uint16)},
-                    f"N,C,OC={i},{k},{j}; a product below 2^-126 in the last C mod 8 terms; b = -0"))
+        out.append(
+            (
+                "edge",
+                {"x": _enc(A), "W": _enc(np.ascontiguousarray(B.T)), "b": np.full(j, 0x8000, np.uint16)},
+                f"N,C,OC={i},{k},{j}; a product below 2^-126 in the last C mod 8 terms; b = -0",
+            )
+        )
     return out
 
 
 def bf16_add(op, rng):
     a = np.array([0x0040, 0x0001, 0x8040, 0x007F, 0x0040, 0x8001], np.uint16)
     b = np.array([0x0040, 0x0080, 0x8080, 0x0001, 0x8080, 0x8080], np.uint16)
-    return [("bf16_input_zeroing", {"a": np.concatenate([a, b]), "b": np.concatenate([b, a])},
-             "bf16 subnormals beside subnormals and +-FLT_MIN: kept, their sums are normal")]
+    return [
+        (
+            "bf16_input_zeroing",
+            {"a": np.concatenate([a, b]), "b": np.concatenate([b, a])},
+            "bf16 subnormals beside subnormals and +-FLT_MIN: kept, their sums are normal",
+        )
+    ]
 
 
 def bf16_from_f32(op, rng):
@@ -315,12 +412,21 @@ def bf16_from_f32(op, rng):
     if op == "linear_backward":
         i, k, j = TAIL_SHAPES[0]
         A, B = _tail_fma_bf16(rng, i, k, j)
-        out.append(("edge", {"dy": _enc(A), "x": _enc(V.random_f32(rng, (i, 2), -2, 2)), "W": _enc(B)},
-                    f"N,OC,C={i},{k},{j}: dx = dy·W, a product below 2^-126 in the last OC mod 8 terms"))
+        out.append(
+            (
+                "edge",
+                {"dy": _enc(A), "x": _enc(V.random_f32(rng, (i, 2), -2, 2)), "W": _enc(B)},
+                f"N,OC,C={i},{k},{j}: dx = dy·W, a product below 2^-126 in the last OC mod 8 terms",
+            )
+        )
         A, B = _tail_fma_bf16(rng, j, k, 3)
-        out.append(("edge", {"dy": _enc(np.ascontiguousarray(A.T)), "x": _enc(B),
-                            "W": _enc(V.random_f32(rng, (j, 3), -2, 2))},
-                    f"N,OC,C={k},{j},3: dW = dyᵀ·x, a product below 2^-126 in the last N mod 8 terms"))
+        out.append(
+            (
+                "edge",
+                {"dy": _enc(np.ascontiguousarray(A.T)), "x": _enc(B), "W": _enc(V.random_f32(rng, (j, 3), -2, 2))},
+                f"N,OC,C={k},{j},3: dW = dyᵀ·x, a product below 2^-126 in the last N mod 8 terms",
+            )
+        )
     return out
 
 
@@ -330,10 +436,12 @@ def bf16_attention(op, rng):
     if op == "attention_forward":
         return _ported(op, [("edge", far, "scores below -1e9: a causal mask filled with -1e9 outweighs them")], rng)
     att = _bo()._ops().apply("attention_forward", *(_enc(far[n]) for n in ("q", "k", "v")))[1]
-    d = {"dout": _enc(V.random_f32(rng, far["q"].shape, -3, 1)), **{n: _enc(far[n]) for n in ("q", "k", "v")},
-         "att": att}
-    return [("edge", d, "scores below -1e9 (a backward that recomputes att with a -1e9 mask fails); "
-                        "rounded to bf16")]
+    d = {
+        "dout": _enc(V.random_f32(rng, far["q"].shape, -3, 1)),
+        **{n: _enc(far[n]) for n in ("q", "k", "v")},
+        "att": att,
+    }
+    return [("edge", d, "scores below -1e9 (a backward that recomputes att with a -1e9 mask fails); rounded to bf16")]
 
 
 def bf16_cross_entropy(op, rng):
@@ -358,11 +466,16 @@ def _softmax_bf16(op, rng):
 BF16 = {
     "add": bf16_add,
     **{op: bf16_from_f32 for op in ("linear_backward", "layernorm_backward", "rmsnorm_backward")},
-    "matmul": bf16_matmul, "matmul_nt": bf16_matmul, "matmul_tn": bf16_matmul,
+    "matmul": bf16_matmul,
+    "matmul_nt": bf16_matmul,
+    "matmul_tn": bf16_matmul,
     "linear_forward": bf16_linear_forward,
-    "attention_forward": bf16_attention, "attention_backward": bf16_attention,
-    "cross_entropy_forward": bf16_cross_entropy, "cross_entropy_backward": bf16_cross_entropy,
-    "embedding_forward": bf16_embedding_forward, "embedding_backward": bf16_embedding_backward,
+    "attention_forward": bf16_attention,
+    "attention_backward": bf16_attention,
+    "cross_entropy_forward": bf16_cross_entropy,
+    "cross_entropy_backward": bf16_cross_entropy,
+    "embedding_forward": bf16_embedding_forward,
+    "embedding_backward": bf16_embedding_backward,
     "gelu_forward": lambda op, rng: _near_unary(op, lambda x: {"x": x}),
     "silu_forward": lambda op, rng: _near_unary(op, lambda x: {"x": x}),
     "gelu_backward": lambda op, rng: _near_unary(op, lambda x: {"dout": _ones(x), "x": x}),

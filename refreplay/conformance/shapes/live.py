@@ -15,6 +15,7 @@ source in ``refreplay.testing.strategies``), so the fuzzer and the live
 cases build inputs the same way.  The expected outputs are computed exactly
 as ``generate.py`` computes the committed vectors' (``expected``).
 """
+
 from __future__ import annotations
 
 import math
@@ -42,6 +43,7 @@ class LiveOp:
     """An op's live form: shape letters (in order), the smallest value of
     each letter the op accepts, every tensor's shape in letters (inputs, then
     outputs), and ``make(src, dims) -> {input name: array}``."""
+
     letters: tuple[str, ...]
     tensors: tuple[tuple[str, ...], ...]
     make: Callable
@@ -93,6 +95,7 @@ def _mm(kind):
         if kind == "tn":
             A = np.ascontiguousarray(A.T)
         return {"A": A, "B": B}
+
     a = ("K", "I") if kind == "tn" else ("I", "K")
     b = ("J", "K") if kind == "nt" else ("K", "J")
     return LiveOp(("I", "K", "J"), (a, b, ("I", "J")), make)
@@ -101,23 +104,37 @@ def _mm(kind):
 for _name, _kind in (("matmul", "nn"), ("matmul_nt", "nt"), ("matmul_tn", "tn")):
     LIVE[_name] = _mm(_kind)
 LIVE["matmul_i8"] = LiveOp(
-    ("I", "K", "J"), (("I", "K"), ("K", "J"), ("I", "J")),
-    lambda src, d: {"A": src.ints((d["I"], d["K"]), -128, 128).astype(np.int8),
-                    "B": src.ints((d["K"], d["J"]), -128, 128).astype(np.int8)},
-    check=lambda d: "K must be at most 131071 ([mm.i8.c2])" if d["K"] > 131071 else None)
-LIVE["dot"] = LiveOp(("K",), (("K",), ("K",)),
-                     lambda src, d: {"x": src.f32(d["K"], -4, 4), "y": src.f32(d["K"], -4, 4)})
+    ("I", "K", "J"),
+    (("I", "K"), ("K", "J"), ("I", "J")),
+    lambda src, d: {
+        "A": src.ints((d["I"], d["K"]), -128, 128).astype(np.int8),
+        "B": src.ints((d["K"], d["J"]), -128, 128).astype(np.int8),
+    },
+    check=lambda d: "K must be at most 131071 ([mm.i8.c2])" if d["K"] > 131071 else None,
+)
+LIVE["dot"] = LiveOp(
+    ("K",), (("K",), ("K",)), lambda src, d: {"x": src.f32(d["K"], -4, 4), "y": src.f32(d["K"], -4, 4)}
+)
 LIVE["sum"] = LiveOp(("I", "N"), (("I", "N"), ("I",)), lambda src, d: {"X": src.f32((d["I"], d["N"]))})
 LIVE["max"] = LiveOp(("I", "N"), (("I", "N"), ("I",)), lambda src, d: {"X": src.f32((d["I"], d["N"]))})
 LIVE["col_sum"] = LiveOp(("N", "J"), (("N", "J"), ("J",)), lambda src, d: {"X": src.f32((d["N"], d["J"]))})
 
 # elementwise primitives: the domain each function is interesting on
-_UNARY = {"recip": (-20, 20, False), "sqrt": (-20, 20, True), "rint": (-4, 24, False), "exp": (-3, 6, False),
-          "log": (-30, 30, True), "tanh": (-4, 3, False), "sigmoid": (-4, 4, False), "sin": (-4, 6, False),
-          "cos": (-4, 6, False)}
+_UNARY = {
+    "recip": (-20, 20, False),
+    "sqrt": (-20, 20, True),
+    "rint": (-4, 24, False),
+    "exp": (-3, 6, False),
+    "log": (-30, 30, True),
+    "tanh": (-4, 3, False),
+    "sigmoid": (-4, 4, False),
+    "sin": (-4, 6, False),
+    "cos": (-4, 6, False),
+}
 for _name, (_lo, _hi, _pos) in _UNARY.items():
-    LIVE[_name] = LiveOp(("N",), (("N",), ("N",)),
-                         lambda src, d, lo=_lo, hi=_hi, pos=_pos: {"x": src.f32(d["N"], lo, hi, pos)})
+    LIVE[_name] = LiveOp(
+        ("N",), (("N",), ("N",)), lambda src, d, lo=_lo, hi=_hi, pos=_pos: {"x": src.f32(d["N"], lo, hi, pos)}
+    )
 for _name in ("add", "sub", "mul", "fmax", "fmin"):
     LIVE[_name] = LiveOp(("N",), (("N",),) * 3, lambda src, d: {"a": src.f32(d["N"]), "b": src.f32(d["N"])})
 
@@ -125,20 +142,37 @@ for _name in ("add", "sub", "mul", "fmax", "fmin"):
 
 for _act in ("gelu", "silu"):
     LIVE[f"{_act}_forward"] = LiveOp(("N",), (("N",),) * 2, lambda src, d: {"x": src.uniform(d["N"], -6, 6)})
-    LIVE[f"{_act}_backward"] = LiveOp(("N",), (("N",),) * 3,
-                                      lambda src, d: {"dout": src.f32(d["N"], -3, 1), "x": src.uniform(d["N"], -6, 6)})
-LIVE["swiglu_forward"] = LiveOp(("N",), (("N",),) * 3,
-                                lambda src, d: {"a": src.uniform(d["N"], -6, 6), "b": src.f32(d["N"], -3, 1)})
-LIVE["swiglu_backward"] = LiveOp(("N",), (("N",),) * 5, lambda src, d: {
-    "dout": src.f32(d["N"], -3, 1), "a": src.uniform(d["N"], -6, 6), "b": src.f32(d["N"], -3, 1)})
+    LIVE[f"{_act}_backward"] = LiveOp(
+        ("N",), (("N",),) * 3, lambda src, d: {"dout": src.f32(d["N"], -3, 1), "x": src.uniform(d["N"], -6, 6)}
+    )
+LIVE["swiglu_forward"] = LiveOp(
+    ("N",), (("N",),) * 3, lambda src, d: {"a": src.uniform(d["N"], -6, 6), "b": src.f32(d["N"], -3, 1)}
+)
+LIVE["swiglu_backward"] = LiveOp(
+    ("N",),
+    (("N",),) * 5,
+    lambda src, d: {"dout": src.f32(d["N"], -3, 1), "a": src.uniform(d["N"], -6, 6), "b": src.f32(d["N"], -3, 1)},
+)
 
 _LIN = ("N", "C", "OC")
-LIVE["linear_forward"] = LiveOp(_LIN, (("N", "C"), ("OC", "C"), ("OC",), ("N", "OC")), lambda src, d: {
-    "x": src.f32((d["N"], d["C"]), -3, 1), "W": src.f32((d["OC"], d["C"]), -3, 1), "b": src.f32(d["OC"], -3, 1)})
+LIVE["linear_forward"] = LiveOp(
+    _LIN,
+    (("N", "C"), ("OC", "C"), ("OC",), ("N", "OC")),
+    lambda src, d: {
+        "x": src.f32((d["N"], d["C"]), -3, 1),
+        "W": src.f32((d["OC"], d["C"]), -3, 1),
+        "b": src.f32(d["OC"], -3, 1),
+    },
+)
 LIVE["linear_backward"] = LiveOp(
-    _LIN, (("N", "OC"), ("N", "C"), ("OC", "C"), ("N", "C"), ("OC", "C"), ("OC",)), lambda src, d: {
-        "dy": src.f32((d["N"], d["OC"]), -3, 1), "x": src.f32((d["N"], d["C"]), -3, 1),
-        "W": src.f32((d["OC"], d["C"]), -3, 1)})
+    _LIN,
+    (("N", "OC"), ("N", "C"), ("OC", "C"), ("N", "C"), ("OC", "C"), ("OC",)),
+    lambda src, d: {
+        "dy": src.f32((d["N"], d["OC"]), -3, 1),
+        "x": src.f32((d["N"], d["C"]), -3, 1),
+        "W": src.f32((d["OC"], d["C"]), -3, 1),
+    },
+)
 
 
 def _ln_forward_in(src, d):
@@ -161,8 +195,11 @@ _NC, _C1 = ("N", "C"), {"C": 1}
 LIVE["layernorm_forward"] = LiveOp(_NC, (_NC, ("C",), ("C",), _NC, ("N",), ("N",)), _ln_forward_in, _C1)
 LIVE["layernorm_backward"] = LiveOp(_NC, (_NC, _NC, ("C",), ("N",), ("N",), _NC, ("C",), ("C",)), _ln_backward_in, _C1)
 LIVE["rmsnorm_forward"] = LiveOp(
-    _NC, (_NC, ("C",), _NC, ("N",)),
-    lambda src, d: {"x": src.f32((d["N"], d["C"]), -2, 2), "w": src.f32(d["C"], -1, 1)}, _C1)
+    _NC,
+    (_NC, ("C",), _NC, ("N",)),
+    lambda src, d: {"x": src.f32((d["N"], d["C"]), -2, 2), "w": src.f32(d["C"], -1, 1)},
+    _C1,
+)
 LIVE["rmsnorm_backward"] = LiveOp(_NC, (_NC, _NC, ("C",), ("N",), _NC, ("C",)), _rms_backward_in, _C1)
 
 _NV, _V1 = ("N", "V"), {"V": 1}
@@ -207,6 +244,7 @@ def _rope_in(name):
     def make(src, d):
         cos_t, sin_t = _ops("rope").rope_tables(d["T"], d["HS"])
         return {name: src.f32(tuple(d[x] for x in _ATT), -2, 1), "cos_t": cos_t, "sin_t": sin_t}
+
     return make
 
 
@@ -220,12 +258,21 @@ LIVE["rope_backward"] = LiveOp(_ATT, _ROPE_T, _rope_in("dout"), {**_ATT1, "HS": 
 
 _EMB = ("B", "T", "C", "V")
 LIVE["embedding_forward"] = LiveOp(
-    _EMB, (("V", "C"), ("B", "T"), ("B", "T", "C")),
-    lambda src, d: {"wte": src.f32((d["V"], d["C"]), -3, 1), "tokens": src.ints((d["B"], d["T"]), 0, d["V"])}, _V1)
+    _EMB,
+    (("V", "C"), ("B", "T"), ("B", "T", "C")),
+    lambda src, d: {"wte": src.f32((d["V"], d["C"]), -3, 1), "tokens": src.ints((d["B"], d["T"]), 0, d["V"])},
+    _V1,
+)
 LIVE["embedding_backward"] = LiveOp(
-    _EMB, (("B", "T", "C"), ("B", "T"), ("V", "C")),
-    lambda src, d: {"dout": src.f32((d["B"], d["T"], d["C"]), -3, 1), "tokens": src.ints((d["B"], d["T"]), 0, d["V"]),
-                    "V": np.array([d["V"]], np.int32)}, _V1)
+    _EMB,
+    (("B", "T", "C"), ("B", "T"), ("V", "C")),
+    lambda src, d: {
+        "dout": src.f32((d["B"], d["T"], d["C"]), -3, 1),
+        "tokens": src.ints((d["B"], d["T"]), 0, d["V"]),
+        "V": np.array([d["V"]], np.int32),
+    },
+    _V1,
+)
 
 
 def _step(x):
@@ -240,10 +287,12 @@ def _fq_in(src, d):
 def _bf16(op, base):
     """[bf16.ops.c1] The live form of bf16_<op>: the binary32 op's inputs
     rounded to bf16, statistics from the bf16 forward (``table.bf16.to_profile``)."""
+
     def make(src, d):
         from ..table.bf16 import to_profile
 
         return to_profile(op, base.make(src, d), lambda shape: src.f32(shape, -4, 3))
+
     return LiveOp(base.letters, base.tensors, make, base.minimum, base.check)
 
 
@@ -254,18 +303,28 @@ def _bf16_live():
         if op in LIVE:
             LIVE[f"bf16_{op}"] = _bf16(op, LIVE[op])
     LIVE["bf16_encode"] = LiveOp(("N",), (("N",),) * 2, lambda src, d: {"x": src.f32(d["N"], -130, 127)})
-    LIVE["bf16_decode"] = LiveOp(("N",), (("N",),) * 2,
-                                 lambda src, d: {"x": src.ints(d["N"], 0, 1 << 16).astype(np.uint16)})
+    LIVE["bf16_decode"] = LiveOp(
+        ("N",), (("N",),) * 2, lambda src, d: {"x": src.ints(d["N"], 0, 1 << 16).astype(np.uint16)}
+    )
 
 
 LIVE["quant_step_size"] = LiveOp(("N",), (("N",),), lambda src, d: {"x": src.f32(d["N"], -4, 2)})
 LIVE["fake_quantize"] = LiveOp(("N",), (("N",), ("N",)), _fq_in)
-LIVE["fake_quantize_backward"] = LiveOp(("N",), (("N",),) * 3,
-                                        lambda src, d: {"dy": src.f32(d["N"], -3, 1), **_fq_in(src, d)})
-LIVE["adamw_update"] = LiveOp(("N",), (("N",),) * 7, lambda src, d: {
-    "p": src.f32(d["N"], -3, 0), "g": src.f32(d["N"], -8, -2), "m": src.f32(d["N"], -10, -4),
-    "v": src.f32(d["N"], -20, -10, positive=True), "step": src.ints(1, 1, 1000),
-    "lr": src.f32(1, -12, -8, positive=True)})
+LIVE["fake_quantize_backward"] = LiveOp(
+    ("N",), (("N",),) * 3, lambda src, d: {"dy": src.f32(d["N"], -3, 1), **_fq_in(src, d)}
+)
+LIVE["adamw_update"] = LiveOp(
+    ("N",),
+    (("N",),) * 7,
+    lambda src, d: {
+        "p": src.f32(d["N"], -3, 0),
+        "g": src.f32(d["N"], -8, -2),
+        "m": src.f32(d["N"], -10, -4),
+        "v": src.f32(d["N"], -20, -10, positive=True),
+        "step": src.ints(1, 1, 1000),
+        "lr": src.f32(1, -12, -8, positive=True),
+    },
+)
 
 
 _bf16_live()
@@ -301,8 +360,10 @@ def validate(op: str, dims: dict, max_elements: int = MAX_ELEMENTS) -> dict:
         raise InputError(f"{op}: {why}")
     n = lv.elements(dims)
     if n > max_elements:
-        raise InputError(f"{op} at {format_dims(dims)}: {n:,} elements in inputs and outputs, above the bound "
-                         f"of {max_elements:,} (default 2^27 = {MAX_ELEMENTS:,}; --max-elements changes it)")
+        raise InputError(
+            f"{op} at {format_dims(dims)}: {n:,} elements in inputs and outputs, above the bound "
+            f"of {max_elements:,} (default 2^27 = {MAX_ELEMENTS:,}; --max-elements changes it)"
+        )
     return {x: dims[x] for x in lv.letters}
 
 
@@ -315,8 +376,10 @@ def parse_shape(op: str, text: str, max_elements: int = MAX_ELEMENTS) -> dict:
     for item in text.split(","):
         m = _ITEM.fullmatch(item.strip())
         if not m:
-            raise InputError(f"--shape: {item.strip()!r} is not LETTER=VALUE (a shape letter in capitals, a "
-                             f"non-negative decimal integer), e.g. --shape I=4,K=11008,J=4096")
+            raise InputError(
+                f"--shape: {item.strip()!r} is not LETTER=VALUE (a shape letter in capitals, a "
+                f"non-negative decimal integer), e.g. --shape I=4,K=11008,J=4096"
+            )
         if m.group(1) in dims:
             raise InputError(f"--shape: letter {m.group(1)} given twice")
         dims[m.group(1)] = int(m.group(2))
@@ -348,8 +411,16 @@ def make_case(op: str, inputs: dict, case_id: str, note: str, family: str = "ran
     opdef = OPS[op]
     prop, extra = FAMILIES[family]
     raw = {n: np.ascontiguousarray(inputs[n]) for n in opdef.inputs}
-    return Case(case_id, op, family, f"live: {note}", list(dict.fromkeys(opdef.clauses + extra)), raw,
-                expected(op, raw), opdef.bf16)
+    return Case(
+        case_id,
+        op,
+        family,
+        f"live: {note}",
+        list(dict.fromkeys(opdef.clauses + extra)),
+        raw,
+        expected(op, raw),
+        opdef.bf16,
+    )
 
 
 def rng_for(op: str, dims: dict, seed: int) -> np.random.Generator:
@@ -373,8 +444,11 @@ def require_fit():
 
     bad = [f for f in doctor.run_checks() if not f.ok]
     if bad:
-        raise InputError("refusing to compute live expected outputs on an unfit platform: "
-                         + "; ".join(f.detail for f in bad) + " (run `refreplay doctor`)")
+        raise InputError(
+            "refusing to compute live expected outputs on an unfit platform: "
+            + "; ".join(f.detail for f in bad)
+            + " (run `refreplay doctor`)"
+        )
 
 
 def preset_shapes(name: str) -> dict[str, list[tuple[str, dict]]]:
@@ -389,8 +463,13 @@ def preset_shapes(name: str) -> dict[str, list[tuple[str, dict]]]:
     m, _ = preset(name)
     C, NH, HS, T, F, Vv = m.width, m.heads, m.head_size, m.seq_len, m.mlp_hidden, m.vocab
     N = T
-    lins = [("attn.qkv", C, 3 * C), ("attn.proj", C, C), ("mlp.fc" if m.mlp == "gelu" else "mlp.gate/up", C, F),
-            ("mlp.proj", F, C), ("head", C, Vv)]
+    lins = [
+        ("attn.qkv", C, 3 * C),
+        ("attn.proj", C, C),
+        ("mlp.fc" if m.mlp == "gelu" else "mlp.gate/up", C, F),
+        ("mlp.proj", F, C),
+        ("head", C, Vv),
+    ]
     out: dict[str, list[tuple[str, dict]]] = {}
 
     def add(ops, label, **dims):
@@ -413,12 +492,24 @@ def preset_shapes(name: str) -> dict[str, list[tuple[str, dict]]]:
     add(("cross_entropy_forward", "cross_entropy_backward"), "logits", N=N, V=Vv)
     add(("max",), "logits rows", I=N, N=Vv)
     add(("sum",), "residual rows", I=N, N=C)
-    norms = (("layernorm_forward", "layernorm_backward") if m.norm == "layer"
-             else ("rmsnorm_forward", "rmsnorm_backward"))
+    norms = (
+        ("layernorm_forward", "layernorm_backward") if m.norm == "layer" else ("rmsnorm_forward", "rmsnorm_backward")
+    )
     add(norms, "norm", N=N, C=C)
     add(("embedding_forward", "embedding_backward"), "embedding", B=1, T=T, C=C, V=Vv)
-    add(("gelu_forward", "gelu_backward", "silu_forward", "silu_backward", "swiglu_forward", "swiglu_backward",
-         *_UNARY), "MLP hidden", N=N * F)
+    add(
+        (
+            "gelu_forward",
+            "gelu_backward",
+            "silu_forward",
+            "silu_backward",
+            "swiglu_forward",
+            "swiglu_backward",
+            *_UNARY,
+        ),
+        "MLP hidden",
+        N=N * F,
+    )
     add(("add", "sub", "mul", "fmax", "fmin"), "residual", N=N * C)
     add(("quant_step_size", "fake_quantize", "fake_quantize_backward", "adamw_update"), "MLP weight", N=C * F)
     from ...ops.bf16 import PROFILE

@@ -5,6 +5,7 @@ the core entries (sums, matmuls, elementwise), the transformer ops, the
 random-number ops, and the ops of the bf16 profile (built on the binary32
 entries, so last).
 """
+
 from . import core, model, rng  # noqa: F401  (register, in this order)
 from . import bf16  # noqa: F401  (the bf16 profile, built on the binary32 entries)
 from .opdef import OPS, OpDef

@@ -13,6 +13,7 @@ families, each checked at generation time to isolate its misreading
 (``bf16_variants``).  The conversions are ops of their own: bf16_encode and
 bf16_decode.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -28,8 +29,15 @@ from .opdef import OPS, OpDef
 F32 = np.float32
 PROFILE_CLAUSES = ("bf16.ops.c1", "bf16.round.c1", "bf16.widen.c1", "bf16.load.c1", "bf16.format.c1")
 # ops whose products have two bf16 factors: exact ([bf16.matmul.c1])
-PRODUCT_OPS = ("matmul", "matmul_nt", "matmul_tn", "linear_forward", "linear_backward", "attention_forward",
-               "attention_backward")
+PRODUCT_OPS = (
+    "matmul",
+    "matmul_nt",
+    "matmul_tn",
+    "linear_forward",
+    "linear_backward",
+    "attention_forward",
+    "attention_backward",
+)
 
 
 def _ops():
@@ -58,6 +66,7 @@ def edge_grid() -> np.ndarray:
 
 
 # ---- inputs: the binary32 entry's, rounded; statistics from the bf16 forward -------------------
+
 
 def _derive(op, d, rng):
     """Inputs a backward takes from its forward, recomputed by the bf16 forward;
@@ -108,8 +117,13 @@ def _kind(op):
 
 def _random(op, rng):
     if _kind(op):
-        return [(_layout(_kind(op), V.random_f32(rng, (i, k), -4, 4), V.random_f32(rng, (k, j), -4, 4)),
-                 f"I,K,J={i},{k},{j}") for i, k, j in MM_SHAPES]
+        return [
+            (
+                _layout(_kind(op), V.random_f32(rng, (i, k), -4, 4), V.random_f32(rng, (k, j), -4, 4)),
+                f"I,K,J={i},{k},{j}",
+            )
+            for i, k, j in MM_SHAPES
+        ]
     if op == "add":
         return [({"a": V.random_f32(rng, n), "b": V.random_f32(rng, n)}, f"N={n}") for n in (1, 7, 31, 1021)]
     make, shapes = RANDOM[op]
@@ -134,25 +148,35 @@ def _edges(op, rng, randoms):
 
 # ---- sweeps: long reductions on thin shapes ---------------------------------------------------
 
+
 def _sweeps(op, rng, entry):
     r = lambda shape, lo=-3, hi=1: _enc(V.random_f32(rng, shape, lo, hi))  # noqa: E731
     note = sweeps.note
     if _kind(op):
         ks = (4097, 32769) if op == "matmul" else (4097,)
-        return sweeps.matmul_cases(entry, rng, lambda A, B: {k: _enc(v) for k, v in _layout(_kind(op), A, B).items()},
-                                   ks)
+        return sweeps.matmul_cases(
+            entry, rng, lambda A, B: {k: _enc(v) for k, v in _layout(_kind(op), A, B).items()}, ks
+        )
     out = []
     if op in ("softmax_forward", "log_softmax_forward"):
-        for v in ((4097, 32769) if op == "softmax_forward" else (4097,)):
+        for v in (4097, 32769) if op == "softmax_forward" else (4097,):
             out.append(({"x": r((1, v), -4, 3)}, note(f"N,V=1,{v}")))
     elif op in ("softmax_backward", "log_softmax_backward"):
         out.append((_derive(op, {"dy": r((1, 4097)), "y": np.zeros((1, 4097), np.uint16)}, rng), note("N,V=1,4097")))
     elif op == "cross_entropy_forward":
-        out.append(({"logits": r((1, 32769), -4, 3), "targets": np.array([int(rng.integers(0, 32769))], np.int32)},
-                    note("N,V=1,32769")))
+        out.append(
+            (
+                {"logits": r((1, 32769), -4, 3), "targets": np.array([int(rng.integers(0, 32769))], np.int32)},
+                note("N,V=1,32769"),
+            )
+        )
     elif op == "cross_entropy_backward":
-        out.append(({"logits": r((1, 4097), -4, 3), "targets": np.array([int(rng.integers(0, 4097))], np.int32)},
-                    note("N,V=1,4097")))
+        out.append(
+            (
+                {"logits": r((1, 4097), -4, 3), "targets": np.array([int(rng.integers(0, 4097))], np.int32)},
+                note("N,V=1,4097"),
+            )
+        )
     elif op == "attention_forward":
         out.append(({n: r((1, 1, 257, 2)) for n in ("q", "k", "v")}, note("B,NH,T,HS=1,1,257,2")))
     elif op == "attention_backward":
@@ -205,12 +229,21 @@ def _tie_pairs():
 def _rounding(op, rng):
     if op == "add":
         a, b = _tie_pairs()
-        return [({"a": a, "b": b}, "sums exactly at ties (even and odd kept bits), beside them, and carrying "
-                                   "into the exponent and to infinity")]
+        return [
+            (
+                {"a": a, "b": b},
+                "sums exactly at ties (even and odd kept bits), beside them, and carrying "
+                "into the exponent and to infinity",
+            )
+        ]
     if op == "linear_forward":
         a, b = _tie_pairs()
-        return [({"x": np.array([[0x3F80]], np.uint16), "W": a.reshape(-1, 1).copy(), "b": b},
-                 "y = W*1 + b exactly at and beside ties")]
+        return [
+            (
+                {"x": np.array([[0x3F80]], np.uint16), "W": a.reshape(-1, 1).copy(), "b": b},
+                "y = W*1 + b exactly at and beside ties",
+            )
+        ]
     return []
 
 
@@ -223,8 +256,12 @@ def _accumulation(op, rng):
     for i, k, j in ((2, 16, 3), (3, 64, 2), (1, 300, 2)):
         A = rng.integers(1, 256, (i, k)).astype(F32) * np.where(rng.random((i, k)) < 0.5, F32(-1), F32(1))
         B = V.powers_of_two(rng, (k, j), 0, 2)
-        out.append(({n: _enc(x) for n, x in _layout(_kind(op), A, B).items()},
-                    f"I,K,J={i},{k},{j}; integer products, exact binary32 sums, partial sums not bf16 values"))
+        out.append(
+            (
+                {n: _enc(x) for n, x in _layout(_kind(op), A, B).items()},
+                f"I,K,J={i},{k},{j}; integer products, exact binary32 sums, partial sums not bf16 values",
+            )
+        )
     return out
 
 
@@ -233,8 +270,12 @@ def _zeroing(op, rng):
     if op == "matmul":
         A = sub.reshape(4, 4).copy()
         A[2:, 1] = _enc(V.random_f32(rng, 2, -40, -30, mant_bits=7))
-        return [({"A": A, "B": _enc(V.powers_of_two(rng, (4, 3), 90, 100))},
-                 "bf16 subnormal inputs times 2^90..2^100 (exact products)")]
+        return [
+            (
+                {"A": A, "B": _enc(V.powers_of_two(rng, (4, 3), 90, 100))},
+                "bf16 subnormal inputs times 2^90..2^100 (exact products)",
+            )
+        ]
     if op == "rmsnorm_forward":
         x = np.concatenate([sub[:8], _enc(V.random_f32(rng, 8, -2, 1))]).reshape(2, 8)
         x[0] = sub[8:]
@@ -249,8 +290,16 @@ def _intermediate(op, rng):
         d = {n: _enc(V.random_f32(rng, (1, 2, 9, 4), -3, 1)) for n in ("q", "k", "v")}
         return [(d, "B,NH,T,HS=1,2,9,4: att·v from binary32 probabilities")]
     if op == "layernorm_forward":
-        return [({"x": _enc(V.random_f32(rng, (3, 16), -2, 2)), "w": _enc(V.random_f32(rng, 16, -1, 1)),
-                  "b": _enc(V.random_f32(rng, 16, -8, -4))}, "N,C=3,16: the affine from the binary32 normalised value")]
+        return [
+            (
+                {
+                    "x": _enc(V.random_f32(rng, (3, 16), -2, 2)),
+                    "w": _enc(V.random_f32(rng, 16, -1, 1)),
+                    "b": _enc(V.random_f32(rng, 16, -8, -4)),
+                },
+                "N,C=3,16: the affine from the binary32 normalised value",
+            )
+        ]
     return [({"x": _enc(V.random_f32(rng, (3, 33), -4, 3))}, "N,V=3,33: the sum of binary32 exponentials")]
 
 
@@ -266,15 +315,24 @@ def _fma(op, rng):
             k0 = int(rng.integers(0, k - 1))
             d = int(rng.integers(1, k - k0))
             A[r, k0] = F32(2.0 ** (-63 + r % 2))
-            A[r, k0 + d] = F32(2.0 ** -64) * (F32(-1) if rng.random() < 0.5 else F32(1))
-        B = np.full((k, j), F32(2.0 ** -63))
-        out.append(("fma", {n: _enc(x) for n, x in _layout(_kind(op), A, B).items()},
-                    f"I,K,J={i},{k},{j}; a product below 2^-126 after 2^-126 or 2^-125"))
+            A[r, k0 + d] = F32(2.0**-64) * (F32(-1) if rng.random() < 0.5 else F32(1))
+        B = np.full((k, j), F32(2.0**-63))
+        out.append(
+            (
+                "fma",
+                {n: _enc(x) for n, x in _layout(_kind(op), A, B).items()},
+                f"I,K,J={i},{k},{j}; a product below 2^-126 after 2^-126 or 2^-125",
+            )
+        )
     return out
 
 
-PROBES = {"bf16_rounding": _rounding, "bf16_accumulation": _accumulation, "bf16_input_zeroing": _zeroing,
-          "bf16_intermediate": _intermediate}
+PROBES = {
+    "bf16_rounding": _rounding,
+    "bf16_accumulation": _accumulation,
+    "bf16_input_zeroing": _zeroing,
+    "bf16_intermediate": _intermediate,
+}
 
 
 def check_probe(op: OpDef, family: str, raw, outputs: dict) -> None:
@@ -296,6 +354,7 @@ def check_probe(op: OpDef, family: str, raw, outputs: dict) -> None:
 
 # ---- the entries --------------------------------------------------------------------------------
 
+
 def _signature(op, kin, kout):
     base = OPS[op]
     tag = {"h": "bf16", "f": "f32", "i": "i32"}
@@ -310,6 +369,7 @@ def _terms(kind):
         A, B = _canon(kind, A, B)
         I, J = A.shape[0], B.shape[1]
         return np.repeat(A, J, axis=0), np.tile(np.ascontiguousarray(B.T), (I, 1))
+
     return terms
 
 
@@ -317,8 +377,10 @@ def _register(op):
     kin, kout = _ops().PROFILE[op]
     base = OPS[op]
     name = f"bf16_{op}"
-    bf16 = frozenset([f"in/{n}" for n, k in zip(base.inputs, kin) if k == "h"] +
-                     [f"out/{n}" for n, k in zip(base.outputs, kout) if k == "h"])
+    bf16 = frozenset(
+        [f"in/{n}" for n, k in zip(base.inputs, kin) if k == "h"]
+        + [f"out/{n}" for n, k in zip(base.outputs, kout) if k == "h"]
+    )
     clauses = PROFILE_CLAUSES + (("bf16.matmul.c1",) if op in PRODUCT_OPS else ()) + base.clauses
 
     def reference(*xs):
@@ -337,12 +399,26 @@ def _register(op):
             for i, k, j in ((2, 9, 3), (3, 33, 2), (2, 257, 2), (1, 1024, 2)):
                 A = V.random_f32(rng, (i, k), -24, 24, mant_bits=7)
                 B = V.powers_of_two(rng, (k, j), -2, 2)
-                cases.append(("order", {n: _enc(x) for n, x in _layout(_kind(op), A, B).items()},
-                              f"I,K,J={i},{k},{j}; exact bf16 products 2^-26..2^26"))
+                cases.append(
+                    (
+                        "order",
+                        {n: _enc(x) for n, x in _layout(_kind(op), A, B).items()},
+                        f"I,K,J={i},{k},{j}; exact bf16 products 2^-26..2^26",
+                    )
+                )
         return cases
 
-    OPS[name] = OpDef(name, clauses, _signature(op, kin, kout), base.inputs, base.outputs, reference, build,
-                      terms=_terms(_kind(op)) if _kind(op) else None, bf16=bf16)
+    OPS[name] = OpDef(
+        name,
+        clauses,
+        _signature(op, kin, kout),
+        base.inputs,
+        base.outputs,
+        reference,
+        build,
+        terms=_terms(_kind(op)) if _kind(op) else None,
+        bf16=bf16,
+    )
 
 
 def _conversion_build(kind):
@@ -350,12 +426,21 @@ def _conversion_build(kind):
         if kind == "encode":
             return [("random", {"x": V.random_f32(rng, n, -130, 127)}, f"N={n}") for n in (1, 7, 1021)] + [
                 ("edge", {"x": V.edge_values()}, "binary32 edge grid"),
-                ("bf16_rounding", {"x": tie_grid()}, "at and beside every kind of tie, carries to the exponent "
-                                                      "and to infinity")]
+                (
+                    "bf16_rounding",
+                    {"x": tie_grid()},
+                    "at and beside every kind of tie, carries to the exponent and to infinity",
+                ),
+            ]
         return [("random", {"x": rng.integers(0, 1 << 16, n).astype(np.uint16)}, f"N={n}") for n in (1, 7, 1021)] + [
             ("edge", {"x": edge_grid()}, "bf16 edge grid"),
-            ("bf16_input_zeroing", {"x": np.arange(0x8001, 0x8080, dtype=np.uint16)[::3].copy()},
-             "negative bf16 subnormals")]
+            (
+                "bf16_input_zeroing",
+                {"x": np.arange(0x8001, 0x8080, dtype=np.uint16)[::3].copy()},
+                "negative bf16 subnormals",
+            ),
+        ]
+
     return build
 
 
@@ -371,11 +456,25 @@ def _decode_ref(x):
     return bf16.decode(x)
 
 
-OPS["bf16_encode"] = OpDef("bf16_encode", ("bf16.round.c1", "bf16.format.c1", "num.load.c1"),
-                           "bf16_encode(x: f32[N]) -> out: bf16[N]  ([bf16.round.c1])", ("x",), ("out",),
-                           _encode_ref, _conversion_build("encode"), bf16=frozenset({"out/out"}))
-OPS["bf16_decode"] = OpDef("bf16_decode", ("bf16.widen.c1", "bf16.load.c1", "bf16.format.c1"),
-                           "bf16_decode(x: bf16[N]) -> out: f32[N]  ([bf16.load.c1] then [bf16.widen.c1])",
-                           ("x",), ("out",), _decode_ref, _conversion_build("decode"), bf16=frozenset({"in/x"}))
+OPS["bf16_encode"] = OpDef(
+    "bf16_encode",
+    ("bf16.round.c1", "bf16.format.c1", "num.load.c1"),
+    "bf16_encode(x: f32[N]) -> out: bf16[N]  ([bf16.round.c1])",
+    ("x",),
+    ("out",),
+    _encode_ref,
+    _conversion_build("encode"),
+    bf16=frozenset({"out/out"}),
+)
+OPS["bf16_decode"] = OpDef(
+    "bf16_decode",
+    ("bf16.widen.c1", "bf16.load.c1", "bf16.format.c1"),
+    "bf16_decode(x: bf16[N]) -> out: f32[N]  ([bf16.load.c1] then [bf16.widen.c1])",
+    ("x",),
+    ("out",),
+    _decode_ref,
+    _conversion_build("decode"),
+    bf16=frozenset({"in/x"}),
+)
 for _op in _ops().PROFILE:
     _register(_op)

@@ -16,6 +16,7 @@ the TreeFold between them ([fold.ranks.c1]).  Every launcher offers:
 ``mpi`` runs one process per rank through mpi4py, with point-to-point
 messages only -- never an MPI reduction, whose order MPI would choose.
 """
+
 from __future__ import annotations
 
 from ...errors import InputError

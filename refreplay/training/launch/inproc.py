@@ -5,6 +5,7 @@ keeps only its aligned blocks; the root then pushes every rank's blocks in
 rank order.  The arithmetic is exactly that of R real processes, so a test
 with R = 1, 2, 3, 4, 8 here proves the bits do not depend on the rank count.
 """
+
 from __future__ import annotations
 
 from ...errors import InputError
@@ -23,8 +24,7 @@ class InProcess:
     def fold(self, leaf, m: int, merge=None):
         """[fold.ranks.c1] Every rank's blocks (rank 0 first), then the root's fold."""
         if self.size > m:
-            raise InputError(f"{self.size} ranks but only {m} micro-batches per step: "
-                             "every rank needs at least one")
+            raise InputError(f"{self.size} ranks but only {m} micro-batches per step: every rank needs at least one")
         blocks = []
         for a, b in rank_ranges(m, self.size):
             blocks += fold_local(a, (leaf(i) for i in range(a, b)), merge)

@@ -12,6 +12,7 @@ would choose its order.
 itself as ``mpiexec -n R python -m refreplay train ...``; started under
 ``mpiexec`` (the world size must equal R) it runs as one rank.
 """
+
 from __future__ import annotations
 
 import os
@@ -35,8 +36,10 @@ def _require_mpi4py():
     try:
         from mpi4py import MPI
     except ImportError:
-        raise InputError("the mpi launcher needs mpi4py and an MPI library: "
-                         "pip install 'mpi4py>=4' 'mpich>=4' (the refreplay[mpi] extra)") from None
+        raise InputError(
+            "the mpi launcher needs mpi4py and an MPI library: "
+            "pip install 'mpi4py>=4' 'mpich>=4' (the refreplay[mpi] extra)"
+        ) from None
     return MPI
 
 
@@ -74,7 +77,7 @@ def _unpack(buf: np.ndarray, template: dict) -> dict:
     out, pos = {}, 0
     for k in sorted(template):
         n = template[k].size
-        out[k] = buf[pos:pos + n].reshape(template[k].shape).copy()
+        out[k] = buf[pos : pos + n].reshape(template[k].shape).copy()
         pos += n
     return out
 
