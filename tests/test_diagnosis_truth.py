@@ -284,3 +284,36 @@ def test_a_plus_zero_start_beside_another_difference_is_still_said():
     msgs = _messages(report, "embedding_backward")
     assert len(msgs) == 1 and "a median of 1 ulp" in msgs[0] and not msgs[0].startswith("reproduced"), msgs
     assert "are the spec's -0 come out +0 (a sum started from +0" in msgs[0], msgs
+
+
+def _bf16_nan_and_one_ulp(outs, move=True):
+    """bf16 outputs with every NaN as 0xFFC0 (x86's default NaN, narrowed) and,
+    with ``move``, every finite nonzero value with an odd last bit moved one
+    bf16 ulp away from zero."""
+    moved = []
+    for o in outs:
+        if o.dtype != np.uint16:
+            moved.append(o)
+            continue
+        b = o.astype(np.int64)
+        mag = b & 0x7FFF
+        nan = mag > 0x7F80
+        if move:
+            b = np.where(~nan & (mag > 0) & (mag < 0x7F00) & (b % 2 == 1), b + 1, b)
+        moved.append(np.where(nan, 0xFFC0, b).astype(np.uint16))
+    return tuple(moved) if len(moved) > 1 else moved[0]
+
+
+def test_a_bf16_nan_payload_does_not_hide_a_one_ulp_difference():
+    """[bf16.round.c1] [conf.diagnosis.r1] The bf16 profile too: the bf16 NaN
+    finding comes first, and what the NaNs hid is reported after it."""
+    report = rc.check(lambda name, *xs: _bf16_nan_and_one_ulp(_reference(name, *xs)), ops=["bf16_add"])
+    msgs = _messages(report, "bf16_add")
+    assert any(m.startswith("non-canonical bf16 NaN (0xFFC0") for m in msgs), msgs
+    assert any(m.startswith("with NaN payloads set aside: ") for m in msgs), msgs
+
+
+def test_bf16_nan_payloads_alone_get_only_the_nan_finding():
+    report = rc.check(lambda name, *xs: _bf16_nan_and_one_ulp(_reference(name, *xs), move=False), ops=["bf16_add"])
+    msgs = _messages(report, "bf16_add")
+    assert len(msgs) == 1 and msgs[0].startswith("non-canonical bf16 NaN"), msgs
