@@ -46,8 +46,11 @@ def test_a_nan_payload_does_not_hide_a_one_ulp_difference(op):
     report = rc.check(lambda name, *xs: _x86_nan_and_one_ulp(_reference(name, *xs)), ops=[op])
     msgs = _messages(report, op)
     assert any(m.startswith("non-canonical NaN (0xFFC00000") for m in msgs), msgs
-    rest = [m for m in msgs if m.startswith("with NaN payloads set aside: ")]
+    # the 1-ulp moves are reported beside the NaN finding (found with the NaNs set aside, or by the variant
+    # finding, which compares NaNs as NaNs); no variant is named, as none explains more than it breaks
+    rest = [m for m in msgs if not m.startswith("non-canonical NaN")]
     assert rest and any("median of 1 ulp" in m for m in rest), msgs
+    assert not any("closest variant" in m or "reproduced exactly" in m for m in msgs), msgs
 
 
 def test_nan_payloads_alone_get_only_the_nan_finding():
@@ -317,3 +320,110 @@ def test_bf16_nan_payloads_alone_get_only_the_nan_finding():
     report = rc.check(lambda name, *xs: _bf16_nan_and_one_ulp(_reference(name, *xs), move=False), ops=["bf16_add"])
     msgs = _messages(report, "bf16_add")
     assert len(msgs) == 1 and msgs[0].startswith("non-canonical bf16 NaN"), msgs
+
+
+def test_torch_adamw_is_named_as_its_own_formula():
+    """torch.optim.AdamW (real code, not written here) fails adamw_update; the
+    variant model of its arithmetic (float64 scalars, lerp as an fma, IEEE
+    subnormals) is named and explains nearly every differing element (what
+    remains sits on subnormal inputs, which the model sees loaded)."""
+    pytest.importorskip("torch")
+    import re
+
+    report = rc.check("torch", ops=["adamw_update"])
+    msgs = [m.removeprefix("with NaN payloads set aside: ") for m in _messages(report, "adamw_update")]
+    hit = [m for m in msgs if "torch.optim.AdamW's formula" in m]
+    assert hit, msgs
+    m = re.search(r"explains (\d+) of (\d+) differing elements", hit[0])
+    assert hit[0].startswith("reproduced exactly") or (m and int(m.group(1)) >= 0.99 * int(m.group(2))), hit
+
+
+@pytest.mark.parametrize(
+    "op, variant",
+    [
+        ("softmax_backward", "softmax gradient as y*dy - y*d"),
+        ("layernorm_backward", "LayerNorm dx from x (PyTorch's CPU form rstd*dnorm + b*x + c)"),
+        ("rmsnorm_backward", "RMSNorm dx from x: rrms*dnorm - x*(rrms^3*mean(dnorm*x))"),
+        ("adamw_update", "eps inside the square root"),
+    ],
+)
+def test_backward_and_optimizer_kernels_written_independently_are_named(op, variant):
+    """Kernels written here in plain float32 NumPy (not through the models'
+    parts) that make one known change: the diagnosis names that change."""
+
+    def kernel(name, *xs):
+        xs = load_inputs([np.ascontiguousarray(x) for x in xs])
+        with np.errstate(all="ignore"):
+            outs = _INDEPENDENT[name](*xs)
+        return tuple(np.where(np.isnan(o), fp.f32(fp.CANONICAL_NAN), o).astype(F32) for o in outs)
+
+    report = rc.check(kernel, ops=[op])
+    assert report.ops[op]["fail"] > 0
+    msgs = _messages(report, op)
+    assert any(m.startswith(f"reproduced exactly by the spec's algorithm with {variant} (") for m in msgs), msgs
+
+
+def _flushed(x):
+    return fp.flush(np.asarray(x, F32))
+
+
+def _softmax_bwd_distributed(dy, y):
+    d = _rows_seq(_flushed(dy * y))
+    return (_flushed(_flushed(y * dy) - _flushed(y * d[:, None])),)
+
+
+def _rows_seq(a):
+    s = np.full(a.shape[0], F32(-0.0))
+    for j in range(a.shape[1]):
+        s = _flushed(s + a[:, j])
+    return s
+
+
+def _inv(c):
+    return _flushed(F32(1) / F32(c))
+
+
+def _ln_bwd_from_x(dout, x, w, mean, rstd):
+    C = x.shape[1]
+    dnorm = _flushed(dout * w)
+    ds, db = _rows_seq(_flushed(dnorm * x)), _rows_seq(dnorm)
+    b = _flushed(_flushed(db * mean) - ds)
+    for _ in range(3):
+        b = _flushed(b * rstd)
+    b = _flushed(b * _inv(C))
+    c = _flushed(_flushed(-b * mean) - _flushed(_flushed(db * rstd) * _inv(C)))
+    dx = _flushed(_flushed(_flushed(_flushed(rstd[:, None] * dout) * w) + _flushed(b[:, None] * x)) + c[:, None])
+    norm = _flushed(_flushed(x - mean[:, None]) * rstd[:, None])
+    return dx, _rows_seq(_flushed(dout * norm).T), _rows_seq(dout.T)
+
+
+def _rms_bwd_from_x(dout, x, w, rrms):
+    dnorm = _flushed(dout * w)
+    g = _flushed(_rows_seq(_flushed(dnorm * x)) * _inv(x.shape[1]))
+    k = _flushed(_flushed(_flushed(_flushed(rrms * rrms) * rrms)) * g)
+    dx = _flushed(_flushed(dnorm * rrms[:, None]) - _flushed(x * k[:, None]))
+    norm = _flushed(x * rrms[:, None])
+    return dx, _rows_seq(_flushed(dout * norm).T)
+
+
+def _adamw_eps_inside(p, g, m, v, step, lr):
+    b1, b2, eps, wd = fp.f32(0x3F666666), fp.f32(0x3F733333), fp.f32(0x322BCC77), fp.f32(0x3DCCCCCD)
+    pw1, pw2 = b1, b2
+    for _ in range(int(step[0]) - 1):
+        pw1, pw2 = _flushed(pw1 * b1), _flushed(pw2 * b2)
+        if pw1 == 0 and pw2 == 0:  # flushed: they stay +0
+            break
+    r1, r2 = _inv(_flushed(F32(1) - pw1)), _inv(_flushed(F32(1) - pw2))
+    m2 = _flushed(_flushed(b1 * m) + _flushed(_flushed(F32(1) - b1) * g))
+    v2 = _flushed(_flushed(b2 * v) + _flushed(_flushed(_flushed(F32(1) - b2) * g) * g))
+    upd = _flushed(_flushed(m2 * r1) * _flushed(F32(1) / _flushed(np.sqrt(_flushed(_flushed(v2 * r2) + eps)))))
+    p2 = _flushed(p - _flushed(lr[0] * _flushed(upd + _flushed(wd * p))))
+    return p2, m2, v2
+
+
+_INDEPENDENT = {
+    "softmax_backward": _softmax_bwd_distributed,
+    "layernorm_backward": _ln_bwd_from_x,
+    "rmsnorm_backward": _rms_bwd_from_x,
+    "adamw_update": _adamw_eps_inside,
+}

@@ -70,7 +70,12 @@ def mul_ftz_unbounded(a, b) -> np.ndarray:
 
 
 def fma(a, b, c) -> np.ndarray:
-    """float32 fused multiply-add round(a*b + c), one rounding, then flushed.
+    """float32 fused multiply-add round(a*b + c), one rounding, then flushed."""
+    return flush(fma_ieee(a, b, c))
+
+
+def fma_ieee(a, b, c) -> np.ndarray:
+    """float32 fused multiply-add round(a*b + c), one rounding, subnormals kept (IEEE 754).
 
     a*b is exact in float64 (48 significant bits).  The float64 sum s may be
     rounded; TwoSum gives its exact error e.  Rounding s to float32 equals
@@ -92,8 +97,7 @@ def fma(a, b, c) -> np.ndarray:
         down = np.minimum(r, other)
         fixed = np.where(e > 0, up, down)
         finite = np.isfinite(s) & np.isfinite(e)
-        r = np.where(mid & finite, fixed, r).astype(np.float32)
-    return flush(r)
+        return np.where(mid & finite, fixed, r).astype(np.float32)
 
 
 def is_subnormal(x) -> np.ndarray:
