@@ -8,7 +8,9 @@ first (into a temporary directory), so that each task replays exactly one
 step.  Then, for 1 and 2 one-thread worker processes (NUMBA_NUM_THREADS=1),
 every step is replayed as one task (``refreplay.verify.cluster.run_tasks``,
 the code behind ``audit --cluster``), after one warm-up task per worker that
-loads the compiled code; ``--rounds`` rounds, alternating 1 and 2 workers.
+loads the compiled code (a step of the measured run, or with ``--warmup
+PRESET`` a step of a 1-step run of that preset: the same kernels);
+``--rounds`` rounds, alternating 1 and 2 workers.
 Reported per measurement: wall time, steps per hour, the replay seconds the workers measured inside the tasks, and
 ``overhead``: wall time x workers - task seconds, per task (scheduling,
 transfer, result pickling, idle tails).  Scheduler overhead alone: the
@@ -40,23 +42,38 @@ def _noop():
 
 
 def train_run(preset: str, steps: int, out: Path) -> Path:
-    from refreplay.training import presets, train
-    from refreplay.training.launch.inproc import InProcess
+    """``refreplay train`` with a checkpoint after every step; the GPT-2
+    presets train on a token file of random ids (their data is tokens)."""
+    from refreplay import cli
+    from refreplay.training import presets
 
-    model, tcfg = presets.preset(preset)
-    train.train(model, tcfg, steps=steps, checkpoint_every=1, out=out, launcher=InProcess(1), progress=None)
+    argv = ["train", "--preset", preset, "--steps", str(steps), "--checkpoint-every", "1", "--out", str(out)]
+    if preset.startswith("gpt2"):
+        import numpy as np
+
+        from refreplay.training import tokens
+
+        model, tcfg = presets.preset(preset)
+        tok = out.parent / f"{preset}-tokens.bin"
+        samples = (steps + 1) * tcfg.micro_batches * tcfg.micro_batch_size
+        tokens.write_llmc(tok, np.random.default_rng(0).integers(0, model.vocab, size=samples * (model.seq_len + 1)))
+        argv += ["--tokens", str(tok), "--vocab", str(model.vocab)]
+    rc = cli.main([*argv, "--quiet"])
+    if rc != 0:
+        raise SystemExit(f"refreplay {' '.join(argv)}: exit {rc}")
     return out
 
 
-def measure(run_path: Path, workers: int, steps: int) -> dict:
+def measure(run_path: Path, workers: int, steps: int, warm_path: Path | None = None) -> dict:
     import cloudpickle
     from distributed import Client, LocalCluster
 
     from refreplay.training.run import open_run
     from refreplay.verify import cluster
 
-    r = open_run(run_path)
-    head = r.head["chain_link"]
+    head = open_run(run_path).head["chain_link"]
+    warm_path = warm_path or run_path
+    warm_head = open_run(warm_path).head["chain_link"]
     lc = LocalCluster(
         n_workers=workers,
         threads_per_worker=1,
@@ -70,7 +87,13 @@ def measure(run_path: Path, workers: int, steps: int) -> dict:
             cluster.prove_fitness(client)
             warm = [
                 client.submit(
-                    cluster.replay_task, str(run_path), head, 1, workers=[w], resources={"refreplay": 1}, pure=False
+                    cluster.replay_task,
+                    str(warm_path),
+                    warm_head,
+                    1,
+                    workers=[w],
+                    resources={"refreplay": 1},
+                    pure=False,
                 )
                 for w in client.scheduler_info()["workers"]
             ]
@@ -106,6 +129,13 @@ def main(argv=None) -> int:
     ap.add_argument("--preset", default="small")
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=2, help="1-worker and 2-worker measurements, alternated")
+    ap.add_argument(
+        "--warmup",
+        default=None,
+        metavar="PRESET",
+        help="warm each worker with a step of a 1-step run of PRESET (same kernels, loaded from the cache) "
+        "instead of a step of the measured run: for presets whose step takes minutes",
+    )
     ap.add_argument("--json", default=None, help="write results here (default benchmarks/results/cluster.json)")
     a = ap.parse_args(argv)
     os.environ.setdefault("NUMBA_NUM_THREADS", "1")
@@ -114,7 +144,8 @@ def main(argv=None) -> int:
         t = time.perf_counter()
         run_path = train_run(a.preset, a.steps, Path(tmp) / "run")
         print(f"trained {a.steps} {a.preset} steps in {time.perf_counter() - t:.1f} s")
-        rows = [measure(run_path, w, a.steps) for w in (1, 2) * a.rounds]  # alternated: load drifts
+        warm_path = train_run(a.warmup, 1, Path(tmp) / "warm") if a.warmup else None
+        rows = [measure(run_path, w, a.steps, warm_path) for w in (1, 2) * a.rounds]  # alternated: load drifts
     print(
         table(
             ["workers", "wall s", "steps/h", "task s", "overhead s/task", "no-op ms", "read MB/task", "wire kB/task"],
@@ -140,7 +171,9 @@ def main(argv=None) -> int:
     )
     print(load_line())
     path = write_json(
-        "cluster.json", {"machine": machine(), "preset": a.preset, "steps": a.steps, "rows": rows}, a.json
+        "cluster.json",
+        {"machine": machine(), "preset": a.preset, "steps": a.steps, "warmup": a.warmup or a.preset, "rows": rows},
+        a.json,
     )
     print(f"wrote {path}")
     return 0
