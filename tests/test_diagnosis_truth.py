@@ -345,6 +345,8 @@ def test_torch_adamw_is_named_as_its_own_formula():
         ("layernorm_backward", "LayerNorm dx from x (PyTorch's CPU form rstd*dnorm + b*x + c)"),
         ("rmsnorm_backward", "RMSNorm dx from x: rrms*dnorm - x*(rrms^3*mean(dnorm*x))"),
         ("adamw_update", "eps inside the square root"),
+        ("attention_backward", "dz divided by sqrt(HS)"),
+        ("attention_backward", "scale applied to dq and dk after their sums (FlashAttention's form)"),
     ],
 )
 def test_backward_and_optimizer_kernels_written_independently_are_named(op, variant):
@@ -354,7 +356,7 @@ def test_backward_and_optimizer_kernels_written_independently_are_named(op, vari
     def kernel(name, *xs):
         xs = load_inputs([np.ascontiguousarray(x) for x in xs])
         with np.errstate(all="ignore"):
-            outs = _INDEPENDENT[name](*xs)
+            outs = _INDEPENDENT[name, variant](*xs)
         return tuple(np.where(np.isnan(o), fp.f32(fp.CANONICAL_NAN), o).astype(F32) for o in outs)
 
     report = rc.check(kernel, ops=[op])
@@ -421,9 +423,54 @@ def _adamw_eps_inside(p, g, m, v, step, lr):
     return p2, m2, v2
 
 
+def _attention_bwd(dout, q, k, v, att, form="spec"):
+    """[attn.bwd.c1] one query row t at a time, with the scale of dz as the
+    spec has it, divided by sqrt(HS) ("divide"), or applied to the finished
+    dq and dk ("flash")."""
+    B, NH, T, HS = q.shape
+    scale = _inv(np.sqrt(F32(HS)))
+    dq = np.zeros(q.shape, F32)
+    dk, dv = np.full(k.shape, F32(-0.0)), np.full(v.shape, F32(-0.0))
+    for b in range(B):
+        for h in range(NH):
+            o, Q, K, V, A = dout[b, h], q[b, h], k[b, h], v[b, h], att[b, h]
+            for t in range(T):
+                y = A[t, : t + 1]
+                dp = _rows_seq(_flushed(o[t][None, :] * V[: t + 1]))
+                c = _rows_seq(_flushed(dp * y)[None, :])[0]
+                dz = _flushed(y * _flushed(dp - c))
+                if form == "spec":
+                    dz = _flushed(dz * scale)
+                elif form == "divide":
+                    dz = _flushed(dz / np.sqrt(F32(HS)))
+                dq[b, h, t] = _rows_seq(_flushed(dz[:, None] * K[: t + 1]).T)
+                dk[b, h, : t + 1] = _flushed(dk[b, h, : t + 1] + _flushed(dz[:, None] * Q[t][None, :]))
+                dv[b, h, : t + 1] = _flushed(dv[b, h, : t + 1] + _flushed(y[:, None] * o[t][None, :]))
+    if form == "flash":
+        dq, dk = _flushed(dq * scale), _flushed(dk * scale)
+    return dq, dk, dv
+
+
 _INDEPENDENT = {
-    "softmax_backward": _softmax_bwd_distributed,
-    "layernorm_backward": _ln_bwd_from_x,
-    "rmsnorm_backward": _rms_bwd_from_x,
-    "adamw_update": _adamw_eps_inside,
+    ("softmax_backward", "softmax gradient as y*dy - y*d"): _softmax_bwd_distributed,
+    ("layernorm_backward", "LayerNorm dx from x (PyTorch's CPU form rstd*dnorm + b*x + c)"): _ln_bwd_from_x,
+    ("rmsnorm_backward", "RMSNorm dx from x: rrms*dnorm - x*(rrms^3*mean(dnorm*x))"): _rms_bwd_from_x,
+    ("adamw_update", "eps inside the square root"): _adamw_eps_inside,
+    ("attention_backward", "dz divided by sqrt(HS)"): lambda *xs: _attention_bwd(*xs, form="divide"),
+    ("attention_backward", "scale applied to dq and dk after their sums (FlashAttention's form)"): (
+        lambda *xs: _attention_bwd(*xs, form="flash")
+    ),
 }
+
+
+def test_the_independent_attention_backward_passes_in_the_spec_form():
+    """The transcription above is right: with the spec's scale it passes every vector."""
+
+    def kernel(op, *xs):
+        xs = load_inputs([np.ascontiguousarray(x) for x in xs])
+        with np.errstate(all="ignore"):
+            outs = _attention_bwd(*xs)
+        return tuple(np.where(np.isnan(o), fp.f32(fp.CANONICAL_NAN), o).astype(F32) for o in outs)
+
+    report = rc.check(kernel, ops=["attention_backward"])
+    assert report.ops["attention_backward"]["fail"] == 0 and report.ops["attention_backward"]["pass"] > 0

@@ -429,6 +429,23 @@ def divide_by_sqrt_hs(q, k, p):
     return div(_scores(p, q, k), sqrt(F32(q.shape[-1])))
 
 
+def dz_times_scale(dz, HS):
+    """[attn.bwd.c1] dz = dz * scale, scale = recip(sqrt(f32(HS))) (the spec); dq and dk are their sums."""
+    return mul(dz, recip(sqrt(F32(HS)))), lambda g: g
+
+
+def dz_divided_by_sqrt_hs(dz, HS):
+    """dz / sqrt(f32(HS)) (PyTorch's math path) where [attn.bwd.c1] multiplies by the scale."""
+    return div(dz, sqrt(F32(HS))), lambda g: g
+
+
+def scale_after_the_sums(dz, HS):
+    """dq and dk summed from the unscaled dz and multiplied by the scale at the
+    end (FlashAttention's backward), where [attn.bwd.c1] scales every dz first."""
+    scale = recip(sqrt(F32(HS)))
+    return dz, lambda g: mul(g, scale)
+
+
 def bias_after_sum(x, W, b, p):
     """[mm.bias.c1] y = (sum over c of x*W) + b (the spec)."""
     N, C = x.shape
@@ -611,6 +628,7 @@ class Parts:
     silu: Callable = silu_by_sigmoid
     grad_local: Callable = grad_times_local
     att_scores: Callable = scale_after_dot
+    att_dz_scale: Callable = dz_times_scale
     bias: Callable = bias_after_sum
     sm_grad: Callable = softmax_grad_factored
     ln_grad: Callable = ln_grad_from_norm
@@ -812,6 +830,35 @@ def attention_forward(q, k, v, p):
     return dot(p, a, b.reshape(-1, T)).reshape(v.shape), att
 
 
+def _masked_sums(p, a, b, mask):
+    """out[..., i, j] = the sum over n of a[..., i, n] * b[..., n, j] in p's
+    order, terms where mask[i, n] absent (-0 * +0 products, which change no
+    sum in any order but the length-dependent pairwise ones)."""
+    *lead, I, N = a.shape
+    J = b.shape[-1]
+    am = np.broadcast_to(np.where(mask, F32(-0.0), a)[..., :, None, :], (*lead, I, J, N))
+    bt = np.swapaxes(b, -1, -2)  # [..., J, N]
+    bm = np.where(mask[:, None, :], F32(0), np.broadcast_to(bt[..., None, :, :], (*lead, I, J, N)))
+    return dot(p, am.reshape(-1, N), bm.reshape(-1, N)).reshape(*lead, I, J)
+
+
+def attention_backward(dout, q, k, v, att, p):
+    """[attn.bwd.c1] (dq, dk, dv): dp = dout·vᵀ; dz = the softmax backward of
+    dp with y = att ([softmax.bwd.c1]), times the scale; dq = dz·k over
+    s <= t; dk = dzᵀ·q and dv = attᵀ·dout over t >= s, t increasing."""
+    T, HS = q.shape[-2], q.shape[-1]
+    future = np.triu(np.ones((T, T), bool), 1)  # [t, s]: s > t, no term anywhere
+    dp = np.where(future, F32(-0.0), _scores(p, dout, v)).astype(F32)
+    a = np.where(future, F32(0), att).astype(F32)
+    c = dot(p, dp.reshape(-1, T), a.reshape(-1, T)).reshape(dp.shape[:-1])
+    dz, post = p.att_dz_scale(p.sm_grad(dp, a, c, p), HS)
+    dz = np.where(future, F32(0), dz).astype(F32)
+    dq = post(_masked_sums(p, dz, k, future))
+    dk = post(_masked_sums(p, np.swapaxes(dz, -1, -2), q, future.T))
+    dv = _masked_sums(p, np.swapaxes(a, -1, -2), dout, future.T)
+    return dq, dk, dv
+
+
 def linear_forward(x, W, b, p):
     """[linear.fwd.c1] [mm.bias.c1] y = x·Wᵀ + b."""
     return p.bias(x, W, b, p)
@@ -867,6 +914,7 @@ MODELS = {
     "swiglu_forward": Model(swiglu_forward, ("sigmoid", "silu"), pair_only=("exp",)),
     "swiglu_backward": Model(swiglu_backward, ("sigmoid", "fma", "silu", "grad_local"), pair_only=("exp",)),
     "attention_forward": Model(attention_forward, _SOFTMAX + ("start", "fma", "att_scores")),
+    "attention_backward": Model(attention_backward, ("order", "start", "fma", "sm_grad", "att_dz_scale")),
     "linear_forward": Model(linear_forward, ("order", "start", "fma", "bias")),
     "linear_backward": Model(linear_backward, ("order", "start", "fma")),
     "embedding_backward": Model(embedding_backward, ("order", "start")),
@@ -972,6 +1020,13 @@ def _deviations() -> list[Deviation]:
         _fn("gradient times s first", "grad_local", grad_times_s_first, "act.silu.bwd.c1"),
         _fn("q scaled before the dot", "att_scores", scale_q_first, "attn.scores.c1"),
         _fn("scores divided by sqrt(HS)", "att_scores", divide_by_sqrt_hs, "attn.scores.c1", "num.recip.c1"),
+        _fn("dz divided by sqrt(HS)", "att_dz_scale", dz_divided_by_sqrt_hs, "attn.bwd.c1", "num.recip.c1"),
+        _fn(
+            "scale applied to dq and dk after their sums (FlashAttention's form)",
+            "att_dz_scale",
+            scale_after_the_sums,
+            "attn.bwd.c1",
+        ),
         _fn("bias as the sum's first term", "bias", bias_as_first_term, "mm.bias.c1"),
         _fn("sums started from +0 (not -0)", "start", plus_zero_start, "red.sum.c1", "red.start.r1"),
         _fn("softmax gradient as y*dy - y*d", "sm_grad", softmax_grad_distributed, "softmax.bwd.c1"),
