@@ -364,3 +364,41 @@ def test_numbas_runtime_loaded_first_sends_numba_to_the_workqueue():
         pytest.skip("this Numba has no OpenMP pool")
     policy, layer, shared = _layer(f"import ctypes; ctypes.CDLL({names[0]!r})")
     assert shared and policy == "PASSIVE" and layer == "workqueue"
+
+
+def test_steal_is_not_another_process(monkeypatch, tmp_path):
+    """Steal ticks (the 8th field: the hypervisor ran something else on the
+    vCPU) are not other processes' work: with this process's own CPU time
+    covering all the user ticks, a second of steal on each CPU leaves both
+    cores free; the same second as user time of others takes them."""
+    clock = {"t": 100.0, "cpu": 10.0}
+
+    class FakeTime:
+        monotonic = staticmethod(lambda: clock["t"])
+        process_time = staticmethod(lambda: clock["cpu"])
+
+    stat = tmp_path / "stat"
+
+    def write(user, steal):
+        rows = "".join(f"cpu{c} {user} 0 0 5 0 0 0 {steal} 0 0\n" for c in (0, 1))
+        stat.write_text(f"cpu  1 1 1 1 1 1 1 1\n{rows}intr 1 2 3\n")
+
+    real = environ._cpu_ticks
+    monkeypatch.setattr(environ, "_cpu_ticks", lambda cpus: real(cpus, str(stat)))
+    monkeypatch.setattr(environ, "time", FakeTime)
+    monkeypatch.setattr(environ, "affinity", lambda: [0, 1])
+    monkeypatch.setattr(environ, "_running_now", lambda: 0.0)
+    load = environ._Load()
+    load.hz = 100
+    write(1000, 50)
+    load.refresh()
+    clock["t"] += 1.0
+    clock["cpu"] += 1.0  # both CPUs half busy with this process: 2 x 50 ticks
+    write(1050, 150)  # and a whole second of steal on each
+    load.refresh()
+    assert load.others == pytest.approx(0.0) and load.free == 2
+    clock["t"] += 1.0
+    clock["cpu"] += 1.0
+    write(1150, 150)  # 200 user ticks, 100 more than this process ran: others hold a core
+    load.refresh()
+    assert load.others == pytest.approx(1.0) and load.free == 1
