@@ -177,7 +177,7 @@ class Order:
         if a.size < _MEMO_FROM:
             return self._fold(a, b)
         # a diagnosis asks for the same sums of the same terms under many variants
-        key = (self.name, self.fused, a.shape, _digest(a), None if b is None else _digest(b))
+        key = (self.fn, self.name, self.fused, a.shape, _digest(a), None if b is None else _digest(b))
         if key not in _MEMO:
             out = self._fold(a, b)
             while _MEMO and sum(v.nbytes for v in _MEMO.values()) + out.nbytes > _MEMO_BYTES:
