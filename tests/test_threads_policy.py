@@ -79,9 +79,9 @@ def test_a_machine_really_full_of_spinning_processes_gives_one_thread():
             p.wait()
 
 
-def test_the_load_window_subtracts_this_process_and_counts_only_its_cpus(monkeypatch, tmp_path):
-    """Two samples of /proc/stat 1 s apart: CPU 1 (ours) busy 100 ticks, CPU
-    7 (not ours) busy too; this process used 0.5 s of it: others = 0.5."""
+def _sampled_load(monkeypatch, tmp_path):
+    """A fresh load sampler on CPUs 0 and 1 that reads ``stat`` (written by
+    the test) with a fake clock and process CPU time (``clock``), 100 Hz ticks."""
     clock = {"t": 100.0, "cpu": 10.0}
 
     class FakeTime:
@@ -89,13 +89,6 @@ def test_the_load_window_subtracts_this_process_and_counts_only_its_cpus(monkeyp
         process_time = staticmethod(lambda: clock["cpu"])
 
     stat = tmp_path / "stat"
-
-    def write(busy1, busy7):
-        stat.write_text(
-            f"cpu  1 1 1 1 1 1 1 1\ncpu0 5 0 0 900 0 0 0 0 0 0\ncpu1 {busy1} 0 0 5 0 0 0 0 0 0\n"
-            f"cpu7 {busy7} 0 0 5 0 0 0 0 0 0\nintr 1 2 3\n"
-        )
-
     real = environ._cpu_ticks
     monkeypatch.setattr(environ, "_cpu_ticks", lambda cpus: real(cpus, str(stat)))
     monkeypatch.setattr(environ, "time", FakeTime)
@@ -103,6 +96,20 @@ def test_the_load_window_subtracts_this_process_and_counts_only_its_cpus(monkeyp
     monkeypatch.setattr(environ, "_running_now", lambda: 0.0)
     load = environ._Load()
     load.hz = 100
+    return clock, stat, load
+
+
+def test_the_load_window_subtracts_this_process_and_counts_only_its_cpus(monkeypatch, tmp_path):
+    """Two samples of /proc/stat 1 s apart: CPU 1 (ours) busy 100 ticks, CPU
+    7 (not ours) busy too; this process used 0.5 s of it: others = 0.5."""
+    clock, stat, load = _sampled_load(monkeypatch, tmp_path)
+
+    def write(busy1, busy7):
+        stat.write_text(
+            f"cpu  1 1 1 1 1 1 1 1\ncpu0 5 0 0 900 0 0 0 0 0 0\ncpu1 {busy1} 0 0 5 0 0 0 0 0 0\n"
+            f"cpu7 {busy7} 0 0 5 0 0 0 0 0 0\nintr 1 2 3\n"
+        )
+
     write(1000, 1000)
     load.refresh()
     clock["t"] += 1.0
@@ -371,25 +378,12 @@ def test_steal_is_not_another_process(monkeypatch, tmp_path):
     vCPU) are not other processes' work: with this process's own CPU time
     covering all the user ticks, a second of steal on each CPU leaves both
     cores free; the same second as user time of others takes them."""
-    clock = {"t": 100.0, "cpu": 10.0}
-
-    class FakeTime:
-        monotonic = staticmethod(lambda: clock["t"])
-        process_time = staticmethod(lambda: clock["cpu"])
-
-    stat = tmp_path / "stat"
+    clock, stat, load = _sampled_load(monkeypatch, tmp_path)
 
     def write(user, steal):
         rows = "".join(f"cpu{c} {user} 0 0 5 0 0 0 {steal} 0 0\n" for c in (0, 1))
         stat.write_text(f"cpu  1 1 1 1 1 1 1 1\n{rows}intr 1 2 3\n")
 
-    real = environ._cpu_ticks
-    monkeypatch.setattr(environ, "_cpu_ticks", lambda cpus: real(cpus, str(stat)))
-    monkeypatch.setattr(environ, "time", FakeTime)
-    monkeypatch.setattr(environ, "affinity", lambda: [0, 1])
-    monkeypatch.setattr(environ, "_running_now", lambda: 0.0)
-    load = environ._Load()
-    load.hz = 100
     write(1000, 50)
     load.refresh()
     clock["t"] += 1.0
