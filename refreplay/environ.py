@@ -162,13 +162,36 @@ def _cpu_ticks(cpus, path: str = "/proc/stat") -> int | None:
     return busy
 
 
-def _running_now() -> float:
-    """Other processes' runnable threads at this instant (``/proc/loadavg``'s
-    running count less the caller), else the 1-minute load less one: the first
-    estimate, before two samples of ``/proc/stat`` exist."""
+def _own_running(task_dir: str = "/proc/self/task") -> int:
+    """This process's threads that are running or runnable now (state ``R``
+    in ``/proc/self/task/*/stat``), at least 1 (the caller); 1 where there
+    is no such directory.  Numba's and PyTorch's pool threads finishing the
+    last kernel are this process's own work, not another process's."""
     try:
-        with open("/proc/loadavg") as f:
-            return max(0.0, float(f.read().split()[3].split("/")[0]) - 1)
+        names = os.listdir(task_dir)
+    except OSError:
+        return 1
+    running = 0
+    for name in names:
+        try:
+            with open(os.path.join(task_dir, name, "stat"), "rb") as f:
+                text = f.read()
+        except OSError:
+            continue  # the thread ended between the listing and the read
+        state = text[text.rfind(b")") + 1 :].split()[:1]  # the name may hold spaces and parentheses
+        running += state == [b"R"]
+    return max(1, running)
+
+
+def _running_now(loadavg: str = "/proc/loadavg", task_dir: str = "/proc/self/task") -> float:
+    """Other processes' runnable threads at this instant (``/proc/loadavg``'s
+    running count less this process's own running threads), else the
+    1-minute load less one: the first estimate, before two samples of
+    ``/proc/stat`` exist, and the one after a pause."""
+    try:
+        with open(loadavg) as f:
+            running = float(f.read().split()[3].split("/")[0])
+        return max(0.0, running - _own_running(task_dir))
     except (OSError, IndexError, ValueError):
         pass
     try:

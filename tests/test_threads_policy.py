@@ -396,3 +396,61 @@ def test_steal_is_not_another_process(monkeypatch, tmp_path):
     write(1150, 150)  # 200 user ticks, 100 more than this process ran: others hold a core
     load.refresh()
     assert load.others == pytest.approx(1.0) and load.free == 1
+
+
+def _proc(tmp_path, running: int, states: list[str]):
+    """A fabricated ``/proc/loadavg`` (``running`` runnable threads on the
+    machine) and ``/proc/self/task`` (this process's threads in ``states``;
+    one name holds a space and a parenthesis, as a thread's name may)."""
+    (tmp_path / "loadavg").write_text(f"0.50 0.40 0.30 {running}/321 4567\n")
+    tasks = tmp_path / "task"
+    for i, state in enumerate(states):
+        (tasks / str(100 + i)).mkdir(parents=True)
+        name = "(numba (worker) 1)" if i else "(python)"
+        (tasks / str(100 + i) / "stat").write_text(f"{100 + i} {name} {state} 1 100 100 0 -1\n")
+    return str(tmp_path / "loadavg"), str(tasks)
+
+
+@pytest.mark.parametrize(
+    "running, states, want",
+    [
+        (1, ["R"], 0.0),  # only the caller runs
+        (2, ["R", "R"], 0.0),  # the caller and its own pool thread finishing the last kernel
+        (3, ["R", "R", "S"], 1.0),  # one thread of another process
+        (3, ["R", "S", "S"], 2.0),
+        (2, ["S", "S"], 1.0),  # the caller is counted running even where its stat said not
+    ],
+)
+def test_the_running_count_leaves_out_this_processs_own_threads(tmp_path, running, states, want):
+    """After a pause the policy asks how many threads run now.  Numba's
+    OpenMP pool spins for a while after a kernel (measured on the Intel
+    kind: the thread still running in 11 of 20 reads right after a
+    matmul), so counting it as another process's gave one core away for a
+    whole gpt2-124m micro-batch."""
+    loadavg, tasks = _proc(tmp_path, running, states)
+    assert environ._running_now(loadavg, tasks) == want
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux /proc/self/task")
+def test_a_real_thread_of_this_process_is_counted_as_its_own():
+    """A thread that hashes with the GIL released runs beside the caller:
+    it shows in this process's running count (the caller alone is 1)."""
+    import threading
+
+    stop = threading.Event()
+    data = b"\0" * (1 << 24)
+
+    def spin():
+        while not stop.is_set():
+            hashlib.sha256(data).digest()  # releases the GIL: a running native thread
+
+    t = threading.Thread(target=spin, name="busy (hash)")
+    t.start()
+    try:
+        time.sleep(0.1)
+        seen = [environ._own_running() for _ in range(50)]
+    finally:
+        stop.set()
+        t.join()
+    assert max(seen) >= 2, seen
+    assert environ._own_running("/nonexistent/task") == 1
