@@ -204,8 +204,9 @@ class _Load:
     """Cores' worth of other processes' work on this process's CPUs, sampled
     at most every ``SAMPLE_S``: (busy ticks of those CPUs - this process's
     CPU time) / wall time since the previous sample (after a pause of more
-    than ``STALE_S``: the running count now).  The free cores follow the
-    largest value of the last ``HOLD_S``.  ``free`` and ``env``
+    than ``STALE_S``: the smaller of that and the running count now, which
+    decides until the next sample only).  The free cores follow the largest value of the windows of
+    the last ``HOLD_S``.  ``free`` and ``env``
     (the value of ``REFREPLAY_THREADS``) are kept with the sample, so that a
     kernel's call costs a clock read."""
 
@@ -223,18 +224,30 @@ class _Load:
         cpus = affinity()
         ticks = _cpu_ticks(cpus)
         own = time.process_time()
-        if ticks is None or self.at is None or self.at[3] != cpus or now - self.at[0] > STALE_S:
-            # no /proc/stat, no earlier sample of these CPUs, or one from before a pause
-            self.others = _running_now()
-        else:
+        window = None
+        if ticks is not None and self.at is not None and self.at[3] == cpus:
             wall = max(now - self.at[0], 1e-6)
-            self.others = max(0.0, ((ticks - self.at[1]) / self.hz - (own - self.at[2])) / wall)
+            window = max(0.0, ((ticks - self.at[1]) / self.hz - (own - self.at[2])) / wall)
+        if window is None or now - self.at[0] > STALE_S:
+            # no /proc/stat, no earlier sample of these CPUs, or one from before a
+            # pause: the threads running now decide, and only until the next sample.
+            # An instant alone misleads: it catches other processes' pools spinning
+            # for a few ms before they sleep (measured, 2-vCPU EPYC, idle: most reads
+            # right after another process's step saw 1-2 running threads, and held
+            # for a second they ran half of a 2.2 s step's ops on one thread).  So
+            # where the pause has a window, the other work must show in both: the
+            # smaller of the two decides.
+            self.others = _running_now() if window is None else min(_running_now(), window)
+            self.recent = []
+            peak = self.others
+        else:
+            self.others = window
+            # fewer threads at once, more only after HOLD_S of free samples: a core
+            # wrongly taken costs at most its share, one wrongly used stalls the kernel
+            self.recent = [(t, v) for t, v in self.recent if now - t < HOLD_S] + [(now, self.others)]
+            peak = max(v for _, v in self.recent)
         self.at = (now, ticks, own, cpus)
         self.until = now + SAMPLE_S
-        # fewer threads at once, more only after HOLD_S of free samples: a core
-        # wrongly taken costs at most its share, one wrongly used stalls the kernel
-        self.recent = [(t, v) for t, v in self.recent if now - t < HOLD_S] + [(now, self.others)]
-        peak = max(v for _, v in self.recent)
         self.free = max(1, len(cpus) - int(peak + (1 - TAKEN)))
         self.env = fixed_threads() if _FIXED is None else None
 
@@ -252,6 +265,15 @@ def free_cores() -> int:
     1): a core counts as held when they kept it busy ``TAKEN`` of the last
     sample or more."""
     return _LOAD.current().free
+
+
+def policy_free() -> int | None:
+    """The free cores (``free_cores``) when the default policy decides, None
+    when the user fixed a count (``set_threads``, ``REFREPLAY_THREADS``)."""
+    if _FIXED is not None:
+        return None
+    load = _LOAD.current()
+    return load.free if load.env is None else None
 
 
 def kernel_threads(wanted: int, cap: int) -> int:

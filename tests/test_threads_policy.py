@@ -140,6 +140,51 @@ def test_the_load_window_subtracts_this_process_and_counts_only_its_cpus(monkeyp
     assert load.others == 0.0 and load.free == 2
 
 
+def test_the_running_count_after_a_pause_decides_until_the_next_sample_only(monkeypatch, tmp_path):
+    """After a pause two threads of another process are running at that
+    instant (a pool spinning before it sleeps): where there is no window
+    over the pause, one core each is taken for that sample, but the next
+    window (idle) frees them at once; where the window over the pause was
+    idle the instant alone takes nothing; a busy window is still held for
+    HOLD_S."""
+    clock, stat, load = _sampled_load(monkeypatch, tmp_path)
+    running = {"n": 2.0}
+    monkeypatch.setattr(environ, "_running_now", lambda: running["n"])
+
+    def write(busy0, busy1=None):
+        busy1 = busy0 if busy1 is None else busy1
+        stat.write_text(f"cpu0 {busy0} 0 0 900 0 0 0 0 0 0\ncpu1 {busy1} 0 0 900 0 0 0 0 0 0\n")
+
+    write(1000)
+    load.refresh()  # the first sample: the running count
+    assert load.others == 2.0 and load.free == 1
+    clock["t"] += environ.SAMPLE_S
+    clock["cpu"] += 2 * environ.SAMPLE_S  # this process kept both CPUs busy
+    write(1000 + int(100 * environ.SAMPLE_S))
+    load.refresh()
+    assert load.others == pytest.approx(0.0) and load.free == 2  # not held: the instant is over
+    clock["t"] += 5.0
+    clock["cpu"] += 2 * 5.0  # this process's own work over the pause
+    base = 1000 + int(100 * environ.SAMPLE_S) + 500 + 5  # others: 0.01 of a core per CPU over the pause
+    write(base)
+    load.refresh()
+    assert load.others == pytest.approx(0.02) and load.free == 2  # the instant's two threads did not last
+    clock["t"] += 5.0
+    base += 500
+    write(base)
+    load.refresh()  # a pause, busy: both the window and the instant see the others
+    assert load.others == pytest.approx(2.0) and load.free == 1
+    clock["t"] += environ.SAMPLE_S
+    write(base + int(100 * environ.SAMPLE_S), base)  # others kept CPU 0 busy the whole window
+    load.refresh()
+    assert load.others == pytest.approx(1.0) and load.free == 1
+    clock["t"] += environ.SAMPLE_S
+    clock["cpu"] += 2 * environ.SAMPLE_S
+    write(base + int(200 * environ.SAMPLE_S), base + int(100 * environ.SAMPLE_S))
+    load.refresh()
+    assert load.others == pytest.approx(0.0) and load.free == 1  # a window's peak is held for HOLD_S
+
+
 def test_the_affinity_set_bounds_the_count(monkeypatch):
     monkeypatch.setattr(environ, "_running_now", lambda: 0.0)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3})
@@ -233,8 +278,8 @@ def _port_step_hash() -> tuple[str, list[int]]:
     seen = []
     real = _bridge.kernel_threads
 
-    def spy(elements):
-        n = real(elements)
+    def spy(elements, wanted=None):
+        n = real(elements, wanted)
         seen.append(n)
         return n
 

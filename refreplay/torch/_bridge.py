@@ -25,7 +25,10 @@ count (``torch.get_num_threads()``, whatever the user set) limited to the
 cores other processes leave free and to the threads Numba launched
 (``refreplay.environ.kernel_threads``: the load is sampled from
 /proc/stat at most every 0.25 s); ``REFREPLAY_THREADS=N`` or
-``refreplay.environ.set_threads(N)`` fixes the count instead.  Bits never
+``refreplay.environ.set_threads(N)`` fixes the count instead.  Under the
+default policy PyTorch's own pool is lowered to the free cores too while
+other processes hold some, and given the user's count back when they
+leave (``torch_threads``).  Bits never
 depend on the count (every ``prange`` runs over independent outputs,
 ``refreplay._jit``).  The waiting policy of the pool is
 ``refreplay._env``'s.
@@ -65,15 +68,51 @@ class Unsupported(ValueError):
 SMALL_WORK = environ.SMALL_WORK  # below this many operand elements an op runs on one thread
 
 
-def kernel_threads(elements: int) -> int:
+class _TorchPool:
+    """PyTorch's intra-op count as the user left it (``user``: what
+    ``torch.get_num_threads()`` said at the first op, or after the user
+    changed it since) and the count refreplay last gave it (``given``)."""
+
+    user: int | None = None
+    given: int | None = None
+
+
+_POOL = _TorchPool()
+
+
+def torch_threads() -> int:
+    """Lower PyTorch's own intra-op pool to the free cores while other
+    processes hold some, and give the user's count back when they are free
+    again or a fixed count is set (``refreplay.environ.policy_free``).
+    PyTorch's ops between refreplay's (copies, views' ``contiguous``) then
+    do not spin a pool on a core another process needs (measured on a
+    2-vCPU EPYC beside one busy process: a nanoGPT-small step 2.63 s with
+    torch at 1 thread, 3.11 s at 2, refreplay's kernels on 1 thread in
+    both).  A count the user sets meanwhile is the new ceiling.  Returns
+    the user's count: what refreplay's kernels may use at most."""
+    now = torch.get_num_threads()
+    if now != _POOL.given:  # the first op, or the user set a count since
+        _POOL.user = now
+    free = environ.policy_free()
+    want = _POOL.user if free is None else max(1, min(_POOL.user, free))
+    if want != now:
+        torch.set_num_threads(want)
+    _POOL.given = want
+    return _POOL.user
+
+
+def kernel_threads(elements: int, wanted: int | None = None) -> int:
     """Numba threads for an op whose operands hold ``elements`` values: 1
     below ``SMALL_WORK``, else ``refreplay.environ.kernel_threads`` of
-    PyTorch's intra-op thread count (the user's fixed count, or PyTorch's
-    capped by the free cores), never more than Numba launched
-    (``NUMBA_NUM_THREADS``)."""
+    ``wanted`` (the user's PyTorch intra-op count, ``torch_threads``; the
+    user's fixed count instead where there is one, else capped by the free
+    cores), never more than Numba launched (``NUMBA_NUM_THREADS``)."""
     if elements < SMALL_WORK:
         return 1
-    return environ.kernel_threads(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)
+    if wanted is None:
+        now = torch.get_num_threads()
+        wanted = _POOL.user if now == _POOL.given else now
+    return environ.kernel_threads(wanted, numba.config.NUMBA_NUM_THREADS)
 
 
 @contextmanager
@@ -89,6 +128,7 @@ def inside_reference():
             _ONE_AT_A_TIME.acquire()
         _STATE.elements = 0
         _STATE.threads = _STATE.before = numba.get_num_threads()
+        _STATE.wanted = torch_threads()
     _STATE.depth = depth + 1
     try:
         yield
@@ -106,7 +146,7 @@ def _count_operand(a: np.ndarray) -> None:
     if getattr(_STATE, "depth", 0) == 0:
         return
     _STATE.elements += a.size
-    n = kernel_threads(_STATE.elements)
+    n = kernel_threads(_STATE.elements, _STATE.wanted)
     if n != _STATE.threads:
         numba.set_num_threads(n)
         _STATE.threads = n
