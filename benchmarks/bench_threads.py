@@ -33,7 +33,9 @@ one spinning Python process (``while True: pass``, bounded by a timeout,
 killed at the end of the scenario).  The table gives each setting's median
 step time over all its timed steps, the load average beside it, and
 defaults / best explicit setting (goal: at most 1.10), and the share of
-refreplay.torch operands (trainer: of steps) that ran on 1 or 2 threads.
+refreplay.torch operands (trainer: of steps) that ran on 1 or 2 threads,
+and of the policy's load samples (after a pause: the running count; else a
+/proc/stat window) those that took a core from refreplay's kernels.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ MODELS = {  # name: (Config kwargs, batch)
 }
 TRAINER = "trainer-tiny"
 EXPLICIT = [(n, m) for n in (1, 2) for m in (1, 2)]
+SETTLE_S = 2.0  # a pause between the workers' warm-up and the first timed turn
 
 
 def settings_for(model: str, extra: list[str]) -> dict:
@@ -98,6 +101,12 @@ def _model_step(model: str, torch_threads: int | None, gpt2_layers: int):
         kw = dict(kw, layers=gpt2_layers)
     cfg = Config(**kw)
     net = build(cfg)
+    if torch_threads:
+        # again: Numba's OpenMP pool shares PyTorch's runtime here, and its
+        # launch (the first kernel, in build) sets the pool's count to
+        # NUMBA_NUM_THREADS (measured: torch 2 read 1 after it with
+        # NUMBA_NUM_THREADS=1), so "numba 1, torch 2" had timed torch at 1
+        torch.set_num_threads(torch_threads)
     gen = torch.Generator().manual_seed(1)
     idx = torch.randint(0, cfg.vocab, (B, cfg.block), generator=gen)
     y = torch.randint(0, cfg.vocab, (B, cfg.block), generator=gen)
@@ -106,8 +115,8 @@ def _model_step(model: str, torch_threads: int | None, gpt2_layers: int):
 
     real = _bridge.kernel_threads
 
-    def counted(elements):  # which counts the ops ran on, for the table
-        n = real(elements)
+    def counted(elements, wanted=None):  # which counts the ops ran on, for the table
+        n = real(elements, wanted)
         USED[n] = USED.get(n, 0) + 1
         return n
 
@@ -138,8 +147,28 @@ def _trainer_step():
     return step
 
 
+SAMPLES: list = []  # (stale, others, free) of each load sample the policy took in the timed steps
+
+
+def _trace_samples() -> None:
+    """Record each load sample: after a pause (the running count now) or
+    over a /proc/stat window, what it saw and the free cores it left."""
+    from refreplay import environ
+
+    load = environ._LOAD
+    refresh = load.refresh
+
+    def traced():
+        stale = load.at is None or time.monotonic() - load.at[0] > environ.STALE_S
+        refresh()
+        SAMPLES.append((stale, round(load.others, 3), load.free))
+
+    load.refresh = traced
+
+
 def worker(model: str, torch_threads: int | None, gpt2_layers: int, warmup: int) -> int:
     step = _trainer_step() if model == TRAINER else _model_step(model, torch_threads, gpt2_layers)
+    _trace_samples()
     for _ in range(warmup):
         step()
     import numba
@@ -149,6 +178,7 @@ def worker(model: str, torch_threads: int | None, gpt2_layers: int, warmup: int)
         k = json.loads(line)["steps"]
         times = []
         USED.clear()
+        SAMPLES.clear()
         for _ in range(k):
             t = time.perf_counter()
             step()
@@ -163,6 +193,7 @@ def worker(model: str, torch_threads: int | None, gpt2_layers: int, warmup: int)
                     "torch_threads": torch_n,
                     "used": USED,
                     "others": environ._LOAD.others,  # the policy's last view of other processes' load
+                    "samples": SAMPLES,
                     "numba_layer": numba.threading_layer(),
                 }
             ),
@@ -240,6 +271,7 @@ def bench_model(model, args, extra) -> list[dict]:
     try:
         for w in workers.values():
             w.reply()  # ready
+        time.sleep(SETTLE_S)  # the last workers' warm-up tail is not the first timed turn's load
         names = list(workers)
         for scenario in ("idle", "busy"):
             busy = spinner(args.timeout) if scenario == "busy" else None
@@ -250,6 +282,7 @@ def bench_model(model, args, extra) -> list[dict]:
             info = {}
             used = {n: {} for n in names}
             seen = {n: [] for n in names}
+            samples = {n: [] for n in names}
             try:
                 for r in range(args.rounds):
                     order = names[r % len(names) :] + names[: r % len(names)]
@@ -259,6 +292,7 @@ def bench_model(model, args, extra) -> list[dict]:
                         times[n] += out["times"]
                         info[n] = out
                         seen[n].append(out["others"])
+                        samples[n] += out["samples"]
                         for c, k in out["used"].items():
                             used[n][c] = used[n].get(c, 0) + k
             finally:
@@ -285,13 +319,21 @@ def bench_model(model, args, extra) -> list[dict]:
                         numba_layer=info[n]["numba_layer"],
                         kernel_threads=used[n],
                         others_seen=seen[n],
+                        samples=samples[n],
                     )
                 )
+                cores = len(os.sched_getaffinity(0))
+                cut = {
+                    kind: f"{sum(f < cores for st, _, f in samples[n] if st == stale)}/"
+                    f"{sum(st == stale for st, _, _ in samples[n])}"
+                    for kind, stale in (("paused", True), ("window", False))
+                }
                 share = {c: round(k / max(1, sum(used[n].values())), 2) for c, k in sorted(used[n].items())}
                 print(
                     f"{model:14s} {scenario:4s} {n:18s} {med[n]:9.1f} ms (min {min(times[n]) * 1e3:8.1f}, "
                     f"n {len(times[n]):2d})  / best ({best}) {med[n] / med[best]:5.2f}  "
-                    f"load {min(loads):.1f}-{max(loads):.1f}  [{info[n]['numba_layer']}; threads {share}]",
+                    f"load {min(loads):.1f}-{max(loads):.1f}  [{info[n]['numba_layer']}; threads {share}; "
+                    f"samples that took a core: {cut}]",
                     flush=True,
                 )
     finally:
@@ -317,7 +359,7 @@ def main() -> int:
     )
     ap.add_argument(
         "--rounds",
-        default="small=6,nanogpt-small=3,gpt2-124m=2,trainer-tiny=6",
+        default="small=6,nanogpt-small=5,gpt2-124m=2,trainer-tiny=6",
         help="rounds per scenario: K, or MODEL=K,...",
     )
     ap.add_argument(
