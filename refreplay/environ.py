@@ -205,9 +205,9 @@ class _Load:
     at most every ``SAMPLE_S``: (busy ticks of those CPUs - this process's
     CPU time) / wall time since the previous sample (after a pause of more
     than ``STALE_S``: the smaller of that and the running count now, which
-    decides until the next sample only).  The free cores follow the largest value of the windows of
-    the last ``HOLD_S``.  ``free`` and ``env``
-    (the value of ``REFREPLAY_THREADS``) are kept with the sample, so that a
+    decides until the next sample only).  The free cores follow the largest
+    value of the windows of the last ``HOLD_S``.  ``free`` and ``env`` (the
+    value of ``REFREPLAY_THREADS``) are kept with the sample, so that a
     kernel's call costs a clock read."""
 
     def __init__(self):

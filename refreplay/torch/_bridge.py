@@ -28,10 +28,9 @@ cores other processes leave free and to the threads Numba launched
 ``refreplay.environ.set_threads(N)`` fixes the count instead.  Under the
 default policy PyTorch's own pool is lowered to the free cores too while
 other processes hold some, and given the user's count back when they
-leave (``torch_threads``).  Bits never
-depend on the count (every ``prange`` runs over independent outputs,
-``refreplay._jit``).  The waiting policy of the pool is
-``refreplay._env``'s.
+leave (``torch_threads``).  Bits never depend on the count (every
+``prange`` runs over independent outputs, ``refreplay._jit``).  The
+waiting policy of the pool is ``refreplay._env``'s.
 """
 
 from __future__ import annotations
@@ -86,9 +85,9 @@ def torch_threads() -> int:
     again or a fixed count is set (``refreplay.environ.policy_free``).
     PyTorch's ops between refreplay's (copies, views' ``contiguous``) then
     do not spin a pool on a core another process needs (measured on a
-    2-vCPU EPYC beside one busy process: a nanoGPT-small step 2.63 s with
-    torch at 1 thread, 3.11 s at 2, refreplay's kernels on 1 thread in
-    both).  A count the user sets meanwhile is the new ceiling.  Returns
+    2-vCPU EPYC beside one busy process: a nanoGPT-small step 2.72 s with
+    torch at 1 thread, 3.33 s at 2, refreplay's kernels on 1 thread in
+    both; benchmarks/results/threads-amd-epyc.json).  A count the user sets meanwhile is the new ceiling.  Returns
     the user's count: what refreplay's kernels may use at most."""
     now = torch.get_num_threads()
     if now != _POOL.given:  # the first op, or the user set a count since
