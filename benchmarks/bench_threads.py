@@ -13,7 +13,10 @@ Models: ``small`` (2 layers, width 64, T = 32, batch 4), ``nanogpt-small``
 this benchmark's budget), each a forward + backward of the nanoGPT-style
 model of examples/nanogpt_port through refreplay.torch; ``trainer-tiny``
 is the reference trainer's own ``Trainer.step`` (preset ``tiny``, no
-torch).
+torch), and ``trainer-PRESET`` the same at another preset
+(``trainer-gpt2-124m`` takes some 2 min a step on 2 cores: with
+``--only "defaults;numba 2" --scenarios idle --rounds 1 --steps 1`` it
+fits in 10 min).
 
 Settings, each in its own worker process (thread counts are fixed when a
 process starts), ``import torch`` before refreplay as a user's script does:
@@ -58,7 +61,7 @@ MODELS = {  # name: (Config kwargs, batch)
     "nanogpt-small": (dict(vocab=256, block=256, layers=6, heads=6, width=384), 8),
     "gpt2-124m": (dict(vocab=50304, block=1024, layers=1, heads=12, width=768), 1),
 }
-TRAINER = "trainer-tiny"
+TRAINER = "trainer-"  # + a preset of the reference trainer: trainer-tiny, trainer-gpt2-124m
 EXPLICIT = [(n, m) for n in (1, 2) for m in (1, 2)]
 SETTLE_S = 2.0  # a pause between the workers' warm-up and the first timed turn
 
@@ -66,7 +69,7 @@ SETTLE_S = 2.0  # a pause between the workers' warm-up and the first timed turn
 def settings_for(model: str, extra: list[str]) -> dict:
     """{name: (environment, torch threads or None)}."""
     out = {"defaults": ({}, None)}
-    if model == TRAINER:
+    if model.startswith(TRAINER):
         out.update({f"numba {n}": ({"NUMBA_NUM_THREADS": str(n), "REFREPLAY_THREADS": str(n)}, None) for n in (1, 2)})
     else:
         out.update(
@@ -132,10 +135,10 @@ def _model_step(model: str, torch_threads: int | None, gpt2_layers: int):
 USED: dict = {}  # thread count -> operand count (refreplay.torch) or steps (trainer)
 
 
-def _trainer_step():
+def _trainer_step(preset: str):
     from bench_step import reference_step
 
-    run_step = reference_step("tiny")[3]
+    run_step = reference_step(preset)[3]
 
     def step():
         import numba
@@ -167,7 +170,10 @@ def _trace_samples() -> None:
 
 
 def worker(model: str, torch_threads: int | None, gpt2_layers: int, warmup: int) -> int:
-    step = _trainer_step() if model == TRAINER else _model_step(model, torch_threads, gpt2_layers)
+    if model.startswith(TRAINER):
+        step = _trainer_step(model[len(TRAINER) :])
+    else:
+        step = _model_step(model, torch_threads, gpt2_layers)
     _trace_samples()
     for _ in range(warmup):
         step()
@@ -265,7 +271,13 @@ def spinner(seconds: float) -> subprocess.Popen:
 
 def bench_model(model, args, extra) -> list[dict]:
     settings = settings_for(model, extra)
-    warmup = 2 if model in ("small", TRAINER) else 1
+    if args.only:
+        keep = [n.strip() for n in args.only.split(";")]
+        unknown = sorted(set(keep) - set(settings))
+        if unknown or not any(n.startswith("numba") for n in keep):
+            raise SystemExit(f"--only: {unknown or 'no explicit setting'}; settings are {sorted(settings)}")
+        settings = {n: v for n, v in settings.items() if n in keep}
+    warmup = 2 if model in ("small", TRAINER + "tiny") else 1
     workers = {name: Worker(model, env, tt, args.gpt2_layers, warmup) for name, (env, tt) in settings.items()}
     rows = []
     try:
@@ -273,7 +285,7 @@ def bench_model(model, args, extra) -> list[dict]:
             w.reply()  # ready
         time.sleep(SETTLE_S)  # the last workers' warm-up tail is not the first timed turn's load
         names = list(workers)
-        for scenario in ("idle", "busy"):
+        for scenario in args.scenarios.split(","):
             busy = spinner(args.timeout) if scenario == "busy" else None
             if busy is not None:
                 time.sleep(1.0)
@@ -355,7 +367,7 @@ def main() -> int:
     ap.add_argument(
         "--models",
         default="small,nanogpt-small,trainer-tiny",
-        help=f"comma-separated, from {', '.join([*MODELS, TRAINER])}",
+        help=f"comma-separated, from {', '.join(MODELS)}, {TRAINER}PRESET (the reference trainer's step)",
     )
     ap.add_argument(
         "--rounds",
@@ -369,6 +381,8 @@ def main() -> int:
     )
     ap.add_argument("--gpt2-layers", type=int, default=1, help="layers of the gpt2-124m shapes (of 12)")
     ap.add_argument("--settings", default="", help="extra settings, ';'-separated: spinning; layer omp; ...")
+    ap.add_argument("--only", default="", help="run only these settings, ';'-separated: defaults;numba 2")
+    ap.add_argument("--scenarios", default="idle,busy", help="idle, busy or both (comma-separated)")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds the busy process lives at most")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--worker")
