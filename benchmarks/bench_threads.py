@@ -19,7 +19,8 @@ torch), and ``trainer-PRESET`` the same at another preset
 fits in 10 min).
 
 Settings, each in its own worker process (thread counts are fixed when a
-process starts), ``import torch`` before refreplay as a user's script does:
+process starts; ``--interleaved``: all in one process, see below),
+``import torch`` before refreplay as a user's script does:
 
 * ``defaults``: nothing set;
 * ``numba N, torch M``: ``NUMBA_NUM_THREADS=N``, ``REFREPLAY_THREADS=N``
@@ -39,6 +40,13 @@ defaults / best explicit setting (goal: at most 1.10), and the share of
 refreplay.torch operands (trainer: of steps) that ran on 1 or 2 threads,
 and of the policy's load samples (after a pause: the running count; else a
 /proc/stat window) those that took a core from refreplay's kernels.
+
+``--interleaved`` runs every setting's turns in one worker process:
+refreplay's fixed count through ``set_threads`` (None for the defaults),
+PyTorch's through ``torch.set_num_threads`` (its default for the
+defaults), Numba launching its default count.  Only the counts differ, so
+the spread between runs is smaller; short steps want long turns
+(``--steps 30``): the first step after a pause is slower in every setting.
 """
 
 from __future__ import annotations
@@ -180,8 +188,17 @@ def worker(model: str, torch_threads: int | None, gpt2_layers: int, warmup: int)
     import numba
 
     print(json.dumps({"ready": True}), flush=True)
+    torch_mod = sys.modules.get("torch")
+    base = torch_mod.get_num_threads() if torch_mod else None  # PyTorch's own default here
     for line in sys.stdin:
-        k = json.loads(line)["steps"]
+        msg = json.loads(line)
+        k = msg["steps"]
+        if "fixed" in msg:  # --interleaved: this turn's setting, in this one process
+            from refreplay import environ
+
+            environ.set_threads(msg["fixed"])
+            if torch_mod:
+                torch_mod.set_num_threads(msg["torch"] or base)
         times = []
         USED.clear()
         SAMPLES.clear()
@@ -247,8 +264,8 @@ class Worker:
             raise SystemExit(f"a worker died (exit {self.proc.wait()}); see its stderr above")
         return json.loads(line)
 
-    def steps(self, k: int) -> dict:
-        self.proc.stdin.write(json.dumps({"steps": k}) + "\n")
+    def steps(self, k: int, **setting) -> dict:
+        self.proc.stdin.write(json.dumps({"steps": k, **setting}) + "\n")
         self.proc.stdin.flush()
         return self.reply()
 
@@ -260,6 +277,24 @@ class Worker:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+class _Turns:
+    """One setting of ``--interleaved``: its turns run in the one shared
+    worker, which sets the counts first (``set_threads`` of the fixed count
+    or None for the policy, PyTorch's count or its default)."""
+
+    def __init__(self, worker: Worker, fixed: int | None, torch_threads: int | None):
+        self.worker, self.fixed, self.torch = worker, fixed, torch_threads
+
+    def reply(self) -> dict:
+        return self.worker.reply()
+
+    def steps(self, k: int) -> dict:
+        return self.worker.steps(k, fixed=self.fixed, torch=self.torch)
+
+    def close(self):
+        self.worker.close()
 
 
 def spinner(seconds: float) -> subprocess.Popen:
@@ -278,10 +313,19 @@ def bench_model(model, args, extra) -> list[dict]:
             raise SystemExit(f"--only: {unknown or 'no explicit setting'}; settings are {sorted(settings)}")
         settings = {n: v for n, v in settings.items() if n in keep}
     warmup = 2 if model in ("small", TRAINER + "tiny") else 1
-    workers = {name: Worker(model, env, tt, args.gpt2_layers, warmup) for name, (env, tt) in settings.items()}
+    if args.interleaved:
+        if extra:
+            raise SystemExit("--interleaved runs the thread counts in one process: no --settings")
+        one = Worker(model, {}, None, args.gpt2_layers, warmup)
+        workers = {
+            name: _Turns(one, int(env["REFREPLAY_THREADS"]) if env else None, tt)
+            for name, (env, tt) in settings.items()
+        }
+    else:
+        workers = {name: Worker(model, env, tt, args.gpt2_layers, warmup) for name, (env, tt) in settings.items()}
     rows = []
     try:
-        for w in workers.values():
+        for w in {id(w.worker if isinstance(w, _Turns) else w): w for w in workers.values()}.values():
             w.reply()  # ready
         time.sleep(SETTLE_S)  # the last workers' warm-up tail is not the first timed turn's load
         names = list(workers)
@@ -383,6 +427,12 @@ def main() -> int:
     ap.add_argument("--settings", default="", help="extra settings, ';'-separated: spinning; layer omp; ...")
     ap.add_argument("--only", default="", help="run only these settings, ';'-separated: defaults;numba 2")
     ap.add_argument("--scenarios", default="idle,busy", help="idle, busy or both (comma-separated)")
+    ap.add_argument(
+        "--interleaved",
+        action="store_true",
+        help="every setting's turns in one process (Numba launches its default count; the fixed counts "
+        "are set_threads): the same process and memory for all, so less spread between runs",
+    )
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds the busy process lives at most")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--worker")
