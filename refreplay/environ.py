@@ -281,9 +281,9 @@ def kernel_threads(wanted: int, cap: int) -> int:
     (``set_threads``, ``REFREPLAY_THREADS``) if any, else ``wanted`` (the
     caller's own count: PyTorch's intra-op threads, Numba's) limited to the
     free cores; never above ``cap`` (the threads Numba launched), never below 1."""
-    if _FIXED is not None:
-        n = _FIXED
-    else:
-        load = _LOAD.current()
-        n = load.env if load.env is not None else min(wanted, load.free)
+    free = policy_free()
+    if free is not None:
+        n = min(wanted, free)
+    else:  # the count the user fixed: the API's, else the variable's (kept with the sample)
+        n = _FIXED if _FIXED is not None else _LOAD.env
     return max(1, min(n, cap))
