@@ -17,6 +17,12 @@ because ``matmul`` is taken.
 - adamw_update: p - lr·update - lr·wd·p (two roundings) above 2^20 elements
 - softmax_backward: the sum of dy·y in two blocks above V = 8192
 - bf16_matmul_nt: partial sums rounded to bf16 between two K blocks above K = 8192
+- long_rows (a dispatcher: ``shape_switch_kernels:long_rows``): past the sizes
+  the sweeps reached before issue 31's second round, the row ops reduce their
+  rows in reverse order above 65,536 (norms, softmaxes, cross-entropy, binary32
+  and bf16; softmax_backward sums dy*y in two blocks instead), the linear
+  layer sums C in reverse above 8,192, and GELU is computed in float64 and
+  rounded once above 2^22 elements
 """
 
 import numpy as np
@@ -156,6 +162,11 @@ def softmax_backward(dy, y):
     V = y.shape[1]
     if V <= SWITCH["softmax_backward"]:
         return S.softmax_backward(dy, y)
+    return _two_block_softmax_backward(dy, y)
+
+
+def _two_block_softmax_backward(dy, y):
+    V = y.shape[1]
     t = E.mul(dy, y)
     h = V // 2
     d = E.add(linalg.row_sum(_c(t[:, :h])), linalg.row_sum(_c(t[:, h:])))
@@ -170,3 +181,66 @@ def bf16_matmul_nt(A, B):
     h = K // 2
     parts = [B16.decode(B16.encode(ref(_c(A[:, s]), _c(B[:, s])))) for s in (slice(0, h), slice(h, K))]
     return E.add(*parts)
+
+
+# ---- long_rows: switches past 16,385 and 2^22 ----------------------------------------------------
+
+LONG_SWITCH = {
+    **dict.fromkeys(
+        (
+            "layernorm_forward",
+            "rmsnorm_backward",
+            "log_softmax_backward",
+            "softmax_forward",
+            "cross_entropy_forward",
+            "bf16_layernorm_forward",
+            "bf16_softmax_backward",
+            "softmax_backward",
+        ),
+        65536,
+    ),
+    "linear_forward": 8192,
+    "gelu_forward": 1 << 22,
+    "gelu_backward": 1 << 22,
+}
+
+
+def _gelu64(x):
+    x = x.astype(np.float64)
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
+
+
+def _gelu64_grad(dout, x):
+    x, d = x.astype(np.float64), dout.astype(np.float64)
+    u = np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)
+    t = np.tanh(u)
+    return d * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * np.sqrt(2 / np.pi) * (1 + 3 * 0.044715 * x * x))
+
+
+def long_rows(op, *args):
+    """A dispatcher: the spec below LONG_SWITCH[op], another order (or GELU in float64) above."""
+    if op not in LONG_SWITCH:
+        from refreplay.conformance.running.kernel import Unsupported
+
+        raise Unsupported(f"long_rows implements {sorted(LONG_SWITCH)} only")
+    ref, switch = OPS[op].reference, LONG_SWITCH[op]
+    if op in ("gelu_forward", "gelu_backward"):
+        if args[-1].size <= switch:
+            return ref(*(numerics.load(a) for a in args))
+        f = _gelu64(args[0]) if op == "gelu_forward" else _gelu64_grad(*args)
+        return f.astype(np.float32)
+    if not op.startswith("bf16_"):  # (bf16 tensors go to the reference as they come)
+        args = tuple(numerics.load(a) if a.dtype == np.float32 else a for a in args)
+    n = args[0].shape[-1]  # the reduced length: the last axis of the first input
+    if n <= switch:
+        return ref(*args)
+    if op == "softmax_backward":  # not a reversal: the sum of dy*y in two blocks
+        return _two_block_softmax_backward(*args)
+    # every tensor of that length reversed along it: the same arithmetic, the sums in reverse
+    flip = [_c(a[..., ::-1]) if a.ndim and a.shape[-1] == n else _c(a) for a in args]
+    if op == "cross_entropy_forward":  # the targets index the reversed logits
+        t = args[1]
+        flip[1] = np.where(t >= 0, n - 1 - t, t).astype(t.dtype)
+    outs = ref(*flip)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    return tuple(_c(o[..., ::-1]) if o.ndim and o.shape[-1] == n else o for o in outs)

@@ -93,6 +93,56 @@ def test_switch_on_each_axis_is_not_conformant(tmp_path, name, op, letter):
     assert switch + 1 in sizes, sorted(sizes)
 
 
+LONG = sorted(SK.LONG_SWITCH)
+_LETTER = {"linear_forward": "C", "gelu_forward": "N", "gelu_backward": "N"}
+
+
+@pytest.mark.parametrize("op", LONG)
+def test_switch_past_16385_and_2_22_is_not_conformant(tmp_path, op):
+    """The reductions past 16,385 (rows reversed, or two blocks) and the
+    element counts past 2^22 (GELU in float64): NOT CONFORMANT under plain
+    conform, every failing case past the switch and one just past it."""
+    rc, rep = _conform(tmp_path, op, "shape_switch_kernels:long_rows")
+    assert rc == 1 and rep["verdict"] == "NOT CONFORMANT"
+    from refreplay.conformance.golden import store
+
+    notes = {c["id"]: c["probes"] for c in store.read_manifest()["cases"] if c["op"] == op}
+    letter = _LETTER.get(op, "V" if "softmax" in op or "entropy" in op else "C")
+    switch = SK.LONG_SWITCH[op]
+    failing = [c for c in rep["cases"] if c["status"] == "fail"]
+    sizes = [_size(notes[c["id"]], letter) for c in failing if c["family"] == "sweep"]
+    assert sizes and all(s is not None and s > switch for s in sizes), sizes
+    assert switch + 1 in sizes and switch + 1 in rep["domain"][op]["axes"][letter]
+    assert {c["family"] for c in failing} == {"sweep"}
+
+
+def test_tiled_rows_separate_their_order():
+    """[conf.vectors.c2] Every tiled one-row case of the committed vectors
+    reaches 65,537 and tells the spec's order from the reversed one on some
+    output (separation.reversing_rows): a row whose outputs round both
+    orders alike would pass a kernel that sums it in any order."""
+    from refreplay.conformance.base.case import load_inputs
+    from refreplay.conformance.golden import store
+    from refreplay.conformance.inputs import separation
+    from refreplay.conformance.table import OPS
+
+    from refreplay.conformance.shapes import axes
+
+    ops = [o for o in OPS if {"C", "V"} & set(axes._later(o)) and "linear" not in o]
+    seen = set()
+    for case in store.load_cases(ops=ops)[1]:
+        if not case.tiles or "N=1," not in case.probes:
+            continue
+        op = OPS[case.op]
+        n = max(a.shape[-1] for k, a in case.inputs.items() if f"in/{k}" in case.tiles)
+        assert n == 65537, case.id
+        rev = separation.reversed_rows(op, load_inputs([case.inputs[k] for k in op.inputs]), n)
+        assert any(separation.differs(case.outputs[k], r).any() for k, r in zip(op.outputs, rev)), case.id
+        seen.add(case.op)
+    assert {"layernorm_forward", "bf16_softmax_backward", "cross_entropy_forward"} <= seen, sorted(seen)
+    assert seen == set(ops), sorted(set(ops) - seen)
+
+
 def test_committed_domain_reaches_every_listed_switch():
     """[conf.domain.c1] The committed vectors' domain holds a size just past
     every switch of ``shape_switch_kernels`` and the production sizes, on
@@ -116,6 +166,14 @@ def test_committed_domain_reaches_every_listed_switch():
         ("col_sum", "N"): 8193,
         ("col_sum", "J"): 1025,
         ("matmul_tn", "K"): 8193,
+        ("layernorm_forward", "C"): 65537,
+        ("bf16_rmsnorm_backward", "C"): 65537,
+        ("log_softmax_backward", "V"): 65537,
+        ("cross_entropy_forward", "V"): 65537,
+        ("linear_forward", "C"): 8193,
+        ("bf16_linear_backward", "OC"): 8193,
+        ("gelu_backward", "N"): 2**22 + 1,
+        ("bf16_add", "N"): 2**22 + 1,
     }
     for (op, letter), size in past.items():
         assert size in dom[op]["axes"][letter], (op, letter)

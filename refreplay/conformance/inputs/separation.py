@@ -42,6 +42,37 @@ def separating(op, draw, tries=32):
     raise ProbeError(f"{op.name}: no sweep input separates a split in two")
 
 
+def reversing_rows(op, draw, n, tries=400):
+    """Inputs from ``draw()`` (redrawn while needed) on which the reference
+    evaluated with every length-``n`` axis reversed (its sums walk the row
+    backwards: another order, the same arithmetic) gives other bits on some
+    output.  A tiled row ([conf.vectors.c2]) has few distinct elements, and
+    a bf16 output or a logarithm can round two orders alike on all of them."""
+    for _ in range(tries):
+        inputs = draw()
+        loaded = load_inputs([inputs[k] for k in op.inputs])
+        if any(differs(e, r).any() for e, r in zip(_outs(op.reference(*loaded)), reversed_rows(op, loaded, n))):
+            return inputs
+    raise ProbeError(f"{op.name}: no tiled row separates its order from the reversed one")
+
+
+def reversed_rows(op, args, n):
+    """``op``'s reference on ``args`` with every axis of length ``n`` (the last
+    one) reversed, and its outputs reversed back; targets index the reversed row."""
+    flip = [np.ascontiguousarray(a[..., ::-1]) if a.ndim and a.shape[-1] == n else a for a in args]
+    if "targets" in op.inputs:
+        i = op.inputs.index("targets")
+        t = args[i]
+        flip[i] = np.where(t >= 0, n - 1 - t, t).astype(t.dtype)
+    return [
+        np.ascontiguousarray(o[..., ::-1]) if o.ndim and o.shape[-1] == n else o for o in _outs(op.reference(*flip))
+    ]
+
+
+def _outs(r):
+    return [np.asarray(o) for o in (r if isinstance(r, tuple) else (r,))]
+
+
 def split_in_two(a, b=None, first=None) -> np.ndarray:
     """R sums of N terms (rows of a, or of the products a*b, each rounded)
     split into two halves, the first holding ``first`` terms (default

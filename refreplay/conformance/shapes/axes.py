@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..inputs.separation import separating
+from ..inputs.separation import reversing_rows, separating
 from . import live
 
 # ---- axis sweeps ([conf.domain.c1]): every axis an implementation could tile ----------------------
@@ -19,11 +19,13 @@ from . import live
 # alignments an implementation may special-case (8, 16, 64, 128, powers of two) with their
 # neighbours at -1 and +1, up to the sizes of the largest presets (gpt2-xl: C = 1,600, T = 1,024,
 # V = 50,304, F = 6,400) and beyond: reductions (K, V, C) around 128, 1,024 and 8,192 and to
-# 16,385 (the sweep cases above reach 65,537 on the same ops: repeating them would cost
-# megabytes), rows, tokens and other non-reduced axes to 4,097, element counts to 2^22 + 1.
+# 16,385 (the sweep cases above reach 65,537 on the same ops; the row ops reach 65,537 as tiled
+# single rows, LATER below), rows, tokens and other non-reduced axes to 4,097, element counts to
+# 2^22 + 1.
 # Element counts of 1,024 and more are stored tiled ([conf.vectors.c2]: a 251-element pattern
 # repeated), so the counts past 2^20 cost kilobytes in the files (the loader makes them whole:
-# 2^22 + 1 only for AdamW).  Size: the vectors grew from 24.5 MB to 37.2 MB (cap 40 MB), most of
+# 2^22 + 1 for AdamW, add, GELU and their bf16 twins).  Size: the vectors grew from 24.5 MB to
+# 37.2 MB, then 38.2 MB with LATER's cases (cap 40 MB), most of
 # it the [V, C] and [K, J] tensors of the norms, softmaxes, matmuls and embeddings at 8,193 and
 # the manifest's entries for 2,170 cases.  The reason for the sizes: each is just past a switch a
 # kernel nobody here wrote was measured to make (issue 31: split-K, blocked norms above C = 8,192,
@@ -106,6 +108,39 @@ def _axes(op):
 THINNER = {("embedding_forward", "V"): {"C": 1}, ("embedding_backward", "V"): {"C": 1}}  # [V, C] tables
 
 
+# Cases drawn after every case above (so every earlier case keeps its bits):
+# - the row ops' reductions to 65,537: one row (N = 1) whose elements are a 251-element pattern
+#   repeated, stored tiled ([conf.vectors.c2]), so each costs kilobytes;
+# - the linear layers' reductions past the largest preset's (gpt2-xl's MLP projection sums
+#   C = 6,400), at 8,193 (0.5 MB for binary32 and bf16 together);
+# - element counts past 2^22 on the ops of a training step's largest tensors (the residual add,
+#   GELU over the MLP's hidden).  With their bf16 twins these bring the tiled tensors to 2^26.97
+#   elements of the 2^27 a manifest may hold ([conf.vectors.c2]): the bound, not the file size,
+#   is what keeps the other element-wise ops at 2^20 + 1 and below.
+ROW_TILE_FROM = 32768  # a one-row reduction this long is stored tiled
+_LONG_ROW = {"C": (65537,)}
+_LONG_V = {"V": (65537,)}
+LATER = {
+    **dict.fromkeys(("layernorm_forward", "rmsnorm_forward", "layernorm_backward", "rmsnorm_backward"), _LONG_ROW),
+    **dict.fromkeys(("softmax_forward", "log_softmax_forward", "softmax_backward", "log_softmax_backward"), _LONG_V),
+    "cross_entropy_forward": _LONG_V,  # (backward's one-hot term is no pattern: its sweep reaches 65,536)
+    **dict.fromkeys(("linear_forward", "linear_backward"), {"C": (8193,), "OC": (8193,)}),
+    **dict.fromkeys(("add", "gelu_forward", "gelu_backward"), {"N": (2**22 + 1,)}),
+}
+
+
+# A tiled row must separate the spec's order from the reversed one on some output
+# (separation.reversing_rows); for the bf16 log-softmaxes none of 400 draws does (the row's sum
+# enters their bf16 outputs through a logarithm, and 251 distinct elements round both orders
+# alike), so they have no such case: their sweeps reach V = 8,193.
+NO_LATER = ("bf16_log_softmax_forward", "bf16_log_softmax_backward")
+
+
+def _later(op):
+    """The LATER sizes of ``op``; a bf16 op has its binary32 op's."""
+    return {} if op in NO_LATER else LATER.get(op.removeprefix("bf16_"), {})
+
+
 def axis_cases(op, rng):
     """[conf.domain.c1] The axis sweep of ``op``: ``(family, inputs, note, tiles, separate)``
     tuples.  ``tiles``: tensor key -> pattern length ([conf.vectors.c2]); ``separate``: the case
@@ -115,29 +150,10 @@ def axis_cases(op, rng):
     if spec is None:
         return []
     sizes, base = spec
-    lv = live.LIVE[op.name]
-    out = []
-    for letter, values in sizes.items():
-        for v in values:
-            dims = {**base, **THINNER.get((op.name.removeprefix("bf16_"), letter), {}), letter: v}
-            if lv.check is not None and lv.check(dims):
-                continue
-            tiled = lv.letters == ("N",) and v >= TILE_FROM
-            make_dims = {**dims, "N": TILE} if tiled else dims
-            summed = _summed(op.name, dims)
-            separate = op.terms is not None and summed >= 64
-
-            def draw(make_dims=make_dims, dims=dims, tiled=tiled):
-                inputs = lv.make(live.NumpySource(rng), make_dims)
-                if tiled:
-                    inputs = {k: (np.resize(a, dims["N"]) if a.shape == (TILE,) else a) for k, a in inputs.items()}
-                return inputs
-
-            inputs = separating(op, draw) if separate else draw()
-            tiles = {f"in/{k}": TILE for k, a in inputs.items() if tiled and a.shape == (v,)}
-            out.append(("sweep", inputs, f"axis {letter} = {v}: {_fmt(dims)}; thin on the other axes", tiles, separate))
-    for i, k, j in ALIGNED_MM if _axes(op.name)[0].keys() >= {"I", "K", "J"} else ():
+    out = [_axis_case(op, rng, base, letter, v) for letter, values in sizes.items() for v in values]
+    for i, k, j in ALIGNED_MM if sizes.keys() >= {"I", "K", "J"} else ():
         dims = {"I": i, "K": k, "J": j}
+        lv = live.LIVE[op.name]
 
         def draw(dims=dims):
             return lv.make(live.NumpySource(rng), dims)
@@ -151,7 +167,41 @@ def axis_cases(op, rng):
                 op.terms is not None,
             )
         )
-    return out
+    out += [_axis_case(op, rng, base, letter, v) for letter, values in _later(op.name).items() for v in values]
+    return [c for c in out if c is not None]
+
+
+def _axis_case(op, rng, base, letter, v):
+    """One sweep case: ``letter`` = ``v``, the other letters thin; None where the live form
+    refuses the shape.  Element counts from TILE_FROM, and one-row reductions from
+    ROW_TILE_FROM, are drawn as a TILE-element pattern repeated ([conf.vectors.c2])."""
+    lv = live.LIVE[op.name]
+    dims = {**base, **THINNER.get((op.name.removeprefix("bf16_"), letter), {}), letter: v}
+    if lv.check is not None and lv.check(dims):
+        return None
+    others = int(np.prod([d for x, d in dims.items() if x != letter]))
+    tiled = v >= TILE_FROM if lv.letters == ("N",) else (v >= ROW_TILE_FROM and others == 1)
+    make_dims = {**dims, letter: TILE} if tiled else dims
+    summed = _summed(op.name, dims)
+    separate = op.terms is not None and summed >= 64
+
+    def draw():
+        inputs = lv.make(live.NumpySource(rng), make_dims)
+        if tiled:  # every tensor of the pattern's length is the pattern repeated to the swept size
+            inputs = {
+                k: (np.resize(a, tuple(v if s == TILE else s for s in a.shape)) if a.size == TILE else a)
+                for k, a in inputs.items()
+            }
+        return inputs
+
+    if separate:
+        inputs = separating(op, draw)
+    elif tiled and lv.letters != ("N",):  # a tiled row: its order must show on some output
+        inputs = reversing_rows(op, draw, v)
+    else:
+        inputs = draw()
+    tiles = {f"in/{k}": TILE for k, a in inputs.items() if tiled and a.size == v}
+    return ("sweep", inputs, f"axis {letter} = {v}: {_fmt(dims)}; thin on the other axes", tiles, separate)
 
 
 def _summed(op, dims):
