@@ -597,6 +597,156 @@ def adamw_torch_formula(p_, g, m, v, t, lr, p):
         return (p2 + (F32(-lr64 / (1 - b1**t)) * m2) / denom).astype(F32), m2, v2
 
 
+# ---- rotary embedding ([rope.fwd.c1] [rope.bwd.c1]) -------------------------------------------
+
+
+def half_split_pairs(x):
+    """[rope.fwd.c1] channel i rotates with i + HS/2 (the spec): (first, second, join)."""
+    h = x.shape[-1] // 2
+    return x[..., :h], x[..., h:], lambda a, b: np.concatenate([a, b], axis=-1)
+
+
+def interleaved_pairs(x):
+    """Channel 2i rotates with 2i + 1 (GPT-J's and Meta's original Llama layout)
+    where [rope.fwd.c1] pairs channel i with i + HS/2."""
+
+    def join(a, b):
+        out = np.empty(a.shape[:-1] + (2 * a.shape[-1],), F32)
+        out[..., 0::2], out[..., 1::2] = a, b
+        return out
+
+    return x[..., 0::2], x[..., 1::2], join
+
+
+def rotate_rounded(a, b, c, s, p):
+    """[rope.fwd.c1] (a*c - b*s, b*c + a*s), every product rounded (the spec;
+    with p.fma the second product of each is fused into the subtract or add)."""
+    return msub(p, b, s, mul(a, c)), madd(p, a, s, mul(b, c))
+
+
+def rotate_in_float64(a, b, c, s, p):
+    """The rotation in float64 (products and sums exact to 53 bits), rounded once,
+    where [rope.fwd.c1] rounds every product and the add."""
+    a, b, c, s = (np.asarray(v, np.float64) for v in (a, b, c, s))
+    return fp.flush((a * c - b * s).astype(F32)), fp.flush((b * c + a * s).astype(F32))
+
+
+def rotate_keeping_subnormals(a, b, c, s, p):
+    """IEEE binary32 products and sums, subnormals kept (PyTorch's CPU default),
+    where [num.flush.c1] flushes every subnormal result to zero."""
+    with np.errstate(all="ignore"):
+        a, b, c, s = (np.asarray(v, F32) for v in (a, b, c, s))
+        return (a * c - b * s).astype(F32), (b * c + a * s).astype(F32)
+
+
+def sin_as_given(s):
+    """[rope.fwd.c1] the table's sine as it is (the spec)."""
+    return s
+
+
+def sin_negated(s):
+    """The rotation turned the other way (sine negated): the forward kernel uses
+    the backward's transposed rotation, or the backward the forward's."""
+    return np.negative(np.asarray(s, F32))
+
+
+# ---- quantization ([quant.step.c1] [quant.quantize.c1] [quant.ste.c1]) ------------------------
+
+Q_RECIP = fp.f32(0x3C010204)  # [quant.step.c1] recip(127)
+Q_FLOOR = fp.f32(0x00800000)  # the step floor, 2^-126
+
+
+def absmax_propagating(x):
+    """[quant.step.c1] a = fmax(a, |g|) from +0: a NaN anywhere gives NaN (the spec)."""
+    a = np.abs(np.asarray(x, F32)).reshape(-1)
+    return F32(np.nan) if np.isnan(a).any() else (a.max() if a.size else F32(0.0))
+
+
+def absmax_ignoring_nan(x):
+    """C's fmaxf (the non-NaN operand wins) where [quant.step.c1]'s fmax
+    propagates NaN: NaNs are skipped."""
+    a = np.abs(np.asarray(x, F32)).reshape(-1)
+    a = a[~np.isnan(a)]
+    return a.max() if a.size else F32(0.0)
+
+
+def step_by_recip(a):
+    """[quant.step.c1] s = a * recip(127) (the spec)."""
+    return mul(a, Q_RECIP)
+
+
+def step_by_division(a):
+    """s = a / 127 where [quant.step.c1] multiplies by recip(127)."""
+    return div(np.asarray(a, F32), F32(127.0))
+
+
+def step_floored(s):
+    """[quant.step.c1] a zero step becomes 2^-126 (the spec)."""
+    return Q_FLOOR if s == 0 else s
+
+
+def step_unfloored(s):
+    """No floor: an all-zero tensor gets s = 0, where [quant.step.c1] floors it
+    at 2^-126 (PyTorch's x.abs().max() / 127 has neither floor nor recip)."""
+    return s
+
+
+def scaled_by_recip(x, s):
+    """[quant.quantize.c1] x * recip(s), recip once per group (the spec)."""
+    return mul(x, recip(s))
+
+
+def scaled_by_division(x, s):
+    """x / s where [quant.quantize.c1] multiplies by recip(s)."""
+    return div(x, s)
+
+
+def rint_half_even(v):
+    """[num.rint.c1] round half to even (the spec)."""
+    return np.rint(v)
+
+
+def round_half_away(v):
+    """C's roundf (half away from zero) where [num.rint.c1] rounds half to even."""
+    v = np.asarray(v, F32)
+    with np.errstate(invalid="ignore"):
+        return np.where(np.abs(v) < 2**23, np.copysign(np.floor(np.abs(v) + F32(0.5)), v), v).astype(F32)
+
+
+def codes_to_127(v):
+    """[num.sat.c1] the code range [-128, 127] (the spec)."""
+    return F32(-128.0), F32(127.0)
+
+
+def nan_code_zero(lo):
+    """[num.sat.c1] a NaN becomes code 0 (the spec)."""
+    return F32(0.0)
+
+
+def nan_code_lowest(lo):
+    """A NaN becomes the lowest code (a clamp by min and max that lets NaN fall to
+    the bottom, as torch.fake_quantize_per_tensor_affine does) where [num.sat.c1]
+    maps it to 0."""
+    return lo
+
+
+def codes_symmetric(v):
+    """A symmetric code range [-127, 127] where [num.sat.c1] clamps to [-128, 127]."""
+    return F32(-127.0), F32(127.0)
+
+
+def ste_copies(dy, keep):
+    """[quant.ste.c1] dy copied where the code is kept, +0 elsewhere (the spec)."""
+    return np.where(keep, dy, F32(0.0)).astype(F32)
+
+
+def ste_times_mask(dy, keep):
+    """dy times a 0/1 mask (IEEE products, as PyTorch's autograd forms it): -0 where
+    a negative dy is dropped, where [quant.ste.c1] gives +0."""
+    with np.errstate(all="ignore"):
+        return (dy * keep.astype(F32)).astype(F32)
+
+
 # ---- the parts an op is built from -----------------------------------------------------
 
 SPEC_ORDER = orders.spec_order(False)
@@ -637,6 +787,17 @@ class Parts:
     adam_ratio: Callable = ratio_by_recip
     adam_decay: Callable = decay_decoupled
     adamw: Callable = adamw_spec
+    rope_pairs: Callable = half_split_pairs
+    rope_rotate: Callable = rotate_rounded
+    rope_sin: Callable = sin_as_given
+    q_absmax: Callable = absmax_propagating
+    q_step: Callable = step_by_recip
+    q_floor: Callable = step_floored
+    q_scale: Callable = scaled_by_recip
+    q_round: Callable = rint_half_even
+    q_range: Callable = codes_to_127
+    q_nan: Callable = nan_code_zero
+    q_ste: Callable = ste_copies
 
 
 SPEC = Parts()
@@ -888,6 +1049,45 @@ def embedding_backward(dout, tokens, V, p):
     return out
 
 
+def rope_forward(x, cos_t, sin_t, p):
+    """[rope.fwd.c1] the rotation of each channel pair by the table's angle."""
+    a, b, join = p.rope_pairs(np.asarray(x, F32))
+    return join(*p.rope_rotate(a, b, cos_t, p.rope_sin(sin_t), p))
+
+
+def rope_backward(dout, cos_t, sin_t, p):
+    """[rope.bwd.c1] the transposed rotation: the forward's with the sine negated."""
+    a, b, join = p.rope_pairs(np.asarray(dout, F32))
+    return join(*p.rope_rotate(a, b, cos_t, np.negative(p.rope_sin(sin_t)), p))
+
+
+def quant_step_size(x, p):
+    """[quant.step.c1] s = max |x| * recip(127), floored."""
+    return np.array([p.q_floor(p.q_step(p.q_absmax(x)))], F32)
+
+
+def _codes(x, s, p):
+    """[quant.quantize.c1] the unsaturated codes v = rint(x * recip(s)) and the range."""
+    with np.errstate(all="ignore"):
+        v = p.q_round(p.q_scale(np.asarray(x, F32), np.asarray(s, F32).reshape(-1)[0]))
+    return v, p.q_range(v)
+
+
+def fake_quantize(x, s, p):
+    """[quant.quantize.c1] [quant.dequantize.c1] f32(saturate_i8(v)) * s."""
+    v, (lo, hi) = _codes(x, s, p)
+    q = np.where(np.isnan(v), p.q_nan(lo), np.clip(v, lo, hi)).astype(F32) + F32(0.0)  # an int8 code has no -0
+    return mul(q, np.asarray(s, F32).reshape(-1)[0])
+
+
+def fake_quantize_backward(dy, x, s, p):
+    """[quant.ste.c1] dy where lo <= v <= hi, +0 elsewhere (NaN v included)."""
+    v, (lo, hi) = _codes(x, s, p)
+    with np.errstate(invalid="ignore"):
+        keep = (v >= lo) & (v <= hi)
+    return p.q_ste(np.asarray(dy, F32), keep)
+
+
 @dataclass(frozen=True)
 class Model:
     fn: Callable
@@ -923,6 +1123,13 @@ MODELS = {
     "layernorm_backward": Model(layernorm_backward, ("order", "start", "fma", "mean", "ln_grad")),
     "rmsnorm_backward": Model(rmsnorm_backward, ("order", "start", "fma", "mean", "rms_grad")),
     "adamw_update": Model(adamw_update, ("fma", "adam_pow", "adam_ratio", "adam_decay", "adamw")),
+    "rope_forward": Model(rope_forward, ("fma", "rope_pairs", "rope_rotate", "rope_sin")),
+    "rope_backward": Model(rope_backward, ("fma", "rope_pairs", "rope_rotate", "rope_sin")),
+    "quant_step_size": Model(quant_step_size, ("q_absmax", "q_step", "q_floor")),
+    "fake_quantize": Model(fake_quantize, ("q_scale", "q_round", "q_range", "q_nan")),
+    # (x / s moves a code across the saturation bound on no committed case: the vectors do not
+    # separate it from x * recip(s) in the mask, so it is not tried there)
+    "fake_quantize_backward": Model(fake_quantize_backward, ("q_round", "q_range", "q_ste")),
 }
 
 
@@ -1042,6 +1249,18 @@ def _deviations() -> list[Deviation]:
         _fn("eps inside the square root", "adam_ratio", ratio_eps_inside, "optim.adamw.c1"),
         _fn("weight decay as p*(1 - lr*wd) before the step", "adam_decay", decay_then_step, "optim.adamw.c1"),
         _fn("torch.optim.AdamW's formula", "adamw", adamw_torch_formula, "optim.adamw.c1", "optim.adamw.bias.c1"),
+        _fn("interleaved pairs (2i, 2i+1) (GPT-J's layout)", "rope_pairs", interleaved_pairs, "rope.fwd.c1"),
+        _fn("rotation in float64, rounded once", "rope_rotate", rotate_in_float64, "rope.fwd.c1", "rope.bwd.c1"),
+        _fn("subnormals kept (no flush)", "rope_rotate", rotate_keeping_subnormals, "num.flush.c1"),
+        _fn("rotation the other way (sine negated)", "rope_sin", sin_negated, "rope.fwd.c1", "rope.bwd.c1"),
+        _fn("absmax by C fmaxf (NaNs skipped)", "q_absmax", absmax_ignoring_nan, "quant.step.c1", "num.minmax.c1"),
+        _fn("step as absmax / 127", "q_step", step_by_division, "quant.step.c1", "num.recip.c1"),
+        _fn("no step floor (an all-zero tensor gets s = 0)", "q_floor", step_unfloored, "quant.step.c1"),
+        _fn("x divided by the step", "q_scale", scaled_by_division, "quant.quantize.c1", "num.recip.c1"),
+        _fn("round half away from zero (C roundf)", "q_round", round_half_away, "quant.quantize.c1", "num.rint.c1"),
+        _fn("symmetric codes [-127, 127]", "q_range", codes_symmetric, "quant.quantize.c1", "num.sat.c1"),
+        _fn("NaN as the lowest code (-128)", "q_nan", nan_code_lowest, "quant.quantize.c1", "num.sat.c1"),
+        _fn("gradient times a 0/1 mask", "q_ste", ste_times_mask, "quant.ste.c1"),
     ]
     if _libm("expf") is not None:  # the C library's functions, where one can be loaded
         out += [
