@@ -624,19 +624,23 @@ def rotate_rounded(a, b, c, s, p):
     return msub(p, b, s, mul(a, c)), madd(p, a, s, mul(b, c))
 
 
+def _rotate_in(dtype, a, b, c, s):
+    """(a*c - b*s, b*c + a*s) in NumPy's IEEE ``dtype`` arithmetic, rounded to binary32."""
+    with np.errstate(all="ignore"):
+        a, b, c, s = (np.asarray(v, dtype) for v in (a, b, c, s))
+        return (a * c - b * s).astype(F32), (b * c + a * s).astype(F32)
+
+
 def rotate_in_float64(a, b, c, s, p):
-    """The rotation in float64 (products and sums exact to 53 bits), rounded once,
-    where [rope.fwd.c1] rounds every product and the add."""
-    a, b, c, s = (np.asarray(v, np.float64) for v in (a, b, c, s))
-    return fp.flush((a * c - b * s).astype(F32)), fp.flush((b * c + a * s).astype(F32))
+    """The rotation in float64 (products and sums exact to 53 bits), rounded once
+    and flushed, where [rope.fwd.c1] rounds every product and the add."""
+    return tuple(fp.flush(o) for o in _rotate_in(np.float64, a, b, c, s))
 
 
 def rotate_keeping_subnormals(a, b, c, s, p):
     """IEEE binary32 products and sums, subnormals kept (PyTorch's CPU default),
     where [num.flush.c1] flushes every subnormal result to zero."""
-    with np.errstate(all="ignore"):
-        a, b, c, s = (np.asarray(v, F32) for v in (a, b, c, s))
-        return (a * c - b * s).astype(F32), (b * c + a * s).astype(F32)
+    return _rotate_in(F32, a, b, c, s)
 
 
 def sin_as_given(s):
