@@ -274,6 +274,7 @@ def main(argv=None) -> int:
         print(json.dumps(worker(args.worker, args.repeats, args.shapes, args.ops)))
         return 0
     print(load_line(), flush=True)
+    set_shapes(args.shapes)  # flops() counts with the shapes the workers time
     rows = []
     for n in args.threads:
         res = run_worker(
