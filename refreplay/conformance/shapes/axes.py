@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..inputs.separation import reversing_rows, separating
-from . import live
+from . import live, long_rows
 
 # ---- axis sweeps ([conf.domain.c1]): every axis an implementation could tile ----------------------
 #
@@ -131,14 +131,16 @@ LATER = {
 
 # A tiled row must separate the spec's order from the reversed one on some output
 # (separation.reversing_rows); for the bf16 log-softmaxes none of 400 draws does (the row's sum
-# enters their bf16 outputs through a logarithm, and 251 distinct elements round both orders
-# alike), so they have no such case: their sweeps reach V = 8,193.
-NO_LATER = ("bf16_log_softmax_forward", "bf16_log_softmax_backward")
+# enters their bf16 outputs through a logarithm or a probability, and 251 distinct elements round
+# both orders alike), so their rows are built to sit at a bf16 rounding boundary
+# (long_rows.DESIGNED) and drawn after every other case of theirs, at 32,769 and 65,537.
+_BF16_LOG_V = {"V": (32769, 65537)}
+LATER_BF16 = dict.fromkeys(long_rows.DESIGNED, _BF16_LOG_V)
 
 
 def _later(op):
     """The LATER sizes of ``op``; a bf16 op has its binary32 op's."""
-    return {} if op in NO_LATER else LATER.get(op.removeprefix("bf16_"), {})
+    return LATER_BF16.get(op) or LATER.get(op.removeprefix("bf16_"), {})
 
 
 def axis_cases(op, rng):
@@ -194,6 +196,8 @@ def _axis_case(op, rng, base, letter, v):
             }
         return inputs
 
+    if tiled and op.name in long_rows.DESIGNED:  # built rows, not drawn ones
+        draw = long_rows.DESIGNED[op.name](rng, v)
     if separate:
         inputs = separating(op, draw)
     elif tiled and lv.letters != ("N",):  # a tiled row: its order must show on some output
