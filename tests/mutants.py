@@ -575,9 +575,9 @@ def k_fake_quantize(x, s, half_away=False, lo=-128, divide=False, float_code=Fal
     return mul(q.astype(F32) if float_code else q.astype(np.int32).astype(F32), s)
 
 
-def k_fake_quantize_backward(dy, x, s, lo=-128, times_one=False):
+def k_fake_quantize_backward(dy, x, s, lo=-128, times_one=False, divide=False):
     dy, x, s = load(dy), load(x), load(s)[0]
-    _, v = _codes(x, s)
+    _, v = _codes(x, s, divide=divide)
     return np.where((v >= lo) & (v <= 127), mul(dy, ONE) if times_one else dy, F32(0)).astype(F32)
 
 
@@ -973,6 +973,12 @@ MUTANTS = {
         P(k_fake_quantize_backward, lo=-127),
         "quant.ste.c1",
         "blocks code -128",
+    ),
+    "STE mask from x / s": (
+        "fake_quantize_backward",
+        P(k_fake_quantize_backward, divide=True),
+        "quant.ste.c1",
+        "x / s instead of x * recip(s): a code at 127.5 or -128.5 moves across the bound",
     ),
     "AdamW bias powers t + 1": ("adamw_update", P(k_adamw, powers=1), "optim.adamw.bias.c1", "beta^(t+1)"),
     "AdamW bias powers t - 1": ("adamw_update", P(k_adamw, powers=-1), "optim.adamw.bias.c1", "beta^(t-1)"),

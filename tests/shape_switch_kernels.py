@@ -20,9 +20,11 @@ because ``matmul`` is taken.
 - long_rows (a dispatcher: ``shape_switch_kernels:long_rows``): past the sizes
   the sweeps reached before issue 31's second round, the row ops reduce their
   rows in reverse order above 65,536 (norms, softmaxes, cross-entropy, binary32
-  and bf16; softmax_backward sums dy*y in two blocks instead), the linear
-  layer sums C in reverse above 8,192, and GELU is computed in float64 and
-  rounded once above 2^22 elements
+  and bf16; softmax_backward sums dy*y in two blocks instead; the bf16
+  log-softmaxes above 32,768), the linear
+  layer sums C in reverse above 8,192, GELU, exp, sigmoid, SiLU and SwiGLU
+  are computed in float64 and rounded once above 2^22 elements, and bf16
+  SiLU rounds its sigmoid to bf16 there
 """
 
 import numpy as np
@@ -199,10 +201,37 @@ LONG_SWITCH = {
         ),
         65536,
     ),
+    # the built rows of shapes/long_rows.py (none drawn separates): reversed above 32,768
+    **dict.fromkeys(("bf16_log_softmax_forward", "bf16_log_softmax_backward"), 32768),
     "linear_forward": 8192,
     "gelu_forward": 1 << 22,
     "gelu_backward": 1 << 22,
+    # element-wise ops whose 2^22 + 1 cases came with per-case tiling bounds: float64, rounded once
+    **dict.fromkeys(("exp", "sigmoid", "silu_forward", "swiglu_forward", "bf16_silu_forward"), 1 << 22),
+    # (bf16 SiLU rounds the sigmoid to bf16 before the product, [bf16.ops.c1]: float64 would
+    # round to the same bf16 outputs on every element of the pattern)
 }
+
+
+def _silu64(x):
+    return x / (1 + np.exp(-x))
+
+
+F64 = {  # op -> its formula in float64 on float64 inputs
+    "exp": np.exp,
+    "sigmoid": lambda x: 1 / (1 + np.exp(-x)),
+    "silu_forward": _silu64,
+    "swiglu_forward": lambda a, b: _silu64(a) * b,
+}
+
+
+def _float64_above(op, args):
+    """``op`` in float64, rounded once to binary32 (and once more to bf16 for a bf16 op)."""
+    bf16 = op.startswith("bf16_")
+    xs = [(B16.decode(a) if bf16 else numerics.load(a)).astype(np.float64) for a in args]
+    with np.errstate(over="ignore"):
+        out = F64[op](*xs).astype(np.float32)
+    return B16.encode(out) if bf16 else out
 
 
 def _gelu64(x):
@@ -224,6 +253,11 @@ def long_rows(op, *args):
 
         raise Unsupported(f"long_rows implements {sorted(LONG_SWITCH)} only")
     ref, switch = OPS[op].reference, LONG_SWITCH[op]
+    if op == "bf16_silu_forward" and args[0].size > switch:
+        x = B16.decode(args[0])
+        return B16.encode(np.multiply(x, B16.decode(B16.encode(E.sigmoid(x))), dtype=np.float32))
+    if op in F64:
+        return ref(*args) if args[-1].size <= switch else _float64_above(op, args)
     if op in ("gelu_forward", "gelu_backward"):
         if args[-1].size <= switch:
             return ref(*(numerics.load(a) for a in args))

@@ -71,6 +71,21 @@ def test_round_half_away_from_zero_is_named():
     assert msg.startswith("reproduced exactly by the spec's algorithm with round half away from zero (C roundf)"), msg
 
 
+def test_a_mask_from_x_over_s_is_named():
+    """fake_quantize_backward whose mask takes the code from x / s (a correctly
+    rounded division) instead of x * recip(s): the edge cases at 127.5 s and
+    -128.5 s move a code across the saturation bound."""
+
+    def kernel(dy, x, s):
+        dy, x = load_inputs([np.ascontiguousarray(dy), np.ascontiguousarray(x)])
+        with np.errstate(invalid="ignore", divide="ignore"):
+            v = np.rint(np.divide(x, np.float32(s[0]), dtype=np.float32))
+            return np.where((v >= -128) & (v <= 127), dy, np.float32(0)).astype(np.float32)
+
+    msg = _finding(kernel, "fake_quantize_backward")
+    assert msg.startswith("reproduced exactly by the spec's algorithm with x divided by the step"), msg
+
+
 def test_a_step_by_division_without_floor_is_the_pair():
     """quant_step_size as max|x| / 127 with no floor (PyTorch's formula, NaN
     propagated): the pair of the two deviations, neither alone."""

@@ -10,6 +10,7 @@ every ``order`` case contracts multiply-adds but sums in the spec's order.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -91,6 +92,48 @@ FAMILIES = {
 }
 
 
+def untile(pattern: np.ndarray, shape) -> np.ndarray:
+    """[conf.vectors.c2] The tensor of ``shape`` whose flat element i is pattern[i mod P]."""
+    n = int(np.prod(shape, dtype=np.int64))
+    reps = -(-n // pattern.size)
+    return np.ascontiguousarray(np.tile(pattern.reshape(-1), reps)[:n].reshape(shape))
+
+
+class Tiled(Mapping):
+    """[conf.vectors.c2] A loaded case's tensors (name -> array) whose tiled ones
+    are kept as their P-element pattern and made whole on each access, never
+    kept whole: a reader holds the patterns of every case and the whole
+    tensors only of the case it runs."""
+
+    def __init__(self, stored: dict[str, np.ndarray], shapes: dict[str, tuple]):
+        self._stored = stored  # name -> the array, or for a tiled tensor its pattern
+        self._shapes = shapes  # name -> whole shape, for the tiled tensors only
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        a = self._stored[name]
+        return untile(a, self._shapes[name]) if name in self._shapes else a
+
+    def __iter__(self):
+        return iter(self._stored)
+
+    def __len__(self) -> int:
+        return len(self._stored)
+
+    def shape(self, name: str) -> tuple:
+        return tuple(self._shapes.get(name, self._stored[name].shape))
+
+    def dtype(self, name: str) -> np.dtype:
+        return self._stored[name].dtype
+
+
+def _meta(tensors, name):
+    """(dtype, shape) of tensor ``name`` without making a tiled one whole."""
+    if isinstance(tensors, Tiled):
+        return tensors.dtype(name), tensors.shape(name)
+    a = tensors[name]
+    return a.dtype, a.shape
+
+
 @dataclass
 class Case:
     id: str
@@ -103,15 +146,21 @@ class Case:
     # tensors ("in/NAME", "out/NAME") that hold bf16 bit patterns as uint16 ([bf16.format.c1])
     bf16: frozenset[str] = frozenset()
     # [conf.vectors.c2] tensors ("in/NAME", "out/NAME") stored as their first P elements, tiled to
-    # their shape: key -> P.  The arrays here are always whole; only the file holds the pattern.
+    # their shape: key -> P.  Every array read from ``inputs`` and ``outputs`` is whole; a loaded
+    # case keeps only the pattern (``Tiled``), so its whole tensors exist only while it runs.
     tiles: dict[str, int] = field(default_factory=dict)
 
     def dtype(self, key: str) -> str:
         """The dtype name of tensor ``key`` ("in/NAME" or "out/NAME"): "bf16"
         for a bf16 tensor, else the name of its array's dtype."""
         kind, _, name = key.partition("/")
-        a = (self.inputs if kind == "in" else self.outputs)[name]
-        return BF16 if key in self.bf16 else dtype_name(a)
+        dt, _ = _meta(self.inputs if kind == "in" else self.outputs, name)
+        return BF16 if key in self.bf16 else DTYPE_NAMES[np.dtype(dt)]
+
+    def shape(self, key: str) -> tuple:
+        """The shape of tensor ``key``, without making a tiled one whole."""
+        kind, _, name = key.partition("/")
+        return tuple(_meta(self.inputs if kind == "in" else self.outputs, name)[1])
 
 
 DTYPE_NAMES = {

@@ -26,7 +26,7 @@ import numpy as np
 from ... import files as _files, untrusted
 from ...errors import InputError
 from ...resources import data_dir
-from ..base.case import BF16, DTYPES, Case, dtype_name
+from ..base.case import BF16, DTYPES, Case, Tiled, dtype_name, untile
 
 VECTOR_DIR = data_dir("vectors")
 MANIFEST = "manifest.json"
@@ -34,10 +34,11 @@ FORMAT = "refreplay-vectors/1"
 FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\.safetensors")
 MAX_FILE = 1 << 30  # bytes of one vector file
 # [conf.vectors.c2] a tiled tensor holds at most 2^24 elements once tiled, and the tiled tensors of
-# one manifest at most 2^27 together (512 MiB of binary32): a manifest cannot make the loader
-# allocate more than the bound says, whatever its shapes claim.
+# one case at most 2^26 together (256 MiB of binary32).  The loader keeps the patterns and a case's
+# tensors are made whole only when it runs (``case.Tiled``): a manifest cannot make a reader
+# allocate more than one case's bound at a time, whatever its shapes claim.
 MAX_TILED = 1 << 24
-MAX_TILED_TOTAL = 1 << 27
+MAX_TILED_CASE = 1 << 26
 
 
 def sha256(data: bytes) -> str:
@@ -65,13 +66,6 @@ def stored(case: Case, key: str, a: np.ndarray) -> np.ndarray:
     ):
         raise ValueError(f"{case.id}: {key} is not its first {p} elements tiled to {list(a.shape)}")
     return np.ascontiguousarray(flat[:p])
-
-
-def untile(pattern: np.ndarray, shape) -> np.ndarray:
-    """[conf.vectors.c2] The tensor of ``shape`` whose flat element i is pattern[i mod P]."""
-    n = int(np.prod(shape, dtype=np.int64))
-    reps = -(-n // pattern.size)
-    return np.ascontiguousarray(np.tile(pattern.reshape(-1), reps)[:n].reshape(shape))
 
 
 def encode_file(cases: list[Case]) -> bytes:
@@ -174,10 +168,9 @@ def _validate_manifest(m, path):
         ):
             bad(f"files[{name!r}] must give its sha256 and a byte count up to {MAX_FILE}")
     ids = set()
-    tiled = [0]
     for i, c in enumerate(m["cases"]):
         try:
-            _check_case(c, m["files"], ids, bad, tiled)
+            _check_case(c, m["files"], ids, bad)
         except (KeyError, TypeError) as exc:
             bad(f"case {i} malformed: {exc!r}")
 
@@ -201,11 +194,11 @@ def _check_tile(c, t, tiled, bad) -> None:
             f"and the shape at most {MAX_TILED} elements"
         )
     tiled[0] += n
-    if tiled[0] > MAX_TILED_TOTAL:
-        bad(f"tiled tensors hold more than {MAX_TILED_TOTAL} elements in all")
+    if tiled[0] > MAX_TILED_CASE:
+        bad(f"case {c['id']}: its tiled tensors hold more than {MAX_TILED_CASE} elements")
 
 
-def _check_case(c, files, ids, bad, tiled=None) -> None:
+def _check_case(c, files, ids, bad) -> None:
     """Every field of one manifest case has its type ([conf.vectors.c1])."""
     if not (
         isinstance(c, dict)
@@ -223,6 +216,7 @@ def _check_case(c, files, ids, bad, tiled=None) -> None:
     ids.add(c["id"])
     if c["file"] not in files:
         bad(f"case {c['id']} names unknown file {c['file']}")
+    tiled = [0]  # elements of the case's tiled tensors, summed as they are checked
     for t in c["inputs"] + c["outputs"]:
         if not (
             isinstance(t, dict)
@@ -234,7 +228,7 @@ def _check_case(c, files, ids, bad, tiled=None) -> None:
         ):
             bad(f"case {c['id']}: every tensor needs a string name, a known dtype and a shape of sizes")
         if "tile" in t:
-            _check_tile(c, t, [0] if tiled is None else tiled, bad)
+            _check_tile(c, t, tiled, bad)
     for t in c["outputs"]:
         if not (isinstance(t["sha256"], str) and len(t["sha256"]) == 64):
             bad(f"case {c['id']}: bad sha256 for output {t['name']}")
@@ -290,7 +284,11 @@ def load_cases(directory: Path = VECTOR_DIR, ops=None) -> tuple[dict, list[Case]
                 )
             if kind == "out" and tensor_sha(a) != t["sha256"]:
                 raise InputError(f"{directory / c['file']}: {key} does not match its sha256 in the manifest")
-            return untile(a, t["shape"]) if "tile" in t else a
+            return a  # [conf.vectors.c2] a tiled tensor stays its pattern until the case runs
+
+        def of_case(kind, ts):
+            shapes = {t["name"]: tuple(t["shape"]) for t in ts if "tile" in t}
+            return Tiled({t["name"]: get(kind, t) for t in ts}, shapes)
 
         out.append(
             Case(
@@ -299,8 +297,8 @@ def load_cases(directory: Path = VECTOR_DIR, ops=None) -> tuple[dict, list[Case]
                 c["family"],
                 c["probes"],
                 [lb.strip("[]") for lb in c["clauses"]],
-                {t["name"]: get("in", t) for t in c["inputs"]},
-                {t["name"]: get("out", t) for t in c["outputs"]},
+                of_case("in", c["inputs"]),
+                of_case("out", c["outputs"]),
                 frozenset(
                     f"{kind}/{t['name']}"
                     for kind, ts in (("in", c["inputs"]), ("out", c["outputs"]))

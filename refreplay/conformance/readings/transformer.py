@@ -1131,9 +1131,8 @@ MODELS = {
     "rope_backward": Model(rope_backward, ("fma", "rope_pairs", "rope_rotate", "rope_sin")),
     "quant_step_size": Model(quant_step_size, ("q_absmax", "q_step", "q_floor")),
     "fake_quantize": Model(fake_quantize, ("q_scale", "q_round", "q_range", "q_nan")),
-    # (x / s moves a code across the saturation bound on no committed case: the vectors do not
-    # separate it from x * recip(s) in the mask, so it is not tried there)
-    "fake_quantize_backward": Model(fake_quantize_backward, ("q_round", "q_range", "q_ste")),
+    # x / s in the mask: the edge cases at 127.5 s and -128.5 s separate it ([quant.ste.c1])
+    "fake_quantize_backward": Model(fake_quantize_backward, ("q_scale", "q_round", "q_range", "q_ste")),
 }
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..inputs.separation import reversing_rows, separating
-from . import live
+from . import live, long_rows
 
 # ---- axis sweeps ([conf.domain.c1]): every axis an implementation could tile ----------------------
 #
@@ -23,9 +23,9 @@ from . import live
 # single rows, LATER below), rows, tokens and other non-reduced axes to 4,097, element counts to
 # 2^22 + 1.
 # Element counts of 1,024 and more are stored tiled ([conf.vectors.c2]: a 251-element pattern
-# repeated), so the counts past 2^20 cost kilobytes in the files (the loader makes them whole:
-# 2^22 + 1 for AdamW, add, GELU and their bf16 twins).  Size: the vectors grew from 24.5 MB to
-# 37.2 MB, then 38.2 MB with LATER's cases (cap 40 MB), most of
+# repeated), so the counts past 2^20 cost kilobytes in the files (and the loader keeps them as
+# their pattern until the case runs: 2^22 + 1 on every element-wise op, LATER below).
+# Size: the vectors grew from 24.5 MB to 37.2 MB, then 38.3 MB with LATER's cases (cap 40 MB), most of
 # it the [V, C] and [K, J] tensors of the norms, softmaxes, matmuls and embeddings at 8,193 and
 # the manifest's entries for 2,170 cases.  The reason for the sizes: each is just past a switch a
 # kernel nobody here wrote was measured to make (issue 31: split-K, blocked norms above C = 8,192,
@@ -114,9 +114,9 @@ THINNER = {("embedding_forward", "V"): {"C": 1}, ("embedding_backward", "V"): {"
 # - the linear layers' reductions past the largest preset's (gpt2-xl's MLP projection sums
 #   C = 6,400), at 8,193 (0.5 MB for binary32 and bf16 together);
 # - element counts past 2^22 on the ops of a training step's largest tensors (the residual add,
-#   GELU over the MLP's hidden).  With their bf16 twins these bring the tiled tensors to 2^26.97
-#   elements of the 2^27 a manifest may hold ([conf.vectors.c2]): the bound, not the file size,
-#   is what keeps the other element-wise ops at 2^20 + 1 and below.
+#   GELU over the MLP's hidden), then on every other element-wise op and its bf16 twin: the
+#   bound of [conf.vectors.c2] is per case (2^26 elements), the reader untiling a case only when
+#   it runs, so these cost kilobytes in the files and one case's tensors in memory.
 ROW_TILE_FROM = 32768  # a one-row reduction this long is stored tiled
 _LONG_ROW = {"C": (65537,)}
 _LONG_V = {"V": (65537,)}
@@ -126,19 +126,49 @@ LATER = {
     "cross_entropy_forward": _LONG_V,  # (backward's one-hot term is no pattern: its sweep reaches 65,536)
     **dict.fromkeys(("linear_forward", "linear_backward"), {"C": (8193,), "OC": (8193,)}),
     **dict.fromkeys(("add", "gelu_forward", "gelu_backward"), {"N": (2**22 + 1,)}),
+    # every other element-wise op once [conf.vectors.c2] bounded each case, not the manifest
+    **dict.fromkeys(
+        (
+            "sub",
+            "mul",
+            "fmax",
+            "fmin",
+            "recip",
+            "sqrt",
+            "rint",
+            "exp",
+            "log",
+            "tanh",
+            "sigmoid",
+            "sin",
+            "cos",
+            "silu_forward",
+            "silu_backward",
+            "swiglu_forward",
+            "swiglu_backward",
+            "quant_step_size",
+            "fake_quantize",
+            "fake_quantize_backward",
+            "bf16_encode",
+            "bf16_decode",
+        ),
+        {"N": (2**22 + 1,)},
+    ),
 }
 
 
 # A tiled row must separate the spec's order from the reversed one on some output
 # (separation.reversing_rows); for the bf16 log-softmaxes none of 400 draws does (the row's sum
-# enters their bf16 outputs through a logarithm, and 251 distinct elements round both orders
-# alike), so they have no such case: their sweeps reach V = 8,193.
-NO_LATER = ("bf16_log_softmax_forward", "bf16_log_softmax_backward")
+# enters their bf16 outputs through a logarithm or a probability, and 251 distinct elements round
+# both orders alike), so their rows are built to sit at a bf16 rounding boundary
+# (long_rows.DESIGNED) and drawn after every other case of theirs, at 32,769 and 65,537.
+_BF16_LOG_V = {"V": (32769, 65537)}
+LATER_BF16 = dict.fromkeys(long_rows.DESIGNED, _BF16_LOG_V)
 
 
 def _later(op):
     """The LATER sizes of ``op``; a bf16 op has its binary32 op's."""
-    return {} if op in NO_LATER else LATER.get(op.removeprefix("bf16_"), {})
+    return LATER_BF16.get(op) or LATER.get(op) or LATER.get(op.removeprefix("bf16_"), {})
 
 
 def axis_cases(op, rng):
@@ -194,6 +224,8 @@ def _axis_case(op, rng, base, letter, v):
             }
         return inputs
 
+    if tiled and op.name in long_rows.DESIGNED:  # built rows, not drawn ones
+        draw = long_rows.DESIGNED[op.name](rng, v)
     if separate:
         inputs = separating(op, draw)
     elif tiled and lv.letters != ("N",):  # a tiled row: its order must show on some output

@@ -4,10 +4,12 @@ sizes among the cases checked, from the op's calling convention.
 
 from __future__ import annotations
 
+import math
 import re
 
 import numpy as np
 
+from ..base.case import Tiled
 from ..table import OPS
 
 
@@ -49,13 +51,15 @@ def domain(cases) -> dict:
         tl = letters_of[c.op]
         n = 0
         for kind, ts in (("in", c.inputs), ("out", c.outputs)):
-            for name, a in ts.items():
-                n += a.size
+            for name in ts:
+                shape = ts.shape(name) if isinstance(ts, Tiled) else ts[name].shape  # a tiled one stays tiled
+                size = math.prod(shape)
+                n += size
                 letters = tl.get((kind, name))
                 if letters == ["..."]:
-                    d["axes"].setdefault("N", set()).add(int(a.size))
-                elif letters is not None and len(letters) == a.ndim:
-                    for x, v in zip(letters, a.shape):
+                    d["axes"].setdefault("N", set()).add(int(size))
+                elif letters is not None and len(letters) == len(shape):
+                    for x, v in zip(letters, shape):
                         if x is not None:
                             d["axes"].setdefault(x, set()).add(int(v))
         d["max_elements"] = max(d["max_elements"], n)

@@ -19,6 +19,9 @@ by the variants of [conf.diagnosis.r1], not by a family.
   another bias correction than the repeated binary32 product
   ([optim.adamw.bias.c1]), with p = +-0 and lr = 2^-10 so the update is not
   absorbed by p;
+* fake_quantize_backward: elements whose code is saturated under x * recip(s)
+  and not under x / s, or the reverse ([quant.ste.c1]: a mask computed with
+  x / s fails; the forward's codes agree there, both clamp to 127 or -128);
 * bf16 ops: the binary32 edges that pin a clause (rows below -10,000 and
   above +10,000, all -inf rows, attention scores below -1e9, every token
   ignored, C = 0, absent ids, the bias after the sum) rounded to bf16 so the
@@ -39,6 +42,7 @@ import zlib
 import numpy as np
 
 from ..inputs import builders as Bld
+from ..inputs import separation
 from ..base import deviant as fp
 from ..inputs import values as V
 
@@ -195,12 +199,44 @@ def adamw_update(rng):
     return out
 
 
+# (s, x at 127.5 s, x at -128.5 s): found by search over s.  Under the first s, x * recip(s) lands
+# on 127.5 and -128.50002 (codes 128 and -129: saturated) where x / s gives 127.49999 and -128.5
+# (127 and -128: passed); under the second, the other way round.  Forward codes agree on both
+# sides (127.5 -> 128 and 127.49999 -> 127 both saturate to 127), so only the mask sees it.
+STE_BOUNDS = ((0x3E032193, 0x41829E71, 0xC183A4B5), (0x3D577F9E, 0x40D6A81E, 0xC0D8571F))
+
+
+def fake_quantize_backward(rng):
+    """[quant.ste.c1] [quant.quantize.c1] elements whose code is saturated under x * recip(s) and
+    not under x / s, or the reverse, each with its neighbours at +-1 and +-2 ulp."""
+    out = []
+    for s, hi, lo in STE_BOUNDS:
+        x = fp.f32([b + d for b in (hi, lo) for d in (-2, -1, 0, 1, 2)])
+        sv = fp.f32([s])
+        with np.errstate(all="ignore"):
+            by_div = np.rint(np.divide(x, sv, dtype=F32))
+        by_recip = np.rint(fp.mul(x, np.divide(F32(1), sv, dtype=F32)))
+        moved = ((by_div >= -128) & (by_div <= 127)) != ((by_recip >= -128) & (by_recip <= 127))
+        if moved.sum() != 2:
+            raise separation.ProbeError(f"s = 0x{s:08X}: x / s moves {moved.sum()} codes across the bound, not 2")
+        kept = "x * recip(s) saturates and x / s passes" if s == STE_BOUNDS[0][0] else "the reverse"
+        out.append(
+            (
+                "edge",
+                {"dy": V.random_f32(rng, x.size, -3, 3), "x": x, "s": sv},
+                f"s = 0x{s:08X}: x at 127.5 s and -128.5 s, +-2 ulp; {kept} (a mask computed with x / s differs there)",
+            )
+        )
+    return out
+
+
 F32_CASES = {
     "linear_forward": linear_forward,
     "linear_backward": linear_backward,
     "layernorm_backward": layernorm_backward,
     "rmsnorm_backward": rmsnorm_backward,
     "adamw_update": adamw_update,
+    "fake_quantize_backward": fake_quantize_backward,
 }
 
 
