@@ -17,6 +17,11 @@ because ``matmul`` is taken.
 - adamw_update: p - lr·update - lr·wd·p (two roundings) above 2^20 elements
 - softmax_backward: the sum of dy·y in two blocks above V = 8192
 - bf16_matmul_nt: partial sums rounded to bf16 between two K blocks above K = 8192
+- attention_backward: dv accumulated in float64 and rounded once above T = 512
+- bf16_attention_forward: each row's softmax online in two blocks (flash-style)
+  above T = 256 (the long-shape family's T = 257 case catches it)
+- bf16_attention_backward: the probabilities rounded to bf16 before use (P kept
+  in bf16, as fused kernels store it) above T = 256
 - long_rows (a dispatcher: ``shape_switch_kernels:long_rows``): past the sizes
   the sweeps reached before issue 31's second round, the row ops reduce their
   rows in reverse order above 65,536 (norms, softmaxes, cross-entropy, binary32
@@ -32,7 +37,7 @@ import numpy as np
 from refreplay import linalg, numerics
 from refreplay.conformance.table import OPS
 from refreplay.numerics import bf16 as B16, elementwise as E
-from refreplay.ops import loss, norms, optim, softmax as S
+from refreplay.ops import attention as A, loss, norms, optim, softmax as S
 
 THRESHOLD = 4096
 SWITCH = {
@@ -44,6 +49,9 @@ SWITCH = {
     "adamw_update": 1 << 20,
     "softmax_backward": 8192,
     "bf16_matmul_nt": 8192,
+    "attention_backward": 512,
+    "bf16_attention_forward": 256,
+    "bf16_attention_backward": 256,
 }
 
 
@@ -183,6 +191,50 @@ def bf16_matmul_nt(A, B):
     h = K // 2
     parts = [B16.decode(B16.encode(ref(_c(A[:, s]), _c(B[:, s])))) for s in (slice(0, h), slice(h, K))]
     return E.add(*parts)
+
+
+def attention_backward(dout, q, k, v, att):
+    dout, q, k, v, att = (numerics.load(x) for x in (dout, q, k, v, att))
+    dq, dk, dv = A.attention_backward(dout, q, k, v, att)
+    if q.shape[2] <= SWITCH["attention_backward"]:
+        return dq, dk, dv
+    p = np.tril(att.astype(np.float64))  # [B, NH, t, s]: only s <= t takes part
+    return dq, dk, np.einsum("bhts,bhtd->bhsd", p, dout.astype(np.float64)).astype(np.float32)
+
+
+def _online_softmax_row(z):
+    """softmax(z) with max and sum taken over two halves and combined (FlashAttention's update)."""
+    h = (z.shape[0] + 1) // 2
+    parts = [z[:h], z[h:]]
+    maxima = [linalg.row_max(_c(b[None]))[0] for b in parts]
+    m = max(maxima)
+    s = np.float32(0)
+    for b, mb in zip(parts, maxima):
+        sb = linalg.row_sum(_c(E.exp(E.sub(b, np.full_like(b, mb)))[None]))[0]
+        s = E.add(np.array([s]), E.mul(np.array([sb]), E.exp(np.array([mb - m], np.float32))))[0]
+    return E.mul(E.exp(E.sub(z, np.full_like(z, m))), np.full_like(z, E.recip(np.array([s]))[0]))
+
+
+def bf16_attention_forward(q, k, v):
+    ref = OPS["bf16_attention_forward"].reference
+    out, att = ref(q, k, v)
+    T = q.shape[2]
+    if T <= SWITCH["bf16_attention_forward"]:
+        return out, att
+    qf, kf = (B16.decode(B16.load(x)) for x in (q, k))
+    scale = A.attention_scale(qf.shape[3])
+    att = att.copy()
+    for b, h, t in np.ndindex(qf.shape[0], qf.shape[1], T):
+        z = E.mul(linalg.matmul_nt(_c(qf[b, h, t][None]), _c(kf[b, h, : t + 1]))[0], np.full(t + 1, scale, np.float32))
+        att[b, h, t, : t + 1] = _online_softmax_row(z)
+    return out, att
+
+
+def bf16_attention_backward(dout, q, k, v, att):
+    ref = OPS["bf16_attention_backward"].reference
+    if q.shape[2] <= SWITCH["bf16_attention_backward"]:
+        return ref(dout, q, k, v, att)
+    return ref(dout, q, k, v, B16.decode(B16.encode(numerics.load(att))))
 
 
 # ---- long_rows: switches past 16,385 and 2^22 ----------------------------------------------------

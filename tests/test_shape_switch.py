@@ -4,7 +4,8 @@
 to a size and switches past it, on one axis each (split-K, an online softmax,
 a fast path for J and K multiples of 128, blocked norms, row halves, a
 pairwise token mean, reordered embedding backward, another AdamW formula above
-2^20 elements, a blocked softmax backward, bf16 accumulation above K = 8192).
+2^20 elements, a blocked softmax backward, bf16 accumulation above K = 8192,
+attention whose backward or softmax changes with the sequence length T).
 Each passes every case below its switch and fails a case just past it."""
 
 import json
@@ -56,6 +57,9 @@ AXES = [
     ("adamw_update", "adamw_update", "N"),
     ("softmax_backward", "softmax_backward", "V"),
     ("bf16_matmul_nt", "bf16_matmul_nt", "K"),
+    ("attention_backward", "attention_backward", "T"),
+    ("bf16_attention_forward", "bf16_attention_forward", "T"),
+    ("bf16_attention_backward", "bf16_attention_backward", "T"),
 ]
 
 
@@ -77,6 +81,7 @@ def test_switch_on_each_axis_is_not_conformant(tmp_path, name, op, letter):
     assert rc == 1 and not rep["conformant"] and rep["verdict"] == "NOT CONFORMANT"
     assert _failing_families(rep) == {"sweep"}
     failing = [c for c in rep["cases"] if c["status"] == "fail"]
+    assert all(c["status"] in ("pass", "fail") for c in rep["cases"])  # the kernel ran every case
     from refreplay.conformance.golden import store
 
     notes = {c["id"]: c["probes"] for c in store.read_manifest()["cases"] if c["op"] == op}
@@ -176,6 +181,10 @@ def test_committed_domain_reaches_every_listed_switch():
         ("bf16_linear_backward", "OC"): 8193,
         ("gelu_backward", "N"): 2**22 + 1,
         ("bf16_add", "N"): 2**22 + 1,
+        ("attention_forward", "T"): 1024,
+        ("attention_backward", "T"): 513,
+        ("bf16_attention_forward", "T"): 257,
+        ("bf16_attention_backward", "T"): 257,
     }
     for (op, letter), size in past.items():
         assert size in dom[op]["axes"][letter], (op, letter)

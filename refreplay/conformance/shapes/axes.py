@@ -165,10 +165,27 @@ LATER = {
 _BF16_LOG_V = {"V": (32769, 65537)}
 LATER_BF16 = dict.fromkeys(long_rows.DESIGNED, _BF16_LOG_V)
 
+# Attention's sequence length, the axis its reductions run along (the softmax over s <= t, out
+# and dq over s <= t, dk and dv over t >= s): the other case families reach T = 1,024 forward
+# (257 for bf16) but only 300 backward (130 for bf16), and an attention backward that
+# accumulated dv another way above T = 512 was CONFORMANT.  att [T, T] is an input of the
+# backward, binary32 in both profiles, stored whole (a softmax's triangle of zeros is no
+# repeated pattern, and a kernel may rely on it): T = 513 binary32 (1.05 MB) and T = 257 bf16
+# (0.26 MB), thin otherwise (B = NH = 1, HS = 2), which keeps the vectors under 40 MB (39.7).
+LATER_T = {
+    "attention_backward": {"T": (513,)},
+    "bf16_attention_backward": {"T": (257,)},
+}
+
 
 def _later(op):
     """The LATER sizes of ``op``; a bf16 op has its binary32 op's."""
     return LATER_BF16.get(op) or LATER.get(op) or LATER.get(op.removeprefix("bf16_"), {})
+
+
+def _latest(op):
+    """Sizes drawn after every other case of ``op`` (LATER_T)."""
+    return LATER_T.get(op, {})
 
 
 def axis_cases(op, rng):
@@ -198,6 +215,7 @@ def axis_cases(op, rng):
             )
         )
     out += [_axis_case(op, rng, base, letter, v) for letter, values in _later(op.name).items() for v in values]
+    out += [_axis_case(op, rng, base, letter, v) for letter, values in _latest(op.name).items() for v in values]
     return [c for c in out if c is not None]
 
 
