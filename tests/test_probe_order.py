@@ -1,6 +1,7 @@
 """probe-order (FPRev): the accumulation tree of a black-box kernel is
 recovered from pairwise queries ([conf.order.c1], [red.sum.c1], [mm.nn.c1])."""
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -109,7 +110,9 @@ def test_a_closed_pipe_ends_quietly():
     )
     assert proc.stdout.startswith("kernel numpy, op sum, N = 20") and proc.stdout.count("\n") == 1
     assert "Traceback" not in proc.stderr and "internal error" not in proc.stderr
-    assert "status 141" in proc.stderr or "status 0" in proc.stderr  # 141: stopped by the closed pipe
+    # 141: stopped by the closed pipe; 1: NumPy's tree is not the spec's, the verdict's own exit,
+    # when the whole report fitted in the pipe before `head` closed it (a loaded machine)
+    assert re.search(r"status (141|1)\b", proc.stderr), proc.stderr
 
 
 def _jax_like():
