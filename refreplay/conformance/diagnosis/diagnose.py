@@ -239,8 +239,11 @@ def _nan_canonical(r):
 def diagnose(op_name: str, results) -> list[Finding]:
     """[conf.diagnosis.r1] The findings for one op.  A non-canonical NaN never
     hides another difference: the op is diagnosed again with the kernel's NaNs
-    made canonical, and what remains is reported after the NaN finding."""
-    out = _diagnose(op_name, results)
+    made canonical, and what remains is reported after the NaN finding.
+    Failing cases whose re-evaluation would take more than ``MODEL_BUDGET``
+    bytes are left out of every re-evaluation (the variant models, the bf16
+    misreadings), and a finding says so."""
+    out = _bounded(op_name, results)
     nan = [f for f in out if f.message.startswith("non-canonical NaN")]
     bf16 = [f for f in out if f.message.startswith("non-canonical bf16 NaN")]
     if not (nan or bf16):
@@ -248,8 +251,8 @@ def diagnose(op_name: str, results) -> list[Finding]:
     aside = [_nan_canonical(r) for r in results]
     if not any(r.status in ("fail", "xfail") for r in aside):
         return out  # the NaN payloads are the only difference
-    skip = ("the kernel failed to run", "non-canonical NaN", "non-canonical bf16 NaN")
-    rest = [f for f in _diagnose(op_name, aside) if not f.message.startswith(skip)]
+    skip = ("the kernel failed to run", "non-canonical NaN", "non-canonical bf16 NaN", TOO_BIG)
+    rest = [f for f in _bounded(op_name, aside) if not f.message.startswith(skip)]
     errors = [f for f in out if f.message.startswith("the kernel failed to run")]
     # a finding the first pass made too stands as it is; one the NaNs hid says how it was found
     first = {f.message for f in out}
@@ -261,12 +264,73 @@ def diagnose(op_name: str, results) -> list[Finding]:
     )
 
 
-def _diagnose(op_name: str, results) -> list[Finding]:
+MODEL_BUDGET = 1 << 30  # bytes the re-evaluation of one case may take
+TOO_BIG = "diagnosis skipped"
+
+
+def _model_terms(op, r) -> int:
+    """About how many product terms the op's models hold at once on case
+    ``r``: they materialise every term of every sum of the case (``dot``,
+    ``orders._Terms``), where a kernel or the reference streams them."""
+    shapes = [np.shape(x) for x in r.case.inputs.values()]
+    base = op.name.removeprefix("bf16_")
+    if base.startswith("attention_"):  # q: [B, NH, T, HS]; every (t, s) pair is a dot over HS
+        B, NH, T, HS = next(s for s in shapes if len(s) == 4)
+        return B * NH * T * T * HS
+    if base == "linear_backward":  # dy: [N, OC], x: [N, C]; dx and dW are each N*OC*C terms
+        dy, x = shapes[:2]
+        return 2 * int(np.prod(dy)) * int(x[1])
+    two = sorted((int(np.prod(s)) for s in shapes if len(s) == 2))[-2:]
+    out = max((int(np.size(x)) for x in r.case.outputs.values()), default=0)
+    if len(two) == 2 and out and (op.terms is not None or base == "linear_forward"):
+        # A (I*K), B (K*J) and the output (I*J) give the dots' length K
+        return out * round(float(np.sqrt(two[0] * two[1] / out)))
+    return sum(int(np.size(x)) for x in r.case.inputs.values()) + sum(int(np.size(x)) for x in r.case.outputs.values())
+
+
+def model_bytes(op, r) -> int:
+    """An estimate of the memory re-evaluating the op's models on ``r`` takes:
+    six binary32 arrays of its terms (two broadcast operands, their
+    transposes, the products, the folded sums)."""
+    return 24 * _model_terms(op, r)
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.0f} MiB"
+
+
+def _bounded(op_name, results) -> list[Finding]:
+    """``_diagnose`` with the failing cases too large to re-evaluate left out
+    of every re-evaluation, then a finding naming them."""
+    op = OPS[op_name]
+    big = [
+        (r, model_bytes(op, r)) for r in results if r.status in ("fail", "xfail") and model_bytes(op, r) > MODEL_BUDGET
+    ]
+    too_big = {id(r) for r, _ in big}
+    out = _diagnose(op_name, results, fits=lambda r: id(r) not in too_big)
+    if big:
+        r, need = max(big, key=lambda rb: rb[1])
+        n = len(big)
+        out.append(
+            Finding(
+                op_name,
+                f"{TOO_BIG} on {n} failing case{'s' if n > 1 else ''} (largest: {r.case.id}): re-evaluating "
+                f"the spec's algorithm and its variants there would need about {_gib(need)}, above the "
+                f"diagnosis budget of {_gib(MODEL_BUDGET)}; the findings above rest on the other cases "
+                f"and on the outputs alone",
+                ["conf.diagnosis.r1"],
+            )
+        )
+    return out
+
+
+def _diagnose(op_name: str, results, fits=lambda r: True) -> list[Finding]:
+    """``fits(r)``: whether a model may be re-evaluated on failing case ``r``."""
     op = OPS[op_name]
     fam = _explain_away(op, _by_family(results))
     out: list[Finding] = []
     if op.bf16:  # [bf16.probes.c1] a profile misreading explains its cases away from the binary32 probes
-        found, explained = _bf16_findings(op, results)
+        found, explained = _bf16_findings(op, results, fits)
         out += found
         fam = {f: ([r for r in bad if id(r) not in explained], good) for f, (bad, good) in fam.items()}
     failing = {f for f, (bad, good) in fam.items() if bad}
@@ -352,7 +416,7 @@ def _diagnose(op_name: str, results) -> list[Finding]:
         )
     if "tf32" in failing:
         out.append(_tf32_finding(op, fam))
-    f = _variant_finding(op, results)
+    f = _variant_finding(op, results, fits)
     if f:
         out.append(f)
     if not out and failing:
@@ -485,7 +549,7 @@ def _loaded(rs):
     return [(load_inputs(list(r.case.inputs.values())), [_as_f32(r, n) for n in r.case.outputs]) for r in rs]
 
 
-def _variant_finding(op, results):
+def _variant_finding(op, results, fits):
     """[conf.diagnosis.r1] Which variant of the op's algorithm reproduces the
     kernel (``variants.explain``) on its smallest failing cases.  A variant
     is named the cause only when it reproduces every differing element of
@@ -499,6 +563,7 @@ def _variant_finding(op, results):
         for r in results
         if r.status in ("fail", "xfail")
         and r.case.family != "sweep"
+        and fits(r)
         and r.actual
         and all(
             n in r.actual and _stored(r, n).shape == e.shape and _stored(r, n).dtype == e.dtype
@@ -517,7 +582,14 @@ def _variant_finding(op, results):
     on = f"on the {ex.cases} smallest failing case{'s' if ex.cases > 1 else ''}"
     checked = _loaded(bad[VARIANT_CASES:VERIFY_CASES])
     good = sorted(
-        [r for r in results if r.status in ("pass", "xpass") and r.case.family != "sweep" and r.actual],
+        [
+            r
+            for r in results
+            if r.status in ("pass", "xpass")
+            and r.case.family != "sweep"
+            and r.actual
+            and model_bytes(op, r) <= MODEL_BUDGET
+        ],
         key=lambda r: (r.case.family != "random", _size(r)),
     )  # random rows are the long ones
     passing = _loaded(good[:PASSING_CASES])
@@ -743,14 +815,14 @@ def _bf16_actual(r) -> tuple | None:
     return tuple(out)
 
 
-def _bf16_findings(op, results) -> tuple[list[Finding], set]:
+def _bf16_findings(op, results, fits) -> tuple[list[Finding], set]:
     """[conf.diagnosis.r1] [bf16.probes.c1] The misreadings of the bf16 profile
     (``bf16_variants``) that reproduce failing cases bit for bit (NaN payloads
     aside) where they differ from the spec, non-canonical bf16 NaNs, and the
     ids of the results a misreading explains."""
     from ..readings import bf16 as BV
 
-    bad = [r for r in results if r.status in ("fail", "xfail") and r.actual]
+    bad = [r for r in results if r.status in ("fail", "xfail") and r.actual and fits(r)]
     actual = {id(r): _bf16_actual(r) for r in bad}
     bad = [r for r in bad if actual[id(r)] is not None]
     out = []

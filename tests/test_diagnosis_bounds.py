@@ -1,0 +1,85 @@
+"""[conf.diagnosis.r1] A mismatch always wins: the diagnosis of a failing
+kernel runs in bounded memory, and a diagnosis that cannot be completed
+(too large, out of memory, a bug) is said so in one line while the verdict
+stays NOT CONFORMANT with exit 1."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from cli_helpers import run_cli
+
+TESTS = Path(__file__).parent
+ROOT = TESTS.parent
+
+# Failing at a live shape whose variant models would hold 4 x 1024 x 1024 x 64
+# product terms at once (about 6 GiB): more than the address space allowed below.
+BIG = "B=1,NH=4,T=1024,HS=64"
+ADDRESS_SPACE = 4 << 30
+
+_LIMITED = """
+import resource, sys, runpy
+resource.setrlimit(resource.RLIMIT_AS, ({limit}, {limit}))
+sys.argv = ["refreplay", *sys.argv[1:]]
+runpy.run_module("refreplay", run_name="__main__")
+"""
+
+
+def test_a_large_failing_live_case_gets_a_verdict_in_bounded_memory(tmp_path):
+    env = {
+        **os.environ,
+        "NUMBA_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(TESTS), os.environ.get("PYTHONPATH", "")]),
+    }
+    args = ["conform", "diagnosis_kernels", "--op", "attention_backward", "--shape", BIG]
+    p = subprocess.run(
+        [sys.executable, "-c", _LIMITED.format(limit=ADDRESS_SPACE), *args, "--json", tmp_path / "r.json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=600,
+    )
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "Traceback" not in p.stdout + p.stderr and "internal error" not in p.stderr
+    assert "verdict: NOT CONFORMANT" in p.stdout
+    assert "FAIL  attention_backward-live-00" in p.stdout
+    assert "attention_backward: diagnosis skipped" in p.stdout or "could not be completed" in p.stdout
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["verdict"] == "NOT CONFORMANT" and not doc["conformant"]
+    assert any(f["message"].startswith("diagnosis skipped") for f in doc["diagnosis"])
+
+
+def test_a_fault_in_the_diagnosis_leaves_the_verdict_standing(monkeypatch, tmp_path):
+    from refreplay.conformance.reporting import report
+
+    def fails(op, results):
+        raise MemoryError("Unable to allocate 3.00 GiB for an array with shape (64, 12582912)")
+
+    monkeypatch.setattr(report, "diagnose", fails)
+    r = run_cli("conform", "numpy", "--op", "sum", "--json", tmp_path / "r.json", "--junit", tmp_path / "r.xml")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "verdict: NOT CONFORMANT" in r.stdout and "FAIL  sum-" in r.stdout
+    line = next(x for x in r.stdout.splitlines() if "diagnosis could not be completed" in x)
+    assert "ran out of memory (Unable to allocate 3.00 GiB" in line
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["verdict"] == "NOT CONFORMANT"
+    assert [f["op"] for f in doc["diagnosis"]] == ["sum"]
+    assert doc["diagnosis"][0]["message"].startswith("diagnosis could not be completed")
+    assert "diagnosis could not be completed" in (tmp_path / "r.xml").read_text()
+
+
+def test_any_exception_in_the_diagnosis_is_named(monkeypatch):
+    from refreplay.conformance.reporting import report
+
+    def fails(op, results):
+        raise ValueError("a bug in a variant model")
+
+    monkeypatch.setattr(report, "diagnose", fails)
+    r = run_cli("conform", "numpy", "--op", "sum")
+    assert r.returncode == 1
+    assert "diagnosis could not be completed: it failed: ValueError: a bug in a variant model" in r.stdout
