@@ -83,3 +83,28 @@ def test_any_exception_in_the_diagnosis_is_named(monkeypatch):
     r = run_cli("conform", "numpy", "--op", "sum")
     assert r.returncode == 1
     assert "diagnosis could not be completed: it failed: ValueError: a bug in a variant model" in r.stdout
+
+
+def _result(expected, actual):
+    from types import SimpleNamespace
+
+    case = SimpleNamespace(outputs={"y": expected}, inputs={}, family="random")
+    return SimpleNamespace(case=case, actual={"y": actual}, status="fail")
+
+
+def test_where_the_differences_lie_is_counted_not_listed():
+    """The rows and tail of the differing elements, found without a list of
+    their indices (10^8 of them at a live matmul's shape)."""
+    import numpy as np
+
+    from refreplay.conformance.diagnosis.diagnose import _where
+    from refreplay.conformance.table import OPS
+
+    e = np.arange(64 * 48, dtype=np.float32).reshape(64, 48)
+    rows, tail = e.copy(), e.copy()
+    rows[40:, 5] += 1
+    tail[:, -3:] += 1
+    op = OPS["softmax_forward"]
+    assert _where(op, [_result(e, rows)]) == "only in rows 40 and above (rows from 0; up to 64 in a case)"
+    assert _where(op, [_result(e, tail)]) == "only in the last 3 columns of each row (a tail)"
+    assert _where(op, [_result(e, e.copy())]) == ""
