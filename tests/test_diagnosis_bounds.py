@@ -108,3 +108,32 @@ def test_where_the_differences_lie_is_counted_not_listed():
     assert _where(op, [_result(e, rows)]) == "only in rows 40 and above (rows from 0; up to 64 in a case)"
     assert _where(op, [_result(e, tail)]) == "only in the last 3 columns of each row (a tail)"
     assert _where(op, [_result(e, e.copy())]) == ""
+
+
+def _variant_message(shape, tmp_path):
+    r = run_cli(
+        "conform",
+        "diagnosis_kernels:sm_grad_distributed",
+        "--op",
+        "attention_backward",
+        "--shape",
+        shape,
+        "--json",
+        tmp_path / f"{shape}.json",
+    )
+    assert r.returncode == 1, r.stdout + r.stderr
+    found = json.loads((tmp_path / f"{shape}.json").read_text())["diagnosis"]
+    return [f["message"] for f in found]
+
+
+def test_a_sliced_diagnosis_names_the_small_cases_cause(monkeypatch, tmp_path):
+    """Too large to re-evaluate whole (16 x 256 x 256 x 64 terms, about
+    1.6 GiB), the case is diagnosed on one (b, h) pair, and names the
+    deviation the whole diagnosis of a small case with it names."""
+    monkeypatch.syspath_prepend(str(TESTS))
+    small = _variant_message("B=1,NH=2,T=16,HS=8", tmp_path)
+    large = _variant_message("B=2,NH=8,T=256,HS=64", tmp_path)
+    cause = "reproduced exactly by the spec's algorithm with softmax gradient as y*dy - y*d"
+    assert [m for m in small if m.startswith(cause)] == [m for m in large if m.startswith(cause)] != []
+    assert any(m.startswith("diagnosed on a slice: attention_backward-live-00 at its (b, h) = (0, 0)") for m in large)
+    assert not any(m.startswith("diagnosed on a slice") for m in small)

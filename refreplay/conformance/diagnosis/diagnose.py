@@ -251,7 +251,7 @@ def diagnose(op_name: str, results) -> list[Finding]:
     aside = [_nan_canonical(r) for r in results]
     if not any(r.status in ("fail", "xfail") for r in aside):
         return out  # the NaN payloads are the only difference
-    skip = ("the kernel failed to run", "non-canonical NaN", "non-canonical bf16 NaN", TOO_BIG)
+    skip = ("the kernel failed to run", "non-canonical NaN", "non-canonical bf16 NaN", TOO_BIG, SLICED)
     rest = [f for f in _bounded(op_name, aside) if not f.message.startswith(skip)]
     errors = [f for f in out if f.message.startswith("the kernel failed to run")]
     # a finding the first pass made too stands as it is; one the NaNs hid says how it was found
@@ -265,14 +265,19 @@ def diagnose(op_name: str, results) -> list[Finding]:
 
 
 MODEL_BUDGET = 1 << 30  # bytes the re-evaluation of one case may take
+# a case above this is re-evaluated on a slice where the op splits (``_sliced``): every variant is
+# evaluated on it, so time as well as memory grows with it (no committed vector comes near: 48 MiB)
+SLICE_FROM = 128 << 20
 TOO_BIG = "diagnosis skipped"
+SLICED = "diagnosed on a slice"
+SLICE_ROWS = 64  # differing rows of a row op re-evaluated, at most (each variant is evaluated on them)
 
 
 def _model_terms(op, r) -> int:
     """About how many product terms the op's models hold at once on case
     ``r``: they materialise every term of every sum of the case (``dot``,
     ``orders._Terms``), where a kernel or the reference streams them."""
-    shapes = [np.shape(x) for x in r.case.inputs.values()]
+    shapes = [r.case.shape(f"in/{n}") for n in r.case.inputs]  # a tiled tensor is not made whole
     base = op.name.removeprefix("bf16_")
     if base.startswith("attention_"):  # q: [B, NH, T, HS]; every (t, s) pair is a dot over HS
         B, NH, T, HS = next(s for s in shapes if len(s) == 4)
@@ -281,11 +286,12 @@ def _model_terms(op, r) -> int:
         dy, x = shapes[:2]
         return 2 * int(np.prod(dy)) * int(x[1])
     two = sorted((int(np.prod(s)) for s in shapes if len(s) == 2))[-2:]
-    out = max((int(np.size(x)) for x in r.case.outputs.values()), default=0)
+    sizes = [int(np.prod(r.case.shape(f"out/{n}"))) for n in r.case.outputs]
+    out = max(sizes, default=0)
     if len(two) == 2 and out and (op.terms is not None or base == "linear_forward"):
         # A (I*K), B (K*J) and the output (I*J) give the dots' length K
         return out * round(float(np.sqrt(two[0] * two[1] / out)))
-    return sum(int(np.size(x)) for x in r.case.inputs.values()) + sum(int(np.size(x)) for x in r.case.outputs.values())
+    return sum(int(np.prod(s)) for s in shapes) + sum(sizes)
 
 
 def model_bytes(op, r) -> int:
@@ -299,15 +305,104 @@ def _gib(n: int) -> str:
     return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.0f} MiB"
 
 
+# Ops whose outputs are independent per slice of the leading axes, and the inputs sliced with them
+# (every output is): attention per (b, h) pair ([attn.bwd.c1]), the row ops per row.
+_PER_HEAD = ("attention_forward", "attention_backward")
+_PER_ROW = {
+    "softmax_forward": ("x",),
+    "softmax_backward": ("dy", "y"),
+    "log_softmax_forward": ("x",),
+    "log_softmax_backward": ("dy", "y"),
+    "layernorm_forward": ("x",),
+    "rmsnorm_forward": ("x",),
+}
+
+
+def _differs(r, n) -> np.ndarray | None:
+    """Where output ``n`` of ``r`` differs (two NaNs agree), as stored; None
+    if a shape or dtype differs."""
+    e, a = r.case.outputs[n], np.asarray(r.actual.get(n, np.zeros(0)))
+    if a.shape != e.shape or a.dtype != e.dtype:
+        return None
+    if e.dtype == np.float32:
+        return (fp.bits(e) != fp.bits(a)) & ~(np.isnan(e) & np.isnan(a))
+    return e != a
+
+
+def _sliced(op, r):
+    """(sub-case of failing ``r`` holding differing elements, where) whose
+    outputs are exactly ``r``'s there, so that the diagnosis of the slice is
+    the diagnosis of the case; None where the op does not split so or no
+    slice fits ``SLICE_FROM``.  Attention: the first (b, h) pair that
+    differs; a row op: the first differing rows that fit."""
+    base = op.name.removeprefix("bf16_")
+    if base not in _PER_HEAD and base not in _PER_ROW:
+        return None
+    masks = [_differs(r, n) for n in r.case.outputs]
+    if any(m is None for m in masks):  # a wrong shape: no arithmetic variant to find
+        return None
+    if base in _PER_HEAD:
+        hit = np.zeros(r.case.shape(f"out/{next(iter(r.case.outputs))}")[:2], bool)
+        for m in masks:
+            hit |= m.any(axis=(2, 3))
+        if not hit.any():
+            return None
+        b, h = (int(i) for i in np.argwhere(hit)[0])
+        pick, names, where = (slice(b, b + 1), slice(h, h + 1)), tuple(r.case.inputs), f"(b, h) = ({b}, {h})"
+    else:
+        hit = np.zeros(len(masks[0]), bool)
+        for m in masks:
+            hit |= m.reshape(len(m), -1).any(axis=1)
+        rows = np.flatnonzero(hit)
+        per_row = max(1, model_bytes(op, r) // max(1, len(hit)))
+        rows = rows[: min(SLICE_ROWS, SLICE_FROM // per_row)]
+        if not rows.size:
+            return None
+        pick, names = (rows,), _PER_ROW[base]
+        where = f"rows {rows[0]}" + (f" to {rows[-1]} that differ ({rows.size} rows)" if rows.size > 1 else "")
+
+    def cut(x):
+        return np.ascontiguousarray(np.asarray(x)[pick])
+
+    case = replace(
+        r.case,
+        inputs={n: cut(x) if n in names else x for n, x in r.case.inputs.items()},
+        outputs={n: cut(x) for n, x in r.case.outputs.items()},
+        tiles={},
+    )
+    sub = replace(r, case=case, actual={n: cut(x) for n, x in r.actual.items()})
+    return (sub, where) if model_bytes(op, sub) <= SLICE_FROM else None
+
+
 def _bounded(op_name, results) -> list[Finding]:
-    """``_diagnose`` with the failing cases too large to re-evaluate left out
-    of every re-evaluation, then a finding naming them."""
+    """``_diagnose`` with each failing case too large to re-evaluate replaced
+    by a slice of it that fits (``_sliced``), or else left out of every
+    re-evaluation, then a finding naming them."""
     op = OPS[op_name]
-    big = [
-        (r, model_bytes(op, r)) for r in results if r.status in ("fail", "xfail") and model_bytes(op, r) > MODEL_BUDGET
-    ]
+    big, notes, kept = [], [], []
+    for r in results:
+        need = model_bytes(op, r) if r.status in ("fail", "xfail") and r.actual else 0
+        sub = _sliced(op, r) if need > SLICE_FROM else None
+        if sub:
+            kept.append(sub[0])
+            notes.append(f"{r.case.id} at its {sub[1]}")
+        else:
+            kept.append(r)
+            if need > MODEL_BUDGET:
+                big.append((r, need))
+    results = kept
     too_big = {id(r) for r, _ in big}
     out = _diagnose(op_name, results, fits=lambda r: id(r) not in too_big)
+    if notes:
+        out.append(
+            Finding(
+                op_name,
+                f"{SLICED}: {'; '.join(notes[:4])}{f'; and {len(notes) - 4} more' if len(notes) > 4 else ''} "
+                f"(a whole case would take over {_gib(SLICE_FROM)} for each variant of the algorithm; the "
+                f"slice's outputs are the case's own there)",
+                ["conf.diagnosis.r1"],
+            )
+        )
     if big:
         r, need = max(big, key=lambda rb: rb[1])
         n = len(big)
