@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from cli_helpers import run_cli
 
 TESTS = Path(__file__).parent
@@ -137,3 +138,31 @@ def test_a_sliced_diagnosis_names_the_small_cases_cause(monkeypatch, tmp_path):
     assert [m for m in small if m.startswith(cause)] == [m for m in large if m.startswith(cause)] != []
     assert any(m.startswith("diagnosed on a slice: attention_backward-live-00 at its (b, h) = (0, 0)") for m in large)
     assert not any(m.startswith("diagnosed on a slice") for m in small)
+
+
+def test_a_row_op_is_sliced_to_its_differing_rows():
+    """A bf16 row op too large to re-evaluate whole is cut to its first
+    differing rows, whose outputs are the case's own; a kernel's ml_dtypes
+    bfloat16 outputs are compared as their bits."""
+    import numpy as np
+
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    from refreplay.conformance.diagnosis.diagnose import SLICE_FROM, _sliced, model_bytes
+    from refreplay.conformance.base.case import Case
+    from refreplay.conformance.running.compare import Result
+    from refreplay.conformance.table import OPS
+
+    op = OPS["bf16_softmax_forward"]
+    N, V = 512, 1 << 13
+    x = np.arange(N * V, dtype=np.uint16).reshape(N, V)
+    y = (x + np.uint16(1)).astype(np.uint16)
+    case = Case("big", op.name, "random", "", [], {"x": x}, {"y": y}, frozenset({"in/x", "out/y"}))
+    actual = y.copy()
+    actual[[7, 9, 200]] ^= np.uint16(1)
+    r = Result(case, "fail", actual={"y": actual.view(ml_dtypes.bfloat16)})  # as a kernel may give it
+    assert model_bytes(op, r) > SLICE_FROM
+    sub, where = _sliced(op, r)
+    assert where == "3 differing rows from 7 to 200"
+    assert np.array_equal(sub.case.inputs["x"], x[[7, 9, 200]])
+    assert np.array_equal(sub.case.outputs["y"], y[[7, 9, 200]])
+    assert np.array_equal(sub.actual["y"].view(np.uint16), actual[[7, 9, 200]])

@@ -321,7 +321,9 @@ _PER_ROW = {
 def _differs(r, n) -> np.ndarray | None:
     """Where output ``n`` of ``r`` differs (two NaNs agree), as stored; None
     if a shape or dtype differs."""
-    e, a = r.case.outputs[n], np.asarray(r.actual.get(n, np.zeros(0)))
+    if n not in r.actual:
+        return None
+    e, a = r.case.outputs[n], _stored(r, n)  # a bf16 output as its bits
     if a.shape != e.shape or a.dtype != e.dtype:
         return None
     if e.dtype == np.float32:
@@ -359,7 +361,7 @@ def _sliced(op, r):
         if not rows.size:
             return None
         pick, names = (rows,), _PER_ROW[base]
-        where = f"rows {rows[0]}" + (f" to {rows[-1]} that differ ({rows.size} rows)" if rows.size > 1 else "")
+        where = f"{rows.size} differing rows from {rows[0]} to {rows[-1]}" if rows.size > 1 else f"row {rows[0]}"
 
     def cut(x):
         return np.ascontiguousarray(np.asarray(x)[pick])
