@@ -240,9 +240,9 @@ def diagnose(op_name: str, results) -> list[Finding]:
     """[conf.diagnosis.r1] The findings for one op.  A non-canonical NaN never
     hides another difference: the op is diagnosed again with the kernel's NaNs
     made canonical, and what remains is reported after the NaN finding.
-    Failing cases whose re-evaluation would take more than ``MODEL_BUDGET``
-    bytes are left out of every re-evaluation (the variant models, the bf16
-    misreadings), and a finding says so."""
+    A failing case too large to re-evaluate whole (the variant models, the
+    bf16 misreadings) is re-evaluated on a slice of it, or else, above
+    ``MODEL_BUDGET``, left out (``_bounded``); a finding says which."""
     out = _bounded(op_name, results)
     nan = [f for f in out if f.message.startswith("non-canonical NaN")]
     bf16 = [f for f in out if f.message.startswith("non-canonical bf16 NaN")]
@@ -265,8 +265,9 @@ def diagnose(op_name: str, results) -> list[Finding]:
 
 
 MODEL_BUDGET = 1 << 30  # bytes the re-evaluation of one case may take
-# a case above this is re-evaluated on a slice where the op splits (``_sliced``): every variant is
-# evaluated on it, so time as well as memory grows with it (no committed vector comes near: 48 MiB)
+# a failing case above this is re-evaluated on a slice where the op splits (``_sliced``), and a
+# passing one is not re-evaluated: every variant is evaluated on it, so time as well as memory
+# grows with it (no committed vector the variants see comes near: 12 MiB; a sweep case 48 MiB)
 SLICE_FROM = 128 << 20
 TOO_BIG = "diagnosis skipped"
 SLICED = "diagnosed on a slice"
@@ -685,7 +686,7 @@ def _variant_finding(op, results, fits):
             if r.status in ("pass", "xpass")
             and r.case.family != "sweep"
             and r.actual
-            and model_bytes(op, r) <= MODEL_BUDGET
+            and model_bytes(op, r) <= SLICE_FROM
         ],
         key=lambda r: (r.case.family != "random", _size(r)),
     )  # random rows are the long ones
