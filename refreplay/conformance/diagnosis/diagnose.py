@@ -239,8 +239,11 @@ def _nan_canonical(r):
 def diagnose(op_name: str, results) -> list[Finding]:
     """[conf.diagnosis.r1] The findings for one op.  A non-canonical NaN never
     hides another difference: the op is diagnosed again with the kernel's NaNs
-    made canonical, and what remains is reported after the NaN finding."""
-    out = _diagnose(op_name, results)
+    made canonical, and what remains is reported after the NaN finding.
+    A failing case too large to re-evaluate whole (the variant models, the
+    bf16 misreadings) is re-evaluated on a slice of it, or else, above
+    ``MODEL_BUDGET``, left out (``_bounded``); a finding says which."""
+    out = _bounded(op_name, results)
     nan = [f for f in out if f.message.startswith("non-canonical NaN")]
     bf16 = [f for f in out if f.message.startswith("non-canonical bf16 NaN")]
     if not (nan or bf16):
@@ -248,8 +251,8 @@ def diagnose(op_name: str, results) -> list[Finding]:
     aside = [_nan_canonical(r) for r in results]
     if not any(r.status in ("fail", "xfail") for r in aside):
         return out  # the NaN payloads are the only difference
-    skip = ("the kernel failed to run", "non-canonical NaN", "non-canonical bf16 NaN")
-    rest = [f for f in _diagnose(op_name, aside) if not f.message.startswith(skip)]
+    skip = ("the kernel failed to run", "non-canonical NaN", "non-canonical bf16 NaN", TOO_BIG, SLICED)
+    rest = [f for f in _bounded(op_name, aside) if not f.message.startswith(skip)]
     errors = [f for f in out if f.message.startswith("the kernel failed to run")]
     # a finding the first pass made too stands as it is; one the NaNs hid says how it was found
     first = {f.message for f in out}
@@ -261,12 +264,171 @@ def diagnose(op_name: str, results) -> list[Finding]:
     )
 
 
-def _diagnose(op_name: str, results) -> list[Finding]:
+MODEL_BUDGET = 1 << 30  # bytes the re-evaluation of one case may take
+# a failing case above this is re-evaluated on a slice where the op splits (``_sliced``), and a
+# passing one is not re-evaluated: every variant is evaluated on it, so time as well as memory
+# grows with it (no committed vector the variants see comes near: 12 MiB; a sweep case 48 MiB)
+SLICE_FROM = 128 << 20
+TOO_BIG = "diagnosis skipped"
+SLICED = "diagnosed on a slice"
+SLICE_ROWS = 64  # differing rows of a row op re-evaluated, at most (each variant is evaluated on them)
+
+
+def _model_terms(op, r) -> int:
+    """About how many product terms the op's models hold at once on case
+    ``r``: they materialise every term of every sum of the case (``dot``,
+    ``orders._Terms``), where a kernel or the reference streams them."""
+    shapes = [r.case.shape(f"in/{n}") for n in r.case.inputs]  # a tiled tensor is not made whole
+    base = op.name.removeprefix("bf16_")
+    if base.startswith("attention_"):  # q: [B, NH, T, HS]; every (t, s) pair is a dot over HS
+        B, NH, T, HS = next(s for s in shapes if len(s) == 4)
+        return B * NH * T * T * HS
+    if base == "linear_backward":  # dy: [N, OC], x: [N, C]; dx and dW are each N*OC*C terms
+        dy, x = shapes[:2]
+        return 2 * int(np.prod(dy)) * int(x[1])
+    two = sorted((int(np.prod(s)) for s in shapes if len(s) == 2))[-2:]
+    sizes = [int(np.prod(r.case.shape(f"out/{n}"))) for n in r.case.outputs]
+    out = max(sizes, default=0)
+    if len(two) == 2 and out and (op.terms is not None or base == "linear_forward"):
+        # A (I*K), B (K*J) and the output (I*J) give the dots' length K
+        return out * round(float(np.sqrt(two[0] * two[1] / out)))
+    return sum(int(np.prod(s)) for s in shapes) + sum(sizes)
+
+
+def model_bytes(op, r) -> int:
+    """An estimate of the memory re-evaluating the op's models on ``r`` takes:
+    six binary32 arrays of its terms (two broadcast operands, their
+    transposes, the products, the folded sums)."""
+    return 24 * _model_terms(op, r)
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.0f} MiB"
+
+
+# Ops whose outputs are independent per slice of the leading axes, and the inputs sliced with them
+# (every output is): attention per (b, h) pair ([attn.bwd.c1]), the row ops per row.
+_PER_HEAD = ("attention_forward", "attention_backward")
+_PER_ROW = {
+    "softmax_forward": ("x",),
+    "softmax_backward": ("dy", "y"),
+    "log_softmax_forward": ("x",),
+    "log_softmax_backward": ("dy", "y"),
+    "layernorm_forward": ("x",),
+    "rmsnorm_forward": ("x",),
+}
+
+
+def _differs(r, n) -> np.ndarray | None:
+    """Where output ``n`` of ``r`` differs (two NaNs agree), as stored; None
+    if a shape or dtype differs."""
+    if n not in r.actual:
+        return None
+    e, a = r.case.outputs[n], _stored(r, n)  # a bf16 output as its bits
+    if a.shape != e.shape or a.dtype != e.dtype:
+        return None
+    if e.dtype == np.float32:
+        return (fp.bits(e) != fp.bits(a)) & ~(np.isnan(e) & np.isnan(a))
+    return e != a
+
+
+def _sliced(op, r):
+    """(sub-case of failing ``r`` holding differing elements, where) whose
+    outputs are exactly ``r``'s there, so that the diagnosis of the slice is
+    the diagnosis of the case; None where the op does not split so or no
+    slice fits ``SLICE_FROM``.  Attention: the first (b, h) pair that
+    differs; a row op: the first differing rows that fit."""
+    base = op.name.removeprefix("bf16_")
+    if base not in _PER_HEAD and base not in _PER_ROW:
+        return None
+    masks = [_differs(r, n) for n in r.case.outputs]
+    if any(m is None for m in masks):  # a wrong shape: no arithmetic variant to find
+        return None
+    if base in _PER_HEAD:
+        hit = np.zeros(r.case.shape(f"out/{next(iter(r.case.outputs))}")[:2], bool)
+        for m in masks:
+            hit |= m.any(axis=(2, 3))
+        if not hit.any():
+            return None
+        b, h = (int(i) for i in np.argwhere(hit)[0])
+        pick, names, where = (slice(b, b + 1), slice(h, h + 1)), tuple(r.case.inputs), f"(b, h) = ({b}, {h})"
+    else:
+        hit = np.zeros(len(masks[0]), bool)
+        for m in masks:
+            hit |= m.reshape(len(m), -1).any(axis=1)
+        rows = np.flatnonzero(hit)
+        per_row = max(1, model_bytes(op, r) // max(1, len(hit)))
+        rows = rows[: min(SLICE_ROWS, SLICE_FROM // per_row)]
+        if not rows.size:
+            return None
+        pick, names = (rows,), _PER_ROW[base]
+        where = f"{rows.size} differing rows from {rows[0]} to {rows[-1]}" if rows.size > 1 else f"row {rows[0]}"
+
+    def cut(x):
+        return np.ascontiguousarray(np.asarray(x)[pick])
+
+    case = replace(
+        r.case,
+        inputs={n: cut(x) if n in names else x for n, x in r.case.inputs.items()},
+        outputs={n: cut(x) for n, x in r.case.outputs.items()},
+        tiles={},
+    )
+    sub = replace(r, case=case, actual={n: cut(x) for n, x in r.actual.items()})
+    return (sub, where) if model_bytes(op, sub) <= SLICE_FROM else None
+
+
+def _bounded(op_name, results) -> list[Finding]:
+    """``_diagnose`` with each failing case too large to re-evaluate replaced
+    by a slice of it that fits (``_sliced``), or else left out of every
+    re-evaluation, then a finding naming them."""
+    op = OPS[op_name]
+    big, notes, kept = [], [], []
+    for r in results:
+        need = model_bytes(op, r) if r.status in ("fail", "xfail") and r.actual else 0
+        sub = _sliced(op, r) if need > SLICE_FROM else None
+        if sub:
+            kept.append(sub[0])
+            notes.append(f"{r.case.id} at its {sub[1]}")
+        else:
+            kept.append(r)
+            if need > MODEL_BUDGET:
+                big.append((r, need))
+    results = kept
+    too_big = {id(r) for r, _ in big}
+    out = _diagnose(op_name, results, fits=lambda r: id(r) not in too_big)
+    if notes:
+        out.append(
+            Finding(
+                op_name,
+                f"{SLICED}: {'; '.join(notes[:4])}{f'; and {len(notes) - 4} more' if len(notes) > 4 else ''} "
+                f"(a whole case would take over {_gib(SLICE_FROM)} for each variant of the algorithm; the "
+                f"slice's outputs are the case's own there)",
+                ["conf.diagnosis.r1"],
+            )
+        )
+    if big:
+        r, need = max(big, key=lambda rb: rb[1])
+        n = len(big)
+        out.append(
+            Finding(
+                op_name,
+                f"{TOO_BIG} on {n} failing case{'s' if n > 1 else ''} (largest: {r.case.id}): re-evaluating "
+                f"the spec's algorithm and its variants there would need about {_gib(need)}, above the "
+                f"diagnosis budget of {_gib(MODEL_BUDGET)}; the findings above rest on the other cases "
+                f"and on the outputs alone",
+                ["conf.diagnosis.r1"],
+            )
+        )
+    return out
+
+
+def _diagnose(op_name: str, results, fits=lambda r: True) -> list[Finding]:
+    """``fits(r)``: whether a model may be re-evaluated on failing case ``r``."""
     op = OPS[op_name]
     fam = _explain_away(op, _by_family(results))
     out: list[Finding] = []
     if op.bf16:  # [bf16.probes.c1] a profile misreading explains its cases away from the binary32 probes
-        found, explained = _bf16_findings(op, results)
+        found, explained = _bf16_findings(op, results, fits)
         out += found
         fam = {f: ([r for r in bad if id(r) not in explained], good) for f, (bad, good) in fam.items()}
     failing = {f for f, (bad, good) in fam.items() if bad}
@@ -352,7 +514,7 @@ def _diagnose(op_name: str, results) -> list[Finding]:
         )
     if "tf32" in failing:
         out.append(_tf32_finding(op, fam))
-    f = _variant_finding(op, results)
+    f = _variant_finding(op, results, fits)
     if f:
         out.append(f)
     if not out and failing:
@@ -485,7 +647,7 @@ def _loaded(rs):
     return [(load_inputs(list(r.case.inputs.values())), [_as_f32(r, n) for n in r.case.outputs]) for r in rs]
 
 
-def _variant_finding(op, results):
+def _variant_finding(op, results, fits):
     """[conf.diagnosis.r1] Which variant of the op's algorithm reproduces the
     kernel (``variants.explain``) on its smallest failing cases.  A variant
     is named the cause only when it reproduces every differing element of
@@ -499,6 +661,7 @@ def _variant_finding(op, results):
         for r in results
         if r.status in ("fail", "xfail")
         and r.case.family != "sweep"
+        and fits(r)
         and r.actual
         and all(
             n in r.actual and _stored(r, n).shape == e.shape and _stored(r, n).dtype == e.dtype
@@ -517,7 +680,14 @@ def _variant_finding(op, results):
     on = f"on the {ex.cases} smallest failing case{'s' if ex.cases > 1 else ''}"
     checked = _loaded(bad[VARIANT_CASES:VERIFY_CASES])
     good = sorted(
-        [r for r in results if r.status in ("pass", "xpass") and r.case.family != "sweep" and r.actual],
+        [
+            r
+            for r in results
+            if r.status in ("pass", "xpass")
+            and r.case.family != "sweep"
+            and r.actual
+            and model_bytes(op, r) <= SLICE_FROM
+        ],
         key=lambda r: (r.case.family != "random", _size(r)),
     )  # random rows are the long ones
     passing = _loaded(good[:PASSING_CASES])
@@ -638,7 +808,8 @@ def _where(op, results) -> str:
                 found.append((loc[0], f"only where {loc[1].replace('x', name, 1)}"))
     if found:
         return min(found)[1]
-    shapes, rows, cols = [], [], []
+    # per output: its [rows, columns] shape, the first row and the longest tail holding a difference
+    shapes, firsts, tails, count = [], [], [], 0
     for r in bad:
         for n, e in r.case.outputs.items():
             a = np.asarray(r.actual.get(n, np.zeros(0)))
@@ -646,15 +817,17 @@ def _where(op, results) -> str:
                 continue
             e2, a2 = e.reshape(-1, e.shape[-1]), a.reshape(-1, e.shape[-1])
             diff = (fp.bits(e2) != fp.bits(a2)) & ~(np.isnan(e2) & np.isnan(a2))
-            rr, cc = np.nonzero(diff)
-            rows += rr.tolist()
-            cols += (e2.shape[1] - 1 - cc).tolist()
             shapes.append(e2.shape)
-    if not rows:
+            n_diff = int(np.count_nonzero(diff))
+            if n_diff:  # counted, not listed: a live case can differ in 10^8 elements
+                count += n_diff
+                firsts.append(int(np.argmax(diff.any(axis=1))))
+                tails.append(e2.shape[1] - int(np.argmax(diff.any(axis=0))))
+    if not count:
         return ""
     # a region counts when, were the differences spread evenly, at least 8 would fall outside it
-    density = len(rows) / sum(h * w for h, w in shapes)
-    r0, k = min(rows), max(cols) + 1
+    density = count / sum(h * w for h, w in shapes)
+    r0, k = min(firsts), max(tails)
     if r0 > 0 and density * sum(min(r0, h) * w for h, w in shapes) >= 8:
         return f"only in rows {r0} and above (rows from 0; up to {max(h for h, _ in shapes)} in a case)"
     if density * sum(max(0, w - k) * h for h, w in shapes) >= 8:
@@ -743,14 +916,14 @@ def _bf16_actual(r) -> tuple | None:
     return tuple(out)
 
 
-def _bf16_findings(op, results) -> tuple[list[Finding], set]:
+def _bf16_findings(op, results, fits) -> tuple[list[Finding], set]:
     """[conf.diagnosis.r1] [bf16.probes.c1] The misreadings of the bf16 profile
     (``bf16_variants``) that reproduce failing cases bit for bit (NaN payloads
     aside) where they differ from the spec, non-canonical bf16 NaNs, and the
     ids of the results a misreading explains."""
     from ..readings import bf16 as BV
 
-    bad = [r for r in results if r.status in ("fail", "xfail") and r.actual]
+    bad = [r for r in results if r.status in ("fail", "xfail") and r.actual and fits(r)]
     actual = {id(r): _bf16_actual(r) for r in bad}
     bad = [r for r in bad if actual[id(r)] is not None]
     out = []

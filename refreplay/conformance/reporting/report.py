@@ -64,8 +64,32 @@ def summarize(kernel, manifest, results) -> Summary:
     for op in ops:
         rs = [r for r in results if r.case.op == op]
         if any(r.status in ("fail", "error", "xfail") for r in rs):
-            findings.extend(diagnose(op, rs))
+            findings.extend(_diagnosed(op, rs))
     return Summary(kernel, manifest["spec_version"], manifest["generator_version"], results, findings)
+
+
+def _diagnosed(op, rs) -> list[Finding]:
+    """[conf.diagnosis.r1] The op's findings, or one that says the diagnosis
+    could not be completed and why.  A mismatch always wins: the verdict
+    rests on the results alone, so a fault in the diagnosis (running out of
+    memory included) never turns a failing kernel into a traceback or an
+    internal error; the failing cases are still listed with their
+    mismatches."""
+    try:
+        return diagnose(op, rs)
+    except MemoryError as e:  # numpy's _ArrayMemoryError says how much it wanted
+        why = f"it ran out of memory ({e})" if str(e) else "it ran out of memory"
+    except Exception as e:  # noqa: BLE001  a fault in a diagnostic aid never hides the mismatch
+        why = f"it failed: {type(e).__name__}: {e}"
+    n = sum(r.status in ("fail", "error", "xfail") for r in rs)
+    return [
+        Finding(
+            op,
+            f"diagnosis could not be completed: {why}; the {n} failing case{'s' if n != 1 else ''} "
+            f"{'are' if n != 1 else 'is'} listed above with {'their' if n != 1 else 'its'} mismatches",
+            ["conf.diagnosis.r1"],
+        )
+    ]
 
 
 def _case_lines(r) -> list[str]:
