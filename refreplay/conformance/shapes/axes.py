@@ -108,6 +108,16 @@ def _axes(op):
 THINNER = {("embedding_forward", "V"): {"C": 1}, ("embedding_backward", "V"): {"C": 1}}  # [V, C] tables
 
 
+def _elementwise():
+    """The element-wise ops with a live form (one letter, N), less AdamW (its own BIG_COUNTS) and
+    the bf16 ops that sweep as their binary32 op (``_later``)."""
+    return tuple(
+        op
+        for op, lv in live.LIVE.items()
+        if lv.letters == ("N",) and op != "adamw_update" and not (op.startswith("bf16_") and op[5:] in live.LIVE)
+    )
+
+
 # Cases drawn after every case above (so every earlier case keeps its bits):
 # - the row ops' reductions to 65,537: one row (N = 1) whose elements are a 251-element pattern
 #   repeated, stored tiled ([conf.vectors.c2]), so each costs kilobytes;
@@ -125,35 +135,9 @@ LATER = {
     **dict.fromkeys(("softmax_forward", "log_softmax_forward", "softmax_backward", "log_softmax_backward"), _LONG_V),
     "cross_entropy_forward": _LONG_V,  # (backward's one-hot term is no pattern: its sweep reaches 65,536)
     **dict.fromkeys(("linear_forward", "linear_backward"), {"C": (8193,), "OC": (8193,)}),
-    **dict.fromkeys(("add", "gelu_forward", "gelu_backward"), {"N": (2**22 + 1,)}),
-    # every other element-wise op once [conf.vectors.c2] bounded each case, not the manifest
-    **dict.fromkeys(
-        (
-            "sub",
-            "mul",
-            "fmax",
-            "fmin",
-            "recip",
-            "sqrt",
-            "rint",
-            "exp",
-            "log",
-            "tanh",
-            "sigmoid",
-            "sin",
-            "cos",
-            "silu_forward",
-            "silu_backward",
-            "swiglu_forward",
-            "swiglu_backward",
-            "quant_step_size",
-            "fake_quantize",
-            "fake_quantize_backward",
-            "bf16_encode",
-            "bf16_decode",
-        ),
-        {"N": (2**22 + 1,)},
-    ),
+    # element counts past 2^22: the residual add and GELU first, then (once [conf.vectors.c2]
+    # bounded each case, not the manifest) every other element-wise op
+    **dict.fromkeys(_elementwise(), {"N": (2**22 + 1,)}),
 }
 
 
