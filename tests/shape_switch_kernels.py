@@ -22,6 +22,11 @@ because ``matmul`` is taken.
   above T = 256 (the long-shape family's T = 257 case catches it)
 - bf16_attention_backward: the probabilities rounded to bf16 before use (P kept
   in bf16, as fused kernels store it) above T = 256
+- long_attention (a dispatcher: ``shape_switch_kernels:long_attention``): past
+  the T the backward sweeps reached before [conf.vectors.c3], dv accumulated in
+  float64 above T = 1,024 and the probabilities kept in bf16 above T = 512
+  (bf16), and a fast path for T a multiple of 128 from T = 256 on (dk in
+  float64)
 - long_rows (a dispatcher: ``shape_switch_kernels:long_rows``): past the sizes
   the sweeps reached before issue 31's second round, the row ops reduce their
   rows in reverse order above 65,536 (norms, softmaxes, cross-entropy, binary32
@@ -198,8 +203,7 @@ def attention_backward(dout, q, k, v, att):
     dq, dk, dv = A.attention_backward(dout, q, k, v, att)
     if q.shape[2] <= SWITCH["attention_backward"]:
         return dq, dk, dv
-    p = np.tril(att.astype(np.float64))  # [B, NH, t, s]: only s <= t takes part
-    return dq, dk, np.einsum("bhts,bhtd->bhsd", p, dout.astype(np.float64)).astype(np.float32)
+    return dq, dk, _dv64(dout, att)
 
 
 def _online_softmax_row(z):
@@ -235,6 +239,50 @@ def bf16_attention_backward(dout, q, k, v, att):
     if q.shape[2] <= SWITCH["bf16_attention_backward"]:
         return ref(dout, q, k, v, att)
     return ref(dout, q, k, v, B16.decode(B16.encode(numerics.load(att))))
+
+
+# ---- long_attention: the backward's T past 513 (binary32) and 257 (bf16) ----------------------
+
+LONG_T = {"attention_backward": 1024, "bf16_attention_backward": 512}
+ALIGNED_T = 128  # attention_backward's fast path: T a multiple of 128, from 2 x 128 on
+
+
+def _dv64(dout, att):
+    p = np.tril(att.astype(np.float64))  # [B, NH, t, s]: only s <= t takes part
+    return np.einsum("bhts,bhtd->bhsd", p, dout.astype(np.float64)).astype(np.float32)
+
+
+def _dk64(dout, q, k, v, att):
+    """dk[s, d] = sum over t >= s of dz[t, s] * q[t, d] in float64, rounded once; dz as the spec's."""
+    dp = np.einsum("bhtd,bhsd->bhts", dout.astype(np.float64), v.astype(np.float64)).astype(np.float32)
+    dz = np.zeros_like(att)
+    T = q.shape[2]
+    for b, h, t in np.ndindex(q.shape[0], q.shape[1], T):
+        y, g = att[b, h, t, : t + 1][None], dp[b, h, t, : t + 1][None]
+        dz[b, h, t, : t + 1] = S.softmax_backward(_c(g), _c(y))[0]
+    dz = E.mul(dz, np.full_like(dz, A.attention_scale(q.shape[3])))
+    return np.einsum("bhts,bhtd->bhsd", np.tril(dz.astype(np.float64)), q.astype(np.float64)).astype(np.float32)
+
+
+def long_attention(op, *args):
+    """A dispatcher: the attention backwards as the spec up to LONG_T[op], another form above; and
+    attention_backward's fast path for T a multiple of ALIGNED_T from 2 x ALIGNED_T on."""
+    if op not in LONG_T:
+        from refreplay.conformance.running.kernel import Unsupported
+
+        raise Unsupported(f"long_attention implements {sorted(LONG_T)} only")
+    T = args[1].shape[2]
+    if op == "bf16_attention_backward":
+        dout, q, k, v, att = args
+        ref = OPS[op].reference
+        return ref(*args) if T <= LONG_T[op] else ref(dout, q, k, v, B16.decode(B16.encode(numerics.load(att))))
+    dout, q, k, v, att = (numerics.load(x) for x in args)
+    dq, dk, dv = A.attention_backward(dout, q, k, v, att)
+    if T > LONG_T[op]:
+        dv = _dv64(dout, att)
+    if T % ALIGNED_T == 0 and T >= 2 * ALIGNED_T:
+        dk = _dk64(dout, q, k, v, att)
+    return dq, dk, dv
 
 
 # ---- long_rows: switches past 16,385 and 2^22 ----------------------------------------------------

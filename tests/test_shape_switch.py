@@ -121,6 +121,24 @@ def test_switch_past_16385_and_2_22_is_not_conformant(tmp_path, op):
     assert {c["family"] for c in failing} == {"sweep"}
 
 
+@pytest.mark.parametrize("op", sorted(SK.LONG_T))
+def test_attention_backward_switch_past_the_old_T_is_not_conformant(tmp_path, op):
+    """[conf.vectors.c3] The backward's T past the 513 (bf16 257) of whole att tensors: dv in
+    float64 above T = 1,024, P in bf16 above 512, and (binary32) a fast path for T a multiple
+    of 128 from 256 on are NOT CONFORMANT; each fails only the cases past its switch, the
+    fast path only T = 512."""
+    rc, rep = _conform(tmp_path, op, "shape_switch_kernels:long_attention")
+    assert rc == 1 and rep["verdict"] == "NOT CONFORMANT"
+    assert all(c["status"] in ("pass", "fail") for c in rep["cases"])
+    from refreplay.conformance.golden import store
+
+    notes = {c["id"]: c["probes"] for c in store.read_manifest()["cases"] if c["op"] == op}
+    sizes = sorted(_size(notes[c["id"]], "T") for c in rep["cases"] if c["status"] == "fail")
+    assert sizes == {"attention_backward": [512, 1025], "bf16_attention_backward": [513]}[op], sizes
+    assert _failing_families(rep) == {"sweep"}
+    assert SK.LONG_T[op] + 1 in rep["domain"][op]["axes"]["T"]
+
+
 def test_tiled_rows_separate_their_order():
     """[conf.vectors.c2] Every tiled one-row case of the committed vectors
     reaches 65,537 (the bf16 log-softmaxes' built rows also 32,769) and
@@ -182,9 +200,9 @@ def test_committed_domain_reaches_every_listed_switch():
         ("gelu_backward", "N"): 2**22 + 1,
         ("bf16_add", "N"): 2**22 + 1,
         ("attention_forward", "T"): 1024,
-        ("attention_backward", "T"): 513,
+        ("attention_backward", "T"): 1025,
         ("bf16_attention_forward", "T"): 257,
-        ("bf16_attention_backward", "T"): 257,
+        ("bf16_attention_backward", "T"): 513,
     }
     for (op, letter), size in past.items():
         assert size in dom[op]["axes"][letter], (op, letter)

@@ -99,18 +99,50 @@ def untile(pattern: np.ndarray, shape) -> np.ndarray:
     return np.ascontiguousarray(np.tile(pattern.reshape(-1), reps)[:n].reshape(shape))
 
 
-class Tiled(Mapping):
-    """[conf.vectors.c2] A loaded case's tensors (name -> array) whose tiled ones
-    are kept as their P-element pattern and made whole on each access, never
-    kept whole: a reader holds the patterns of every case and the whole
-    tensors only of the case it runs."""
+def causal_count(shape) -> int:
+    """[conf.vectors.c3] Elements a causal tensor of ``shape`` [..., T, T] stores: T (T + 1) / 2
+    for each of its leading indices."""
+    t = int(shape[-1])
+    return int(np.prod(shape[:-2], dtype=np.int64)) * t * (t + 1) // 2
 
-    def __init__(self, stored: dict[str, np.ndarray], shapes: dict[str, tuple]):
+
+def pack_causal(a: np.ndarray) -> np.ndarray | None:
+    """[conf.vectors.c3] The elements (t, s) with s <= t of every [T, T] matrix of ``a``, in
+    row-major order; None unless every element above the diagonal is +0 (all bits zero)."""
+    t = a.shape[-1]
+    m = np.ascontiguousarray(a).reshape(int(np.prod(a.shape[:-2], dtype=np.int64)), t, t)
+    upper = np.triu_indices(t, 1)
+    if np.ascontiguousarray(m[:, upper[0], upper[1]]).view(np.uint8).any():
+        return None
+    lower = np.tril_indices(t)
+    return np.ascontiguousarray(m[:, lower[0], lower[1]].reshape(-1))
+
+
+def unpack_causal(packed: np.ndarray, shape) -> np.ndarray:
+    """[conf.vectors.c3] The tensor of ``shape`` [..., T, T] whose elements s <= t are the
+    stored ones in row-major order and whose elements s > t are +0."""
+    t = int(shape[-1])
+    m = np.zeros((int(np.prod(shape[:-2], dtype=np.int64)), t, t), packed.dtype)
+    lower = np.tril_indices(t)
+    m[:, lower[0], lower[1]] = packed.reshape(len(m), t * (t + 1) // 2)
+    return m.reshape(shape)
+
+
+class Tiled(Mapping):
+    """[conf.vectors.c2, conf.vectors.c3] A loaded case's tensors (name -> array)
+    whose tiled or causal ones are kept as they are stored (a pattern, a lower
+    triangle) and made whole on each access, never kept whole: a reader holds
+    the stored form of every case and the whole tensors only of the case it runs."""
+
+    def __init__(self, stored: dict[str, np.ndarray], shapes: dict[str, tuple], causal=frozenset()):
         self._stored = stored  # name -> the array, or for a tiled tensor its pattern
-        self._shapes = shapes  # name -> whole shape, for the tiled tensors only
+        self._shapes = shapes  # name -> whole shape, for the tiled and causal tensors only
+        self._causal = causal  # names of the causal tensors
 
     def __getitem__(self, name: str) -> np.ndarray:
         a = self._stored[name]
+        if name in self._causal:
+            return unpack_causal(a, self._shapes[name])
         return untile(a, self._shapes[name]) if name in self._shapes else a
 
     def __iter__(self):
@@ -149,6 +181,8 @@ class Case:
     # their shape: key -> P.  Every array read from ``inputs`` and ``outputs`` is whole; a loaded
     # case keeps only the pattern (``Tiled``), so its whole tensors exist only while it runs.
     tiles: dict[str, int] = field(default_factory=dict)
+    # [conf.vectors.c3] tensors ("in/NAME", "out/NAME") [..., T, T] stored as their lower triangles
+    causal: frozenset[str] = frozenset()
 
     def dtype(self, key: str) -> str:
         """The dtype name of tensor ``key`` ("in/NAME" or "out/NAME"): "bf16"

@@ -73,6 +73,7 @@ def build_op(name: str) -> list[Case]:
                 outputs,
                 op.bf16,
                 tiles,
+                _causal(name, op),
             )
         )
     if counters.get("order") and op.terms is not None:
@@ -80,6 +81,14 @@ def build_op(name: str) -> list[Case]:
         if missing:
             raise separation.ProbeError(f"{name}: order probes do not separate {sorted(missing)}")
     return cases
+
+
+def _causal(name, op) -> frozenset[str]:
+    """[conf.vectors.c3] The attention ops' att [B, NH, T, T], +0 above the diagonal
+    ([attn.out.c1]), is stored as its lower triangles (``store.stored`` checks the +0)."""
+    if name.removeprefix("bf16_") not in ("attention_forward", "attention_backward"):
+        return frozenset()
+    return frozenset(f"{kind}/att" for kind, names in (("in", op.inputs), ("out", op.outputs)) if "att" in names)
 
 
 def _check_probe(op, family, raw, outputs, distinguished, separate=True):

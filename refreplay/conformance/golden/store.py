@@ -26,7 +26,7 @@ import numpy as np
 from ... import files as _files, untrusted
 from ...errors import InputError
 from ...resources import data_dir
-from ..base.case import BF16, DTYPES, Case, Tiled, dtype_name, untile
+from ..base.case import BF16, DTYPES, Case, Tiled, causal_count, dtype_name, pack_causal, untile
 
 VECTOR_DIR = data_dir("vectors")
 MANIFEST = "manifest.json"
@@ -54,9 +54,15 @@ def _le(a: np.ndarray) -> np.ndarray:
 
 
 def stored(case: Case, key: str, a: np.ndarray) -> np.ndarray:
-    """[conf.vectors.c2] What the file holds for tensor ``key`` of ``case``: the
-    whole array, or for a tiled one its first P elements (flat, row-major),
-    after checking that tiling them gives the array back."""
+    """[conf.vectors.c2, conf.vectors.c3] What the file holds for tensor ``key`` of
+    ``case``: the whole array, for a tiled one its first P elements (flat,
+    row-major), after checking that tiling them gives the array back, for a
+    causal one its lower triangles, after checking that the rest is +0."""
+    if key in case.causal:
+        packed = None if key in case.tiles or a.ndim < 2 or a.shape[-1] != a.shape[-2] else pack_causal(a)
+        if packed is None:
+            raise ValueError(f"{case.id}: {key} {list(a.shape)} is not causal: [..., T, T] with +0 above the diagonal")
+        return packed
     p = case.tiles.get(key)
     if p is None:
         return a
@@ -88,6 +94,8 @@ def _tensor_entry(case, kind, name, a, with_sha):
     e = {"name": name, "dtype": case.dtype(key), "shape": list(a.shape)}
     if key in case.tiles:
         e["tile"] = case.tiles[key]
+    if key in case.causal:
+        e["causal"] = True
     if with_sha:
         e["sha256"] = tensor_sha(stored(case, key, a))  # of the bytes the file holds
     return e
@@ -198,6 +206,22 @@ def _check_tile(c, t, tiled, bad) -> None:
         bad(f"case {c['id']}: its tiled tensors hold more than {MAX_TILED_CASE} elements")
 
 
+def _check_causal(c, t, tiled, bad) -> None:
+    """[conf.vectors.c3] A causal tensor is [..., T, T], not tiled as well, and counts its whole
+    size toward the case's bound of [conf.vectors.c2], checked before anything is read."""
+    shape = t["shape"]
+    if t["causal"] is not True or "tile" in t or len(shape) < 2 or shape[-1] != shape[-2]:
+        bad(f"case {c['id']}: tensor {t['name']}: causal must be true, on a [..., T, T] tensor that is not tiled")
+    n = 1
+    for d in shape:
+        n *= d
+        if n > MAX_TILED:
+            bad(f"case {c['id']}: tensor {t['name']}: a causal shape holds at most {MAX_TILED} elements")
+    tiled[0] += n
+    if tiled[0] > MAX_TILED_CASE:
+        bad(f"case {c['id']}: its tiled and causal tensors hold more than {MAX_TILED_CASE} elements")
+
+
 def _check_case(c, files, ids, bad) -> None:
     """Every field of one manifest case has its type ([conf.vectors.c1])."""
     if not (
@@ -229,6 +253,8 @@ def _check_case(c, files, ids, bad) -> None:
             bad(f"case {c['id']}: every tensor needs a string name, a known dtype and a shape of sizes")
         if "tile" in t:
             _check_tile(c, t, tiled, bad)
+        if "causal" in t:
+            _check_causal(c, t, tiled, bad)
     for t in c["outputs"]:
         if not (isinstance(t["sha256"], str) and len(t["sha256"]) == 64):
             bad(f"case {c['id']}: bad sha256 for output {t['name']}")
@@ -277,7 +303,8 @@ def load_cases(directory: Path = VECTOR_DIR, ops=None) -> tuple[dict, list[Case]
             a = tensors[key]
             # [bf16.format.c1] a BF16 tensor of the file is dtype bf16 in the manifest, and only it
             dt = BF16 if key in bf16 else dtype_name(a)
-            want = [t["tile"]] if "tile" in t else t["shape"]  # [conf.vectors.c2] the file holds the pattern
+            # [conf.vectors.c2] the file holds the pattern, [conf.vectors.c3] the lower triangles
+            want = [t["tile"]] if "tile" in t else [causal_count(t["shape"])] if "causal" in t else t["shape"]
             if dt != t["dtype"] or list(a.shape) != want:
                 raise InputError(
                     f"{directory / c['file']}: {key} is {dt}{list(a.shape)}, the manifest says {t['dtype']}{want}"
@@ -287,8 +314,9 @@ def load_cases(directory: Path = VECTOR_DIR, ops=None) -> tuple[dict, list[Case]
             return a  # [conf.vectors.c2] a tiled tensor stays its pattern until the case runs
 
         def of_case(kind, ts):
-            shapes = {t["name"]: tuple(t["shape"]) for t in ts if "tile" in t}
-            return Tiled({t["name"]: get(kind, t) for t in ts}, shapes)
+            shapes = {t["name"]: tuple(t["shape"]) for t in ts if "tile" in t or "causal" in t}
+            causal = frozenset(t["name"] for t in ts if "causal" in t)
+            return Tiled({t["name"]: get(kind, t) for t in ts}, shapes, causal)
 
         out.append(
             Case(
@@ -311,6 +339,12 @@ def load_cases(directory: Path = VECTOR_DIR, ops=None) -> tuple[dict, list[Case]
                     for t in ts
                     if "tile" in t
                 },
+                frozenset(
+                    f"{kind}/{t['name']}"
+                    for kind, ts in (("in", c["inputs"]), ("out", c["outputs"]))
+                    for t in ts
+                    if "causal" in t
+                ),
             )
         )
     return m, out

@@ -32,7 +32,7 @@ THIN_K = (4097, 32769)  # the transposed layouts and column sums: fewer, same re
 V_SWEEP = (1025, 4097, 50257, 65536)
 V_BACKWARD = (4097, 50257)
 T_SWEEP = (63, 64, 65, 255, 257, 1024)
-T_BACKWARD = (64, 257, 300)  # the backward reads att [T, T]: 1,024 would cost 4 MB more
+T_BACKWARD = (64, 257, 300)  # the backward reads att [T, T]: the axis sweep (axes.LATER_T) goes on
 C_SWEEP = (1023, 1024, 1025, 4097, 8192)
 I8_K = (131071,)  # [mm.i8.c2] the largest K whose int32 sums cannot overflow
 

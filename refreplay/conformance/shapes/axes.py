@@ -153,12 +153,13 @@ LATER_BF16 = dict.fromkeys(long_rows.DESIGNED, _BF16_LOG_V)
 # and dq over s <= t, dk and dv over t >= s): the other case families reach T = 1,024 forward
 # (257 for bf16) but only 300 backward (130 for bf16), and an attention backward that
 # accumulated dv another way above T = 512 was CONFORMANT.  att [T, T] is an input of the
-# backward, binary32 in both profiles, stored whole (a softmax's triangle of zeros is no
-# repeated pattern, and a kernel may rely on it): T = 513 binary32 (1.05 MB) and T = 257 bf16
-# (0.26 MB), thin otherwise (B = NH = 1, HS = 2), which keeps the vectors under 40 MB (39.7).
+# backward, binary32 in both profiles, the forward's own (a kernel may recompute it from q and k,
+# so it is not drawn), stored as its lower triangle ([conf.vectors.c3]): thin otherwise (B = NH =
+# 1, HS = 2), T = 512 (aligned) and 513 costs 0.53 MB each, T = 1,025 (past gpt2's 1,024, the
+# switches above 512 and at 1,024) 2.1 MB; bf16 257 and 513.  The vectors stay under 40 MB.
 LATER_T = {
-    "attention_backward": {"T": (513,)},
-    "bf16_attention_backward": {"T": (257,)},
+    "attention_backward": {"T": (513, 512, 1025)},
+    "bf16_attention_backward": {"T": (257, 513)},
 }
 
 
