@@ -31,7 +31,7 @@ because ``matmul`` is taken.
   the sweeps reached before issue 31's second round, the row ops reduce their
   rows in reverse order above 65,536 (norms, softmaxes, cross-entropy, binary32
   and bf16; softmax_backward sums dy*y in two blocks instead; the bf16
-  log-softmaxes above 32,768), the linear
+  log-softmaxes above 16,384), the linear
   layer sums C in reverse above 8,192, GELU, exp, sigmoid, SiLU and SwiGLU
   are computed in float64 and rounded once above 2^22 elements, and bf16
   SiLU rounds its sigmoid to bf16 there
@@ -301,8 +301,8 @@ LONG_SWITCH = {
         ),
         65536,
     ),
-    # the built rows of shapes/long_rows.py (none drawn separates): reversed above 32,768
-    **dict.fromkeys(("bf16_log_softmax_forward", "bf16_log_softmax_backward"), 32768),
+    # the built rows of shapes/long_rows.py (none drawn separates): reversed above 16,384
+    **dict.fromkeys(("bf16_log_softmax_forward", "bf16_log_softmax_backward"), 16384),
     "linear_forward": 8192,
     "gelu_forward": 1 << 22,
     "gelu_backward": 1 << 22,

@@ -203,6 +203,8 @@ def test_committed_domain_reaches_every_listed_switch():
         ("attention_backward", "T"): 1025,
         ("bf16_attention_forward", "T"): 257,
         ("bf16_attention_backward", "T"): 513,
+        ("bf16_log_softmax_forward", "V"): 16385,
+        ("bf16_log_softmax_backward", "V"): 16385,
     }
     for (op, letter), size in past.items():
         assert size in dom[op]["axes"][letter], (op, letter)

@@ -146,7 +146,7 @@ LATER = {
 # enters their bf16 outputs through a logarithm or a probability, and 251 distinct elements round
 # both orders alike), so their rows are built to sit at a bf16 rounding boundary
 # (long_rows.DESIGNED) and drawn after every other case of theirs, at 32,769 and 65,537.
-_BF16_LOG_V = {"V": (32769, 65537)}
+_BF16_LOG_V = {"V": (32769, 65537, 16385)}  # 16,385 stored whole (below ROW_TILE_FROM), built alike
 LATER_BF16 = dict.fromkeys(long_rows.DESIGNED, _BF16_LOG_V)
 
 # Attention's sequence length, the axis its reductions run along (the softmax over s <= t, out
@@ -227,11 +227,12 @@ def _axis_case(op, rng, base, letter, v):
             }
         return inputs
 
-    if tiled and op.name in long_rows.DESIGNED:  # built rows, not drawn ones
+    built = op.name in long_rows.DESIGNED and letter == "V" and v in _BF16_LOG_V["V"]
+    if built:  # built rows, not drawn ones
         draw = long_rows.DESIGNED[op.name](rng, v)
     if separate:
         inputs = separating(op, draw)
-    elif tiled and lv.letters != ("N",):  # a tiled row: its order must show on some output
+    elif built or (tiled and lv.letters != ("N",)):  # a tiled row: its order must show on some output
         inputs = reversing_rows(op, draw, v)
     else:
         inputs = draw()

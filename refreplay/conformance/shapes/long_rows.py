@@ -27,6 +27,8 @@ distinct elements.  So these rows are built, not drawn:
   V = 32,769, every term is a multiple of g's ulp and both orders give the
   same g); g is the fixed point of g = sum of dy, found by iteration.
 
+The same builders give the V = 16,385 rows, stored whole (below the
+tiling threshold), since a drawn row of that length separates no better.
 Every candidate is still checked by ``reversing_rows`` against the
 reference; nothing here decides a golden bit.
 """
