@@ -33,3 +33,76 @@ def sm_grad_distributed(op, *inputs):
             for o, got in zip(outs, T.evaluate(op, one, (dev,))):
                 o[b : b + 1, h : h + 1] = got
     return tuple(outs)
+
+
+# ---- kernels with one named deviation at every shape, for the sliced diagnosis (test_diagnosis_slices.py)
+
+
+def _c(x):
+    return np.ascontiguousarray(x)
+
+
+def matmul(A, B):
+    """The sum over k reversed (k decreasing), fast at any shape."""
+    from refreplay import linalg
+
+    A, B = numerics.load(A), numerics.load(B)
+    return linalg.matmul(_c(A[:, ::-1]), _c(B[::-1]))
+
+
+def linear_forward(x, W, b):
+    """The bias as the sum's first term instead of added after the full sum
+    ([mm.bias.c1]): a column of ones before x and b before W's columns."""
+    from refreplay import linalg
+
+    x, W, b = numerics.load(x), numerics.load(W), numerics.load(b)
+    ones = np.ones((x.shape[0], 1), np.float32)
+    return linalg.matmul_nt(_c(np.hstack([ones, x])), _c(np.hstack([b[:, None], W])))
+
+
+def linear_backward(dy, x, W):
+    """Every sum reversed: dx over o decreasing, dW and db over n decreasing."""
+    from refreplay import linalg
+
+    dy, x, W = numerics.load(dy), numerics.load(x), numerics.load(W)
+    dx = linalg.matmul(_c(dy[:, ::-1]), _c(W[::-1]))
+    return dx, linalg.matmul_tn(_c(dy[::-1]), _c(x[::-1])), linalg.col_sum(_c(dy[::-1]))
+
+
+def layernorm_backward(dout, x, w, mean, rstd):
+    """Every sum reversed: the row sums of dx over c decreasing (the
+    reference on the columns reversed), dw and db over n decreasing (on the
+    rows reversed)."""
+    from refreplay.ops import norms
+
+    dout, x, w, mean, rstd = (numerics.load(t) for t in (dout, x, w, mean, rstd))
+    dx = norms.layernorm_backward(_c(dout[:, ::-1]), _c(x[:, ::-1]), _c(w[::-1]), mean, rstd)[0][:, ::-1]
+    _, dw, db = norms.layernorm_backward(_c(dout[::-1]), _c(x[::-1]), w, _c(mean[::-1]), _c(rstd[::-1]))
+    return _c(dx), dw, db
+
+
+def rmsnorm_backward(dout, x, w, rrms):
+    """Every sum reversed, as ``layernorm_backward``."""
+    from refreplay.ops import norms
+
+    dout, x, w, rrms = (numerics.load(t) for t in (dout, x, w, rrms))
+    dx = norms.rmsnorm_backward(_c(dout[:, ::-1]), _c(x[:, ::-1]), _c(w[::-1]), rrms)[0][:, ::-1]
+    _, dw = norms.rmsnorm_backward(_c(dout[::-1]), _c(x[::-1]), w, _c(rrms[::-1]))
+    return _c(dx), dw
+
+
+def _variant(op, dev_name, inputs):
+    from refreplay.conformance.readings import transformer as T
+
+    dev = next(d for d in T.deviations(op) if d.name == dev_name)
+    return T.evaluate(op, [numerics.load(x) if x.dtype == np.float32 else x for x in inputs], (dev,))
+
+
+def cross_entropy_forward(logits, targets):
+    """The spec's algorithm with the loss as -log(e/s) (the variant model)."""
+    return _variant("cross_entropy_forward", "loss as -log(e/s) (the log of the probability)", (logits, targets))
+
+
+def attention_forward(q, k, v):
+    """The spec's algorithm with NumPy's float32 exp (the variant model)."""
+    return _variant("attention_forward", "vendor exp (np.exp)", (q, k, v))

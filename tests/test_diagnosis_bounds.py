@@ -147,7 +147,7 @@ def test_a_row_op_is_sliced_to_its_differing_rows():
     import numpy as np
 
     ml_dtypes = pytest.importorskip("ml_dtypes")
-    from refreplay.conformance.diagnosis.diagnose import SLICE_FROM, _sliced, model_bytes
+    from refreplay.conformance.diagnosis.slices import SLICE_FROM, model_bytes, slices
     from refreplay.conformance.base.case import Case
     from refreplay.conformance.running.compare import Result
     from refreplay.conformance.table import OPS
@@ -161,7 +161,7 @@ def test_a_row_op_is_sliced_to_its_differing_rows():
     actual[[7, 9, 200]] ^= np.uint16(1)
     r = Result(case, "fail", actual={"y": actual.view(ml_dtypes.bfloat16)})  # as a kernel may give it
     assert model_bytes(op, r) > SLICE_FROM
-    sub, where = _sliced(op, r)
+    ((sub, where),) = slices(op, r)
     assert where == "3 differing rows from 7 to 200"
     assert np.array_equal(sub.case.inputs["x"], x[[7, 9, 200]])
     assert np.array_equal(sub.case.outputs["y"], y[[7, 9, 200]])

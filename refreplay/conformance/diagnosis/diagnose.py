@@ -21,6 +21,8 @@ from ..readings import orders
 from ..readings import transformer as variants
 from ..base.case import load_inputs
 from ..table import OPS
+from .slices import SLICE_FROM, model_bytes, slices
+from .slices import stored as _stored
 
 
 @dataclass
@@ -265,130 +267,29 @@ def diagnose(op_name: str, results) -> list[Finding]:
 
 
 MODEL_BUDGET = 1 << 30  # bytes the re-evaluation of one case may take
-# a failing case above this is re-evaluated on a slice where the op splits (``_sliced``), and a
+# a failing case above ``SLICE_FROM`` is re-evaluated on a slice where the op splits (``slices``), and a
 # passing one is not re-evaluated: every variant is evaluated on it, so time as well as memory
 # grows with it (no committed vector the variants see comes near: 12 MiB; a sweep case 48 MiB)
-SLICE_FROM = 128 << 20
 TOO_BIG = "diagnosis skipped"
 SLICED = "diagnosed on a slice"
-SLICE_ROWS = 64  # differing rows of a row op re-evaluated, at most (each variant is evaluated on them)
-
-
-def _model_terms(op, r) -> int:
-    """About how many product terms the op's models hold at once on case
-    ``r``: they materialise every term of every sum of the case (``dot``,
-    ``orders._Terms``), where a kernel or the reference streams them."""
-    shapes = [r.case.shape(f"in/{n}") for n in r.case.inputs]  # a tiled tensor is not made whole
-    base = op.name.removeprefix("bf16_")
-    if base.startswith("attention_"):  # q: [B, NH, T, HS]; every (t, s) pair is a dot over HS
-        B, NH, T, HS = next(s for s in shapes if len(s) == 4)
-        return B * NH * T * T * HS
-    if base == "linear_backward":  # dy: [N, OC], x: [N, C]; dx and dW are each N*OC*C terms
-        dy, x = shapes[:2]
-        return 2 * int(np.prod(dy)) * int(x[1])
-    two = sorted((int(np.prod(s)) for s in shapes if len(s) == 2))[-2:]
-    sizes = [int(np.prod(r.case.shape(f"out/{n}"))) for n in r.case.outputs]
-    out = max(sizes, default=0)
-    if len(two) == 2 and out and (op.terms is not None or base == "linear_forward"):
-        # A (I*K), B (K*J) and the output (I*J) give the dots' length K
-        return out * round(float(np.sqrt(two[0] * two[1] / out)))
-    return sum(int(np.prod(s)) for s in shapes) + sum(sizes)
-
-
-def model_bytes(op, r) -> int:
-    """An estimate of the memory re-evaluating the op's models on ``r`` takes:
-    six binary32 arrays of its terms (two broadcast operands, their
-    transposes, the products, the folded sums)."""
-    return 24 * _model_terms(op, r)
 
 
 def _gib(n: int) -> str:
     return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.0f} MiB"
 
 
-# Ops whose outputs are independent per slice of the leading axes, and the inputs sliced with them
-# (every output is): attention per (b, h) pair ([attn.bwd.c1]), the row ops per row.
-_PER_HEAD = ("attention_forward", "attention_backward")
-_PER_ROW = {
-    "softmax_forward": ("x",),
-    "softmax_backward": ("dy", "y"),
-    "log_softmax_forward": ("x",),
-    "log_softmax_backward": ("dy", "y"),
-    "layernorm_forward": ("x",),
-    "rmsnorm_forward": ("x",),
-}
-
-
-def _differs(r, n) -> np.ndarray | None:
-    """Where output ``n`` of ``r`` differs (two NaNs agree), as stored; None
-    if a shape or dtype differs."""
-    if n not in r.actual:
-        return None
-    e, a = r.case.outputs[n], _stored(r, n)  # a bf16 output as its bits
-    if a.shape != e.shape or a.dtype != e.dtype:
-        return None
-    if e.dtype == np.float32:
-        return (fp.bits(e) != fp.bits(a)) & ~(np.isnan(e) & np.isnan(a))
-    return e != a
-
-
-def _sliced(op, r):
-    """(sub-case of failing ``r`` holding differing elements, where) whose
-    outputs are exactly ``r``'s there, so that the diagnosis of the slice is
-    the diagnosis of the case; None where the op does not split so or no
-    slice fits ``SLICE_FROM``.  Attention: the first (b, h) pair that
-    differs; a row op: the first differing rows that fit."""
-    base = op.name.removeprefix("bf16_")
-    if base not in _PER_HEAD and base not in _PER_ROW:
-        return None
-    masks = [_differs(r, n) for n in r.case.outputs]
-    if any(m is None for m in masks):  # a wrong shape: no arithmetic variant to find
-        return None
-    if base in _PER_HEAD:
-        hit = np.zeros(r.case.shape(f"out/{next(iter(r.case.outputs))}")[:2], bool)
-        for m in masks:
-            hit |= m.any(axis=(2, 3))
-        if not hit.any():
-            return None
-        b, h = (int(i) for i in np.argwhere(hit)[0])
-        pick, names, where = (slice(b, b + 1), slice(h, h + 1)), tuple(r.case.inputs), f"(b, h) = ({b}, {h})"
-    else:
-        hit = np.zeros(len(masks[0]), bool)
-        for m in masks:
-            hit |= m.reshape(len(m), -1).any(axis=1)
-        rows = np.flatnonzero(hit)
-        per_row = max(1, model_bytes(op, r) // max(1, len(hit)))
-        rows = rows[: min(SLICE_ROWS, SLICE_FROM // per_row)]
-        if not rows.size:
-            return None
-        pick, names = (rows,), _PER_ROW[base]
-        where = f"{rows.size} differing rows from {rows[0]} to {rows[-1]}" if rows.size > 1 else f"row {rows[0]}"
-
-    def cut(x):
-        return np.ascontiguousarray(np.asarray(x)[pick])
-
-    case = replace(
-        r.case,
-        inputs={n: cut(x) if n in names else x for n, x in r.case.inputs.items()},
-        outputs={n: cut(x) for n, x in r.case.outputs.items()},
-        tiles={},
-    )
-    sub = replace(r, case=case, actual={n: cut(x) for n, x in r.actual.items()})
-    return (sub, where) if model_bytes(op, sub) <= SLICE_FROM else None
-
-
 def _bounded(op_name, results) -> list[Finding]:
     """``_diagnose`` with each failing case too large to re-evaluate replaced
-    by a slice of it that fits (``_sliced``), or else left out of every
+    by slices of it that fit (``slices``), or else left out of every
     re-evaluation, then a finding naming them."""
     op = OPS[op_name]
     big, notes, kept = [], [], []
     for r in results:
         need = model_bytes(op, r) if r.status in ("fail", "xfail") and r.actual else 0
-        sub = _sliced(op, r) if need > SLICE_FROM else None
-        if sub:
-            kept.append(sub[0])
-            notes.append(f"{r.case.id} at its {sub[1]}")
+        subs = slices(op, r) if need > SLICE_FROM else []
+        if subs:
+            kept += [sub for sub, _ in subs]
+            notes.append(f"{r.case.id} at its {'; and at its '.join(where for _, where in subs)}")
         else:
             kept.append(r)
             if need > MODEL_BUDGET:
@@ -628,14 +529,6 @@ VERIFY_CASES = 8  # failing cases a matching variant must reproduce before it is
 PASSING_CASES = 3  # passing cases it must reproduce too (the kernel gives the spec's bits there)
 
 
-def _stored(r, n):
-    """Output ``n`` of the kernel as stored (a bf16 output as uint16 bits)."""
-    from ...numerics.bf16 import as_bits
-
-    a = np.asarray(r.actual[n])
-    return as_bits(a) if f"out/{n}" in r.case.bf16 else a
-
-
 def _as_f32(r, n):
     """Output ``n`` as binary32 (a bf16 output widened: the variants' form)."""
     from ..base.bf16 import widen
@@ -644,7 +537,15 @@ def _as_f32(r, n):
 
 
 def _loaded(rs):
-    return [(load_inputs(list(r.case.inputs.values())), [_as_f32(r, n) for n in r.case.outputs]) for r in rs]
+    """[(loaded inputs, the kernel's outputs in the op's order)]; an output a
+    slice does not hold (``slices``) is None, and is not compared."""
+    return [
+        (
+            load_inputs(list(r.case.inputs.values())),
+            [_as_f32(r, n) if n in r.case.outputs else None for n in OPS[r.case.op].outputs],
+        )
+        for r in rs
+    ]
 
 
 def _variant_finding(op, results, fits):
@@ -863,6 +764,8 @@ def _ulp_summary(op_name, cases) -> str:
     ds = []
     for inputs, actual in cases:
         for e, a in zip(variants.evaluate(op_name, inputs), actual):
+            if a is None:  # an output the slice does not hold
+                continue
             e, a = np.asarray(e, np.float32).ravel(), np.asarray(a, np.float32).ravel()
             if e.shape == a.shape:
                 d = fp.ulp_distance(e, a)
@@ -955,6 +858,8 @@ def _bf16_findings(op, results, fits) -> tuple[list[Finding], set]:
                 got = m.fn(op, inputs)
             except Exception:  # noqa: BLE001  a fault in a diagnostic aid never hides the mismatch
                 continue
+            if got is not None:  # only the outputs a slice holds (``slices``)
+                got = tuple(g for n, g in zip(op.outputs, got) if n in r.case.outputs)
             if BV.matches(actual[id(r)], got) and not BV.matches(tuple(r.case.outputs.values()), got):
                 hits.append(r)
         if hits:
