@@ -23,10 +23,12 @@ because ``matmul`` is taken.
 - bf16_attention_backward: the probabilities rounded to bf16 before use (P kept
   in bf16, as fused kernels store it) above T = 256
 - long_attention (a dispatcher: ``shape_switch_kernels:long_attention``): past
-  the T the backward sweeps reached before [conf.vectors.c3], dv accumulated in
+  the T the sweeps reached before [conf.vectors.c3] and [c4], dv accumulated in
   float64 above T = 1,024 and the probabilities kept in bf16 above T = 512
-  (bf16), and a fast path for T a multiple of 128 from T = 256 on (dk in
-  float64)
+  (bf16), a fast path for T a multiple of 128 from T = 256 on (dk in
+  float64), the forward's att returned rounded to bf16 above T = 1,024 (its
+  out from the spec's att: only the hashed att differs), and bf16 attention
+  forward's two-block online softmax above T = 512
 - long_rows (a dispatcher: ``shape_switch_kernels:long_rows``): past the sizes
   the sweeps reached before issue 31's second round, the row ops reduce their
   rows in reverse order above 65,536 (norms, softmaxes, cross-entropy, binary32
@@ -219,11 +221,11 @@ def _online_softmax_row(z):
     return E.mul(E.exp(E.sub(z, np.full_like(z, m))), np.full_like(z, E.recip(np.array([s]))[0]))
 
 
-def bf16_attention_forward(q, k, v):
+def bf16_attention_forward(q, k, v, switch=SWITCH["bf16_attention_forward"]):
     ref = OPS["bf16_attention_forward"].reference
     out, att = ref(q, k, v)
     T = q.shape[2]
-    if T <= SWITCH["bf16_attention_forward"]:
+    if T <= switch:
         return out, att
     qf, kf = (B16.decode(B16.load(x)) for x in (q, k))
     scale = A.attention_scale(qf.shape[3])
@@ -243,7 +245,12 @@ def bf16_attention_backward(dout, q, k, v, att):
 
 # ---- long_attention: the backward's T past 513 (binary32) and 257 (bf16) ----------------------
 
-LONG_T = {"attention_backward": 1024, "bf16_attention_backward": 512}
+LONG_T = {
+    "attention_backward": 1024,
+    "bf16_attention_backward": 512,
+    "attention_forward": 1024,
+    "bf16_attention_forward": 512,
+}
 ALIGNED_T = 128  # attention_backward's fast path: T a multiple of 128, from 2 x 128 on
 
 
@@ -271,7 +278,12 @@ def long_attention(op, *args):
         from refreplay.conformance.running.kernel import Unsupported
 
         raise Unsupported(f"long_attention implements {sorted(LONG_T)} only")
-    T = args[1].shape[2]
+    T = args[1].shape[2] if op.endswith("backward") else args[0].shape[2]
+    if op == "bf16_attention_forward":  # the two-block online softmax, from a longer T on
+        return bf16_attention_forward(*args, switch=LONG_T[op])
+    if op == "attention_forward":  # att kept for the backward as bf16 (out from the spec's att)
+        out, att = A.attention_forward(*(numerics.load(x) for x in args))
+        return (out, att) if T <= LONG_T[op] else (out, B16.decode(B16.encode(att)))
     if op == "bf16_attention_backward":
         dout, q, k, v, att = args
         ref = OPS[op].reference

@@ -122,11 +122,12 @@ def test_switch_past_16385_and_2_22_is_not_conformant(tmp_path, op):
 
 
 @pytest.mark.parametrize("op", sorted(SK.LONG_T))
-def test_attention_backward_switch_past_the_old_T_is_not_conformant(tmp_path, op):
-    """[conf.vectors.c3] The backward's T past the 513 (bf16 257) of whole att tensors: dv in
-    float64 above T = 1,024, P in bf16 above 512, and (binary32) a fast path for T a multiple
-    of 128 from 256 on are NOT CONFORMANT; each fails only the cases past its switch, the
-    fast path only T = 512."""
+def test_attention_switch_past_the_old_T_is_not_conformant(tmp_path, op):
+    """[conf.vectors.c3, c4] The backward's T past the 513 (bf16 257) of whole att tensors,
+    the forward's past 1,024 (bf16 257): dv in float64 above T = 1,024, P in bf16 above 512,
+    (binary32) a fast path for T a multiple of 128 from 256 on, att returned in bf16 above
+    1,024 (only the hashed output differs), the bf16 forward's online softmax above 512 are
+    NOT CONFORMANT; each fails only the cases past its switch, the fast path only T = 512."""
     rc, rep = _conform(tmp_path, op, "shape_switch_kernels:long_attention")
     assert rc == 1 and rep["verdict"] == "NOT CONFORMANT"
     assert all(c["status"] in ("pass", "fail") for c in rep["cases"])
@@ -134,9 +135,20 @@ def test_attention_backward_switch_past_the_old_T_is_not_conformant(tmp_path, op
 
     notes = {c["id"]: c["probes"] for c in store.read_manifest()["cases"] if c["op"] == op}
     sizes = sorted(_size(notes[c["id"]], "T") for c in rep["cases"] if c["status"] == "fail")
-    assert sizes == {"attention_backward": [512, 1025], "bf16_attention_backward": [513]}[op], sizes
+    assert (
+        sizes
+        == {
+            "attention_backward": [512, 1025],
+            "bf16_attention_backward": [513, 1025],
+            "attention_forward": [1025],
+            "bf16_attention_forward": [1024, 1025],
+        }[op]
+    ), sizes
+    if op == "attention_forward":  # the hashed att is the one output that differs, and is located
+        (case,) = [c for c in rep["cases"] if c["status"] == "fail"]
+        assert [m["output"] for m in case["mismatches"]] == ["att"], case["mismatches"]
     assert _failing_families(rep) == {"sweep"}
-    assert SK.LONG_T[op] + 1 in rep["domain"][op]["axes"]["T"]
+    assert 1025 in rep["domain"][op]["axes"]["T"]  # the verdict states the reach
 
 
 def test_tiled_rows_separate_their_order():
@@ -199,10 +211,10 @@ def test_committed_domain_reaches_every_listed_switch():
         ("bf16_linear_backward", "OC"): 8193,
         ("gelu_backward", "N"): 2**22 + 1,
         ("bf16_add", "N"): 2**22 + 1,
-        ("attention_forward", "T"): 1024,
+        ("attention_forward", "T"): 1025,
         ("attention_backward", "T"): 1025,
-        ("bf16_attention_forward", "T"): 257,
-        ("bf16_attention_backward", "T"): 513,
+        ("bf16_attention_forward", "T"): 1025,
+        ("bf16_attention_backward", "T"): 1025,
         ("bf16_log_softmax_forward", "V"): 16385,
         ("bf16_log_softmax_backward", "V"): 16385,
     }

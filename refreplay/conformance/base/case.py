@@ -129,17 +129,26 @@ def unpack_causal(packed: np.ndarray, shape) -> np.ndarray:
 
 
 class Tiled(Mapping):
-    """[conf.vectors.c2, conf.vectors.c3] A loaded case's tensors (name -> array)
-    whose tiled or causal ones are kept as they are stored (a pattern, a lower
-    triangle) and made whole on each access, never kept whole: a reader holds
-    the stored form of every case and the whole tensors only of the case it runs."""
+    """[conf.vectors.c2, c3, c4] A loaded case's tensors (name -> array) whose
+    tiled or causal ones are kept as they are stored (a pattern, a lower
+    triangle), and whose hashed outputs are kept as nothing, each made whole
+    on each access, never kept whole: a reader holds the stored form of every
+    case and the whole tensors only of the case it runs."""
 
-    def __init__(self, stored: dict[str, np.ndarray], shapes: dict[str, tuple], causal=frozenset()):
+    def __init__(self, stored: dict[str, np.ndarray], shapes: dict[str, tuple], causal=frozenset(), made=None):
         self._stored = stored  # name -> the array, or for a tiled tensor its pattern
-        self._shapes = shapes  # name -> whole shape, for the tiled and causal tensors only
+        self._shapes = shapes  # name -> whole shape, for the tiled, causal and hashed tensors only
         self._causal = causal  # names of the causal tensors
+        # [conf.vectors.c4] name -> (its sha256, how the hashed output is recomputed)
+        self._made = made or {}
+
+    def sha256(self, name: str) -> str:
+        """[conf.vectors.c4] The manifest's sha256 of hashed output ``name``."""
+        return self._made[name][0]
 
     def __getitem__(self, name: str) -> np.ndarray:
+        if name in self._made:
+            return self._made[name][1]()
         a = self._stored[name]
         if name in self._causal:
             return unpack_causal(a, self._shapes[name])
@@ -183,6 +192,8 @@ class Case:
     tiles: dict[str, int] = field(default_factory=dict)
     # [conf.vectors.c3] tensors ("in/NAME", "out/NAME") [..., T, T] stored as their lower triangles
     causal: frozenset[str] = frozenset()
+    # [conf.vectors.c4] outputs ("out/NAME") held by their sha256 only, not in the file
+    hashed: frozenset[str] = frozenset()
 
     def dtype(self, key: str) -> str:
         """The dtype name of tensor ``key`` ("in/NAME" or "out/NAME"): "bf16"

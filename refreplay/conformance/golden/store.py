@@ -85,7 +85,8 @@ def encode_file(cases: list[Case]) -> bytes:
         for n, a in c.inputs.items():
             pairs += [f"{c.id}/in/{n}", _le(stored(c, f"in/{n}", a))]
         for n, a in c.outputs.items():
-            pairs += [f"{c.id}/out/{n}", _le(stored(c, f"out/{n}", a))]
+            if f"out/{n}" not in c.hashed:  # [conf.vectors.c4] held by its sha256 alone
+                pairs += [f"{c.id}/out/{n}", _le(stored(c, f"out/{n}", a))]
     return bytes.fromhex(tensorio.file_bytes(FORMAT, *pairs, bf16=bf16))
 
 
@@ -96,6 +97,8 @@ def _tensor_entry(case, kind, name, a, with_sha):
         e["tile"] = case.tiles[key]
     if key in case.causal:
         e["causal"] = True
+    if key in case.hashed:
+        e["hashed"] = True
     if with_sha:
         e["sha256"] = tensor_sha(stored(case, key, a))  # of the bytes the file holds
     return e
@@ -127,8 +130,24 @@ def encode(cases: list[Case], spec_version: str, generator_version: str, seed: i
             for c in cases
         ],
     }
-    files[MANIFEST] = (json.dumps(manifest, indent=1, ensure_ascii=False) + "\n").encode()
+    files[MANIFEST] = _manifest_bytes(manifest)
     return files
+
+
+def _manifest_bytes(manifest: dict) -> bytes:
+    """The manifest as JSON, one file and one case a line (a diff names what changed; the
+    indented form took 2.2 MB of the 40 MB the vectors may hold, this 1.6 MB)."""
+
+    def dump(x):
+        return json.dumps(x, ensure_ascii=False, separators=(",", ":"))
+
+    def items(lines):
+        return ",\n".join(lines) + "\n" if lines else ""
+
+    head = dump({k: v for k, v in manifest.items() if k not in ("files", "cases")})[:-1]
+    files = items([f"{dump(k)}:{dump(v)}" for k, v in manifest["files"].items()])
+    cases = items([dump(c) for c in manifest["cases"]])
+    return f'{head},"files":{{\n{files}}},"cases":[\n{cases}]}}\n'.encode()
 
 
 def write(files: dict[str, bytes], directory: Path = VECTOR_DIR) -> None:
@@ -222,6 +241,21 @@ def _check_causal(c, t, tiled, bad) -> None:
         bad(f"case {c['id']}: its tiled and causal tensors hold more than {MAX_TILED_CASE} elements")
 
 
+def _check_hashed(c, t, tiled, bad) -> None:
+    """[conf.vectors.c4] Only an output may be hashed, not tiled or causal as well; it is made
+    whole by the reference, so it counts toward its case's bound of [conf.vectors.c2]."""
+    if t["hashed"] is not True or "tile" in t or "causal" in t:
+        bad(f"case {c['id']}: tensor {t['name']}: hashed must be true, on an output neither tiled nor causal")
+    n = 1
+    for d in t["shape"]:
+        n *= d
+        if n > MAX_TILED:
+            bad(f"case {c['id']}: tensor {t['name']}: a hashed output holds at most {MAX_TILED} elements")
+    tiled[0] += n
+    if tiled[0] > MAX_TILED_CASE:
+        bad(f"case {c['id']}: its tiled, causal and hashed tensors hold more than {MAX_TILED_CASE} elements")
+
+
 def _check_case(c, files, ids, bad) -> None:
     """Every field of one manifest case has its type ([conf.vectors.c1])."""
     if not (
@@ -255,6 +289,12 @@ def _check_case(c, files, ids, bad) -> None:
             _check_tile(c, t, tiled, bad)
         if "causal" in t:
             _check_causal(c, t, tiled, bad)
+    for t in c["inputs"]:
+        if "hashed" in t:
+            bad(f"case {c['id']}: input {t['name']} is hashed: only an output may be")
+    for t in c["outputs"]:
+        if "hashed" in t:
+            _check_hashed(c, t, tiled, bad)
     for t in c["outputs"]:
         if not (isinstance(t["sha256"], str) and len(t["sha256"]) == 64):
             bad(f"case {c['id']}: bad sha256 for output {t['name']}")
@@ -298,6 +338,10 @@ def load_cases(directory: Path = VECTOR_DIR, ops=None) -> tuple[dict, list[Case]
 
         def get(kind, t):
             key = f"{c['id']}/{kind}/{t['name']}"
+            if "hashed" in t:  # [conf.vectors.c4] in the manifest only: recomputed when read
+                if key in tensors:
+                    raise InputError(f"{directory / c['file']}: {key} is in the file, the manifest says it is hashed")
+                return np.empty(0, DTYPES[t["dtype"]])
             if key not in tensors:
                 raise InputError(f"{directory / c['file']}: tensor {key} missing")
             a = tensors[key]
@@ -313,10 +357,13 @@ def load_cases(directory: Path = VECTOR_DIR, ops=None) -> tuple[dict, list[Case]
                 raise InputError(f"{directory / c['file']}: {key} does not match its sha256 in the manifest")
             return a  # [conf.vectors.c2] a tiled tensor stays its pattern until the case runs
 
-        def of_case(kind, ts):
-            shapes = {t["name"]: tuple(t["shape"]) for t in ts if "tile" in t or "causal" in t}
+        def of_case(kind, ts, inputs=None):
+            shapes = {t["name"]: tuple(t["shape"]) for t in ts if "tile" in t or "causal" in t or "hashed" in t}
             causal = frozenset(t["name"] for t in ts if "causal" in t)
-            return Tiled({t["name"]: get(kind, t) for t in ts}, shapes, causal)
+            made = {t["name"]: (t["sha256"], _recompute(c, t, inputs)) for t in ts if "hashed" in t}
+            return Tiled({t["name"]: get(kind, t) for t in ts}, shapes, causal, made)
+
+        inputs = of_case("in", c["inputs"])
 
         out.append(
             Case(
@@ -325,8 +372,8 @@ def load_cases(directory: Path = VECTOR_DIR, ops=None) -> tuple[dict, list[Case]
                 c["family"],
                 c["probes"],
                 [lb.strip("[]") for lb in c["clauses"]],
-                of_case("in", c["inputs"]),
-                of_case("out", c["outputs"]),
+                inputs,
+                of_case("out", c["outputs"], inputs),
                 frozenset(
                     f"{kind}/{t['name']}"
                     for kind, ts in (("in", c["inputs"]), ("out", c["outputs"]))
@@ -345,6 +392,32 @@ def load_cases(directory: Path = VECTOR_DIR, ops=None) -> tuple[dict, list[Case]
                     for t in ts
                     if "causal" in t
                 ),
+                frozenset(f"out/{t['name']}" for t in c["outputs"] if "hashed" in t),
             )
         )
     return m, out
+
+
+def _recompute(c, t, inputs):
+    """[conf.vectors.c4] How hashed output ``t`` of manifest case ``c`` is made whole: the
+    reference on the case's inputs, as the generator computed it, accepted only if its bytes
+    have the manifest's sha256 (else the reference does not reproduce the case here: exit 2)."""
+
+    def make():
+        from ..base.case import as_outputs, load_inputs
+        from ..table import OPS
+
+        op = OPS.get(c["op"])
+        if op is None:
+            raise InputError(f"case {c['id']}: unknown op {c['op']!r}: its hashed output cannot be recomputed")
+        raw = [np.ascontiguousarray(inputs[n]) for n in op.inputs]
+        a = as_outputs(op.reference(*load_inputs(raw)), op.outputs).get(t["name"])
+        dt = None if a is None else BF16 if f"out/{t['name']}" in op.bf16 else dtype_name(a)
+        if dt != t["dtype"] or list(a.shape) != t["shape"] or tensor_sha(a) != t["sha256"]:
+            raise InputError(
+                f"case {c['id']}: the reference on this machine does not reproduce its hashed output "
+                f"{t['name']} (sha256 {t['sha256'][:16]}...): run `refreplay doctor`"
+            )
+        return a
+
+    return make

@@ -155,11 +155,14 @@ LATER_BF16 = dict.fromkeys(long_rows.DESIGNED, _BF16_LOG_V)
 # accumulated dv another way above T = 512 was CONFORMANT.  att [T, T] is an input of the
 # backward, binary32 in both profiles, the forward's own (a kernel may recompute it from q and k,
 # so it is not drawn), stored as its lower triangle ([conf.vectors.c3]): thin otherwise (B = NH =
-# 1, HS = 2), T = 512 (aligned) and 513 costs 0.53 MB each, T = 1,025 (past gpt2's 1,024, the
-# switches above 512 and at 1,024) 2.1 MB; bf16 257 and 513.  The vectors stay under 40 MB.
+# 1, HS = 2), T = 512 (aligned) and 513 cost 0.53 MB each, T = 1,025 (past gpt2's 1,024, the
+# switches above 512 and at 1,024) 2.1 MB.  The forwards' att from T = 513 is held by its sha256
+# ([conf.vectors.c4]), so their long cases cost kilobytes.  The vectors stay under 40 MB.
 LATER_T = {
     "attention_backward": {"T": (513, 512, 1025)},
-    "bf16_attention_backward": {"T": (257, 513)},
+    "bf16_attention_backward": {"T": (257, 513, 1025)},
+    "attention_forward": {"T": (1025,)},
+    "bf16_attention_forward": {"T": (512, 1024, 1025)},
 }
 
 
