@@ -39,7 +39,7 @@ import numpy as np
 
 from .._jit import kernel
 from .._tiles import prefetch, transpose8
-from ..numerics.elementwise import add_flush
+from ..numerics.elementwise import add_flush, mul_flush
 
 RB = 32  # rows per block: the SIMD lanes of every lane loop (a [256, 32] tile is 32 KiB)
 CB = 256  # columns per chunk of a long row: a [CB, RB] tile is 32 KiB, it stays in L1
@@ -142,6 +142,23 @@ def lane_sum(T, start):
     acc = np.full(RB, start, np.float32)
     lane_sum_into(T, acc)
     return acc
+
+
+@kernel
+def lane_dot_into(A, B, i0, rows, c0, T, U, acc):
+    """[red.sum.c1] acc[r] = add(acc[r], A[i0 + r, c] * B[i0 + r, c]) for the
+    columns c0 <= c < c0 + w increasing (w = T.shape[0]; products flushed, the
+    adds as in lane_sum_into): lane r's chain goes on along row i0 + r.  The
+    chunks of A and B move into the tiles T and U by 8 x 8 transposes
+    (load_chunk) and the products are formed in the lanes: written into the
+    tile along each row instead, as a scatter of one element per store, the
+    terms took over half of softmax_backward's time at V = 50,304."""
+    load_chunk(A, i0, rows, c0, T)
+    load_chunk(B, i0, rows, c0, U)
+    for c in range(T.shape[0]):
+        t, u = T[c], U[c]
+        for r in range(RB):
+            acc[r] = add_flush(acc[r], mul_flush(t[r], u[r]))
 
 
 @kernel

@@ -19,7 +19,7 @@ from ..linalg.common import NEG_INF, NEG_ZERO
 from ..numerics.core import fmax, mul, recip, sub
 from ..numerics.elementwise import add_flush, exp_lane, mul_flush  # [num.exp.c1]
 from ..numerics.transcendental import log
-from .rowblock import CB, RB, lane_sum_into, load_chunk, n_blocks, new_tile, store_chunk
+from .rowblock import CB, RB, lane_dot_into, lane_sum_into, load_chunk, n_blocks, new_tile, store_chunk
 
 
 # ---- row kernels (first n entries of a row) --------------------------------------
@@ -124,17 +124,13 @@ def softmax_rows_causal_backward(dy, y, n0, dx):
     """[softmax.bwd.c1] dx[r, :n0+r] (overwritten) from dy and y = softmax
     output, for r < dx.shape[0] <= RB: the bits of softmax_row_backward(dy[r],
     y[r], n0 + r, dx[r]), the rows' sums d side by side in tile lanes over
-    j < n0 (the terms dy*y written into the tile along each row)."""
+    j < n0 (the terms dy*y formed in the lanes, rowblock.lane_dot_into)."""
     rows = dx.shape[0]
-    T = new_tile()
+    T, U = new_tile(), new_tile()
     d = np.full(RB, NEG_ZERO, np.float32)  # NaN canonicalised by the sub below ([num.nan.c1])
     for c0 in range(0, n0, CB):
         w = min(CB, n0 - c0)
-        for r in range(rows):
-            dy_r, y_r = dy[r, c0 : c0 + w], y[r, c0 : c0 + w]
-            for j in range(w):
-                T[j, r] = mul_flush(dy_r[j], y_r[j])
-        lane_sum_into(T[:w], d)
+        lane_dot_into(dy, y, 0, rows, c0, T[:w], U[:w], d)
     for r in range(rows):
         dyr, yr, dxr = dy[r], y[r], dx[r]
         dr = d[r]
@@ -238,20 +234,16 @@ def softmax_backward_kernel(dy, y, dx):
     """[softmax.bwd.c1] dy, y [N, V] -> dx [N, V] (overwritten):
         d = ((-0 + dy[0]*y[0]) + dy[1]*y[1]) + ... + dy[V-1]*y[V-1]
         dx[j] = y[j] * (dy[j] - d)
-    The terms dy[j]*y[j] are written into the chunk tile along each row."""
+    The terms dy[j]*y[j] are formed in the lanes (rowblock.lane_dot_into)."""
     N, V = y.shape
     for b in prange(n_blocks(N)):
         i0 = b * RB
         rows = min(RB, N - i0)
-        T = new_tile()
-        d = np.full(RB, NEG_ZERO, np.float32)
+        T, U = new_tile(), new_tile()
+        d = np.full(RB, NEG_ZERO, np.float32)  # NaN canonicalised by the sub below ([num.nan.c1])
         for c0 in range(0, V, CB):
             w = min(CB, V - c0)
-            for r in range(rows):
-                dy_r, y_r = dy[i0 + r, c0 : c0 + w], y[i0 + r, c0 : c0 + w]
-                for j in range(w):
-                    T[j, r] = mul_flush(dy_r[j], y_r[j])  # the terms, row r in lane r (NaN: see lane_sum_into)
-            lane_sum_into(T[:w], d)
+            lane_dot_into(dy, y, i0, rows, c0, T[:w], U[:w], d)
         for r in range(rows):
             dy_r, y_r, dx_r, d_r = dy[i0 + r], y[i0 + r], dx[i0 + r], d[r]
             for j in range(V):
