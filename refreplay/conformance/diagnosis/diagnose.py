@@ -4,7 +4,9 @@ and which passed, each citing the clauses it rests on.
 A family isolates one property (see ``cases.FAMILIES``), so the pattern of
 failures names the broken rule.  For a sum that fails, the candidate orders
 of ``orders.py`` are evaluated on the failing case's inputs and the ones that
-reproduce the kernel's output exactly are named.  For a transformer op, which
+reproduce the kernel's output exactly are named: on the failing order probes,
+or, where only random cases fail (a live run at a model's shapes has nothing
+else), on those cases or slices of them.  For a transformer op, which
 has random cases only, the op is re-evaluated on the smallest failing cases
 with the spec's algorithm changed in one or two places (``variants.py``) and
 the variants that reproduce the kernel, or else the closest one, are named.
@@ -154,6 +156,166 @@ def _order_finding(op, fam):
     return Finding(op.name, f"sums in a different order — {_count(fam, 'order')}; {what}", clause)
 
 
+ORDER_FAMILIES = ("random", "sweep")  # failing cases on which the candidate orders are tried when no order probe fails
+ORDER_SCREEN = 512  # sums of each case every candidate order is first tried on (half of them differing, if so many)
+
+
+def _agree(x, y) -> np.ndarray:
+    """Element-wise: the same bits, or both NaN."""
+    return (fp.bits(x) == fp.bits(y)) | (np.isnan(x) & np.isnan(y))
+
+
+def _f32_result(r) -> bool:
+    if not r.actual or len(r.case.outputs) != 1:
+        return False
+    e, a = next(iter(r.case.outputs.values())), np.asarray(next(iter(r.actual.values())))
+    return e.dtype == np.float32 and a.dtype == np.float32 and a.shape == e.shape
+
+
+class _Sums:
+    """Case ``r`` (whole or a slice) as the op's R sums of N terms
+    (``op.terms``), with the spec's and the kernel's result for each."""
+
+    def __init__(self, op, r):
+        self.a, self.b = op.terms(*load_inputs(list(r.case.inputs.values())))
+        self.actual = _flat_actual(r)
+        self.differ = ~_agree(np.asarray(next(iter(r.case.outputs.values())), np.float32).ravel(), self.actual)
+
+    def screen(self, most: int) -> np.ndarray:
+        """Up to ``most`` sums: differing ones first (up to half), then ones where the kernel agrees."""
+        hit, same = np.flatnonzero(self.differ), np.flatnonzero(~self.differ)
+        take = hit[: max(most // 2, most - same.size)]
+        return np.sort(np.concatenate([take, same[: most - take.size]]))
+
+    def tally(self, cands, rows=None) -> dict:
+        """name -> (reproduces every sum, differing sums it reproduces, sums
+        where the kernel has the spec's bits and it has not), on ``rows`` (all)."""
+        a, b, actual, differ = self.a, self.b, self.actual, self.differ
+        if rows is not None:
+            a, b, actual, differ = a[rows], None if b is None else b[rows], actual[rows], differ[rows]
+        out = {}
+        for c in cands:
+            got = np.asarray(c(a, b), np.float32).ravel()
+            hit = _agree(got, actual) if got.shape == actual.shape else np.zeros(actual.shape, bool)
+            out[c.name] = (bool(hit.all()), int(np.count_nonzero(hit & differ)), int(np.count_nonzero(~hit & ~differ)))
+        return out
+
+
+def _order_passing(op, results) -> list:
+    """Up to ``PASSING_CASES`` random or sweep cases the kernel passes, the
+    largest first (the longest sums, where the candidate orders differ
+    most), a case over ``SLICE_FROM`` cut to a slice of it (``slices``)."""
+    good = [r for r in results if r.status in ("pass", "xpass") and r.case.family in ORDER_FAMILIES]
+    good.sort(key=lambda r: (r.case.family != "random", -model_bytes(op, r)))
+    out = []
+    for r in good:
+        if len(out) == PASSING_CASES:
+            break
+        if model_bytes(op, r) > SLICE_FROM:
+            subs = slices(op, r)
+            if not subs:
+                continue
+            r = subs[0][0]
+        if _f32_result(r):
+            out.append(r)
+    return out
+
+
+def _cases(n: int, what: str = "") -> str:
+    return f"{n} {what}case{'s' if n != 1 else ''}"
+
+
+def _case_order_finding(op, fam, results) -> tuple[Finding | None, str]:
+    """[conf.diagnosis.r1] For a sum with no variant model (the matmuls, the
+    plain sums) whose failing random or sweep cases (whole, or the slices
+    ``_bounded`` made of them) no order probe covers: the candidate orders
+    of ``orders.py`` on those cases.  Every candidate is tried on up to
+    ``ORDER_SCREEN`` sums of each of the ``VARIANT_CASES`` failing cases
+    with the shortest sums; the ones that reproduce those are evaluated on
+    every sum of up to ``VERIFY_CASES`` failing cases and of up to
+    ``PASSING_CASES`` cases the kernel passes.  An order is named only if it
+    reproduces every element of all of them (every differing one, and the
+    kernel's agreement with the spec elsewhere); otherwise (None, a sentence
+    with the closest candidate's counts) for the finding that says how far
+    the outputs are off."""
+    if op.terms is None or op.name in variants.MODELS:
+        return None, ""
+    bad = [r for f in ORDER_FAMILIES for r in fam.get(f, ([], []))[0] if r.status != "error" and _f32_result(r)]
+    if not bad:
+        return None, ""
+    length = {id(r): _Sums(op, r).a.shape[1] for r in bad}
+    # random cases first, the shortest sums first: a candidate folds its terms one k at a time
+    bad = sorted(bad, key=lambda r: (r.case.family != "random", length[id(r)], model_bytes(op, r)))[:VERIFY_CASES]
+    first = [_Sums(op, r) for r in bad[:VARIANT_CASES]]
+    cands = [c for c in orders.candidates(first[0].b is not None) if not c.spec]
+    rows = [s.screen(ORDER_SCREEN) for s in first]
+    tallies = [s.tally(cands, ix) for s, ix in zip(first, rows)]
+    screened = [c for c in cands if all(t[c.name][0] for t in tallies)]
+    differ = sum(int(np.count_nonzero(s.differ[ix])) for s, ix in zip(first, rows))
+    del first  # the terms of every case are not held at once
+    verified = screened
+    for r in bad:
+        if not verified:
+            break
+        t = _Sums(op, r).tally(verified)
+        verified = [c for c in verified if t[c.name][0]]
+    passing = _order_passing(op, results)
+    broken = {c.name: 0 for c in verified}  # elements of the passing cases the candidate changes
+    for r in passing:
+        if not verified:
+            break
+        t = _Sums(op, r).tally(verified)
+        for c in verified:
+            broken[c.name] += t[c.name][2]
+    named = [c for c in verified if not broken[c.name]]
+    fams = "/".join(sorted({r.case.family for r in bad}))
+    on = f"all {len(bad)} failing {fams} cases" if len(bad) > 1 else f"the failing {fams} case"
+    if named:
+        what = named[0].name if len(named) == 1 else "any of: " + "; ".join(c.name for c in named)
+        also = f" and of the {_cases(len(passing))} it passes" if passing else ""
+        fused, sequential = all(c.fused for c in named), all(c.name.startswith("sequential") for c in named)
+        if sequential:  # the spec's order: what differs is the contraction or the start
+            lead = "contracts multiply-add (a*b + c rounded once)" if fused else "starts its sums from +0, not -0"
+        else:
+            lead = "sums in a different order" + (", with multiply-add contracted" if fused else "")
+        clauses = [c for c in op.clauses if c.startswith(("mm.", "red."))] + (["num.nofma.c1"] if fused else [])
+        msg = f"{lead} — no probe isolates it; output matches {what} (every element of {on} re-evaluated{also})"
+        return Finding(op.name, msg, clauses), ""
+    if verified:  # every failing case, but not the passing ones
+        n = verified[0].name
+        return None, (
+            f"; the candidate order {n} reproduces every element of {on} re-evaluated, but changes "
+            f"{broken[n]} elements of the {_cases(len(passing))} the kernel passes, so no order is named "
+            f"(the kernel may change its order with shape)"
+        )
+    n_first = len(tallies)
+    sums = sum(ix.size for ix in rows)
+    smallest = f"{sums} sums of the {_cases(n_first, 'failing ')} with the shortest sums"
+    if screened:
+        return None, (
+            f"; the candidate order {screened[0].name} reproduces the {smallest} but not every element of "
+            f"{on} re-evaluated, so no order is named"
+        )
+    score = {
+        c.name: (sum(t[c.name][1] - t[c.name][2] for t in tallies), sum(t[c.name][1] for t in tallies)) for c in cands
+    }
+    best = max(score, key=score.get)
+    explained = score[best][1]
+    if not explained:
+        return None, (
+            f"; no candidate order (reversed, pairwise, blocked/split-k, strided lanes, NumPy pairwise, each "
+            f"with and without fused multiply-add) reproduces any of the {differ} differing elements among "
+            f"the {smallest}"
+        )
+    changed = sum(t[best][2] for t in tallies)
+    return None, (
+        f"; partial: the closest candidate order, {best}, reproduces {explained} of the {differ} differing "
+        f"elements among the {smallest}"
+        + (f" and changes {changed} where the kernel has the spec's bits" if changed else "")
+        + "; no candidate order reproduces them all"
+    )
+
+
 def _outputs_where(fam, family, pred):
     """Elements of failing cases of ``family`` where pred(expected, actual)."""
     hits = 0
@@ -278,6 +440,17 @@ def _gib(n: int) -> str:
     return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.0f} MiB"
 
 
+def _reevaluated(op) -> str:
+    """What the diagnosis re-evaluates on a case of ``op``, for the slice note."""
+    if op.name in variants.MODELS:
+        return "for each variant of the algorithm"
+    if op.bf16:
+        return "for each misreading of the bf16 profile"
+    if op.terms is not None:
+        return "for each candidate summation order"
+    return "to re-evaluate"
+
+
 def _bounded(op_name, results) -> list[Finding]:
     """``_diagnose`` with each failing case too large to re-evaluate replaced
     by slices of it that fit (``slices``), or else left out of every
@@ -302,7 +475,7 @@ def _bounded(op_name, results) -> list[Finding]:
             Finding(
                 op_name,
                 f"{SLICED}: {'; '.join(notes[:4])}{f'; and {len(notes) - 4} more' if len(notes) > 4 else ''} "
-                f"(a whole case would take over {_gib(SLICE_FROM)} for each variant of the algorithm; the "
+                f"(a whole case would take over {_gib(SLICE_FROM)} {_reevaluated(op)}; the "
                 f"slice's outputs are the case's own there)",
                 ["conf.diagnosis.r1"],
             )
@@ -357,6 +530,10 @@ def _diagnose(op_name: str, results, fits=lambda r: True) -> list[Finding]:
             Finding(op_name, f"contracts multiply-add (a*b + c rounded once) — {_count(fam, 'fma')}", ["num.nofma.c1"])
         )
     f = _order_finding(op, fam)
+    if f:
+        out.append(f)
+    # only random or sweep cases fail (a live run has no probes): the candidate orders on those cases themselves
+    f, order_note = _case_order_finding(op, fam, results) if failing <= set(ORDER_FAMILIES) else (None, "")
     if f:
         out.append(f)
     out += _flush_mode_findings(op_name, fam, failing)
@@ -419,7 +596,10 @@ def _diagnose(op_name: str, results, fits=lambda r: True) -> list[Finding]:
     if f:
         out.append(f)
     if not out and failing:
-        out.append(_unexplained_finding(op, [r for f in sorted(failing) for r in fam[f][0]], failing, results))
+        f = _unexplained_finding(op, [r for f in sorted(failing) for r in fam[f][0]], failing, results)
+        out.append(Finding(f.op, f.message + order_note, f.clauses))
+    elif order_note:
+        out.append(Finding(op_name, order_note.removeprefix("; "), list(op.clauses)))
     return out
 
 

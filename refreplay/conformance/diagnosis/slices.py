@@ -101,22 +101,34 @@ def _span(name, ix) -> str:
     return f"{ix.size} {name}s from {ix[0]} to {ix[-1]}" if ix.size > 1 else f"{name} {ix[0]}"
 
 
-def _block(hit, per_output: int, anyway=False):
+def _block(hit, per_output: int, anyway=False, pad=False):
     """(rows, columns) of a 2-D mask of differing outputs: its first differing
     rows, then the columns that differ in them, as many as fit ``SLICE_FROM``
     at ``per_output`` bytes an output; None if none fits, or none differs
     and not ``anyway`` (then the first rows and columns, where the kernel
-    agrees: a variant must reproduce those too)."""
+    agrees: a variant must reproduce those too).  With ``pad``, rows and
+    columns where the kernel agrees fill what is left of the budget, so that
+    a few scattered differences come with many agreeing outputs beside them."""
     most = SLICE_FROM // max(1, per_output)
     rows = np.flatnonzero(hit.any(axis=1))
     if not rows.size and anyway:
         rows = np.arange(hit.shape[0])
     if not rows.size or not most or not hit.shape[1]:
         return None
-    rows = rows[: max(1, min(SLICE_ROWS, isqrt(most)))]
+    n_rows = max(1, min(SLICE_ROWS, isqrt(most)))
+    rows = rows[:n_rows]
+    if pad:
+        rows = _padded(rows, hit.shape[0], n_rows)
     cols = np.flatnonzero(hit[rows].any(axis=0))
     cols = cols if cols.size else np.arange(hit.shape[1])
-    return rows, cols[: max(1, most // rows.size)]
+    n_cols = max(1, most // rows.size)
+    return rows, _padded(cols[:n_cols], hit.shape[1], n_cols) if pad else cols[:n_cols]
+
+
+def _padded(ix, size: int, most: int):
+    """Indices ``ix`` and, up to ``most`` in all, the first others below ``size``, in order."""
+    rest = np.setdiff1d(np.arange(min(size, ix.size + most)), ix)
+    return np.sort(np.concatenate([ix, rest[: max(0, most - ix.size)]]))
 
 
 def _first(hit, most: int):
@@ -141,7 +153,9 @@ def _matmul_block(a_rows, b_cols):
 
     def rule(op, r, masks):
         ((name, hit),) = masks.items()
-        blk = _block(hit, _per_output(op, r, hit.size))
+        # a case the kernel passes is cut too (its first rows and columns), and scattered differences come
+        # with agreeing outputs beside them: a candidate order named the cause must agree there too
+        blk = _block(hit, _per_output(op, r, hit.size), anyway=True, pad=True)
         if blk is None:
             return []
         i, j = blk
@@ -332,7 +346,9 @@ def slices(op, r) -> list:
     """[(sub-case of failing ``r``, where)]: sub-cases holding differing
     elements whose outputs are exactly ``r``'s there, each fitting
     ``SLICE_FROM``, so that the diagnosis of the slices is the diagnosis of
-    the case; [] where the op does not split so or no slice fits.  Where
+    the case; [] where the op does not split so or no slice fits.  A matmul
+    the kernel passes is cut at its first rows and columns (a candidate
+    order named the cause must agree with the kernel there too).  Where
     the outputs split apart (linear_backward, the norms' backward), every
     group of outputs gets a slice, one where the kernel agrees included: a
     variant named the cause must reproduce those elements too."""
