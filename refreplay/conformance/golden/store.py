@@ -225,35 +225,33 @@ def _check_tile(c, t, tiled, bad) -> None:
         bad(f"case {c['id']}: its tiled tensors hold more than {MAX_TILED_CASE} elements")
 
 
-def _check_causal(c, t, tiled, bad) -> None:
-    """[conf.vectors.c3] A causal tensor is [..., T, T], not tiled as well, and counts its whole
-    size toward the case's bound of [conf.vectors.c2], checked before anything is read."""
-    shape = t["shape"]
-    if t["causal"] is not True or "tile" in t or len(shape) < 2 or shape[-1] != shape[-2]:
-        bad(f"case {c['id']}: tensor {t['name']}: causal must be true, on a [..., T, T] tensor that is not tiled")
-    n = 1
-    for d in shape:
-        n *= d
-        if n > MAX_TILED:
-            bad(f"case {c['id']}: tensor {t['name']}: a causal shape holds at most {MAX_TILED} elements")
-    tiled[0] += n
-    if tiled[0] > MAX_TILED_CASE:
-        bad(f"case {c['id']}: its tiled and causal tensors hold more than {MAX_TILED_CASE} elements")
-
-
-def _check_hashed(c, t, tiled, bad) -> None:
-    """[conf.vectors.c4] Only an output may be hashed, not tiled or causal as well; it is made
-    whole by the reference, so it counts toward its case's bound of [conf.vectors.c2]."""
-    if t["hashed"] is not True or "tile" in t or "causal" in t:
-        bad(f"case {c['id']}: tensor {t['name']}: hashed must be true, on an output neither tiled nor causal")
+def _count_whole(c, t, tiled, bad, what) -> None:
+    """A tensor a reader makes whole (a causal or a hashed one) holds at most MAX_TILED elements
+    and counts toward its case's bound of [conf.vectors.c2], checked before anything is read."""
     n = 1
     for d in t["shape"]:
         n *= d
         if n > MAX_TILED:
-            bad(f"case {c['id']}: tensor {t['name']}: a hashed output holds at most {MAX_TILED} elements")
+            bad(f"case {c['id']}: tensor {t['name']}: {what} holds at most {MAX_TILED} elements")
     tiled[0] += n
     if tiled[0] > MAX_TILED_CASE:
         bad(f"case {c['id']}: its tiled, causal and hashed tensors hold more than {MAX_TILED_CASE} elements")
+
+
+def _check_causal(c, t, tiled, bad) -> None:
+    """[conf.vectors.c3] A causal tensor is [..., T, T], not tiled as well; its whole size is bounded."""
+    shape = t["shape"]
+    if t["causal"] is not True or "tile" in t or len(shape) < 2 or shape[-1] != shape[-2]:
+        bad(f"case {c['id']}: tensor {t['name']}: causal must be true, on a [..., T, T] tensor that is not tiled")
+    _count_whole(c, t, tiled, bad, "a causal shape")
+
+
+def _check_hashed(c, t, tiled, bad) -> None:
+    """[conf.vectors.c4] Only an output may be hashed, not tiled or causal as well; it is made
+    whole by the reference, so its size is bounded like a causal one's."""
+    if t["hashed"] is not True or "tile" in t or "causal" in t:
+        bad(f"case {c['id']}: tensor {t['name']}: hashed must be true, on an output neither tiled nor causal")
+    _count_whole(c, t, tiled, bad, "a hashed output")
 
 
 def _check_case(c, files, ids, bad) -> None:
