@@ -399,17 +399,20 @@ def load_cases(directory: Path = VECTOR_DIR, ops=None) -> tuple[dict, list[Case]
 def _recompute(c, t, inputs):
     """[conf.vectors.c4] How hashed output ``t`` of manifest case ``c`` is made whole: the
     reference on the case's inputs, as the generator computed it, accepted only if its bytes
-    have the manifest's sha256 (else the reference does not reproduce the case here: exit 2)."""
+    have the manifest's sha256; else an InputError (the comparison then shows the hashes)."""
 
     def make():
         from ..base.case import as_outputs, load_inputs
         from ..table import OPS
 
         op = OPS.get(c["op"])
-        if op is None:
-            raise InputError(f"case {c['id']}: unknown op {c['op']!r}: its hashed output cannot be recomputed")
+        if op is None or any(n not in inputs for n in op.inputs):
+            raise InputError(f"case {c['id']}: op {c['op']!r} or its inputs unknown: its hashed output cannot be made")
         raw = [np.ascontiguousarray(inputs[n]) for n in op.inputs]
-        a = as_outputs(op.reference(*load_inputs(raw)), op.outputs).get(t["name"])
+        try:
+            a = as_outputs(op.reference(*load_inputs(raw)), op.outputs).get(t["name"])
+        except (ValueError, TypeError, IndexError) as exc:  # inputs the reference refuses
+            raise InputError(f"case {c['id']}: the reference refuses its inputs ({exc})") from None
         dt = None if a is None else BF16 if f"out/{t['name']}" in op.bf16 else dtype_name(a)
         if dt != t["dtype"] or list(a.shape) != t["shape"] or tensor_sha(a) != t["sha256"]:
             raise InputError(
