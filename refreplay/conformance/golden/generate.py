@@ -62,6 +62,7 @@ def build_op(name: str) -> list[Case]:
                     ).all()
                 ):
                     raise separation.ProbeError(f"{name}: output {k} of a tiled case is not tiled")
+        hashed = _hashed(name, outputs)
         cases.append(
             Case(
                 f"{name}-{family}-{idx:02d}",
@@ -73,8 +74,8 @@ def build_op(name: str) -> list[Case]:
                 outputs,
                 op.bf16,
                 tiles,
-                _causal(name, op) - _hashed(name, outputs),  # a hashed att is not stored at all
-                _hashed(name, outputs),
+                _causal(name, op) - hashed,  # a hashed att is not stored at all
+                hashed,
             )
         )
     if counters.get("order") and op.terms is not None:
