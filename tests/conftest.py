@@ -3,6 +3,11 @@
 import numba
 import pytest
 
+try:
+    import background
+except ImportError:  # this file copied alone into another folder (tests/test_thread_rerun.py)
+    background = None
+
 
 @pytest.fixture(scope="module")
 def one_numba_thread():
@@ -14,6 +19,19 @@ def one_numba_thread():
     numba.set_num_threads(1)
     yield
     numba.set_num_threads(keep)
+
+
+# ---- long subprocesses start early (tests/background.py) --------------------------
+
+
+def pytest_collection_finish(session):
+    if background is not None:
+        background.start(session.items)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if background is not None:
+        background.stop()
 
 
 # ---- thread-invariance tests never compare 1 thread with 1 thread ------------------

@@ -39,6 +39,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import background
 import pytest
 
 if importlib.util.find_spec("numba_cuda") is None:
@@ -49,18 +50,41 @@ from refreplay.testing.cuda_selfcheck import CHECKS  # noqa: E402  (imports no n
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# started at collection, in the background (tests/background.py): a minute or more in the simulator
+SELFCHECK = background.register(
+    "cuda-selfcheck",
+    lambda d: [sys.executable, "-m", "refreplay.testing.cuda_selfcheck", "--json", d / "results.json"],
+    env=dict(os.environ, NUMBA_ENABLE_CUDASIM="1"),
+    timeout=600,
+    tests=(
+        "test_device_equals_reference",
+        "test_selfcheck_exit_status",
+        "test_spec_examples_cover_chapters_1_3_4",
+    ),
+)
+SCRIPT = background.register(
+    "gpu-selfcheck-script",
+    lambda _: [
+        sys.executable,
+        "scripts/gpu-selfcheck",
+        "--simulator",
+        "--only",
+        "mul_add",
+        "--conform-op",
+        "max",
+        "--sizes",
+        "8",
+        "--no-train",
+    ],
+    timeout=600,
+    tests=("test_gpu_selfcheck_script_in_simulator",),
+)
+
+
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    out = tmp_path_factory.mktemp("cudasim") / "results.json"
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-    proc = subprocess.run(
-        [sys.executable, "-m", "refreplay.testing.cuda_selfcheck", "--json", str(out)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+def results():
+    proc = background.result(SELFCHECK)
+    out = SELFCHECK.dir / "results.json"
     if not out.exists():
         pytest.fail(f"selfcheck crashed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     by_name = {r["check"]: r for r in json.loads(out.read_text())}
@@ -130,24 +154,7 @@ def test_selfcheck_fails_when_flush_is_broken():
 
 def test_gpu_selfcheck_script_in_simulator():
     """scripts/gpu-selfcheck runs end to end in the simulator: kernels, vectors, timing table."""
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "scripts/gpu-selfcheck",
-            "--simulator",
-            "--only",
-            "mul_add",
-            "--conform-op",
-            "max",
-            "--sizes",
-            "8",
-            "--no-train",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    proc = background.result(SCRIPT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
     assert "mul_add  ok" in out

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 import auditor_keys
+import background
 
 ROOT = Path(__file__).resolve().parents[1]
 HAVE_NUMBA_CUDA = importlib.util.find_spec("numba_cuda") is not None
@@ -37,15 +38,19 @@ MICRO = {
 }
 
 
-def cli(*args, sim=False, timeout=900):
+def _env(sim: bool) -> dict:
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("NUMBA_ENABLE_CUDASIM", None)
     if sim:
         env["NUMBA_ENABLE_CUDASIM"] = "1"
+    return env
+
+
+def cli(*args, sim=False, timeout=900):
     return subprocess.run(
         [sys.executable, "-m", "refreplay", *map(str, args)],
         cwd=ROOT,
-        env=env,
+        env=_env(sim),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -72,8 +77,9 @@ def micro_config(tmp_path_factory):
     return path
 
 
-def _train(config, out, *extra, sim=False):
-    proc = cli(
+def _train_args(config, out, *extra):
+    """`refreplay train` of the micro model: one step, two ranks."""
+    return [
         "train",
         "--config",
         config,
@@ -87,10 +93,31 @@ def _train(config, out, *extra, sim=False):
         4096,
         "--quiet",
         *extra,
-        sim=sim,
-    )
+    ]
+
+
+def _trained(proc, out):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return json.loads((Path(out) / "head.json").read_text())["chain_link"], proc.stdout
+
+
+def _train(config, out, *extra, sim=False):
+    return _trained(cli(*_train_args(config, out, *extra), sim=sim), out)
+
+
+def _cuda_train_argv(folder: Path) -> list:
+    (folder / "micro.json").write_text(json.dumps(MICRO))
+    return [sys.executable, "-m", "refreplay", *_train_args(folder / "micro.json", folder / "cuda", "--device", "cuda")]
+
+
+# started at collection, in the background (tests/background.py): most of a minute in the simulator
+CUDA_TRAIN = background.register(
+    "device-train-cuda",
+    _cuda_train_argv,
+    env=_env(sim=True),
+    timeout=900,
+    tests=("test_step_trained_on_cuda_verifies_on_cpu",) if HAVE_NUMBA_CUDA else (),
+)
 
 
 def test_unknown_device_is_a_usage_error(tmp_path):
@@ -136,12 +163,13 @@ def test_step_trained_on_cuda_verifies_on_cpu(tmp_path, micro_config):
     """`train --device cuda` (simulator, 2 ranks: the TreeFold merges run on
     the device too) publishes the CPU reference's bits: the run replays and
     verifies on the CPU, and its chain head equals the CPU-trained run's."""
-    head_cuda, out = _train(micro_config, tmp_path / "cuda", "--device", "cuda", sim=True)
+    cuda_run = CUDA_TRAIN.dir / "cuda"
+    head_cuda, out = _trained(background.result(CUDA_TRAIN), cuda_run)
     assert "ops on cuda (numba-cuda simulator)" in out
     head_cpu, out = _train(micro_config, tmp_path / "cpu")
     assert "ops on cpu" in out
     assert head_cuda == head_cpu
-    proc = cli("replay", tmp_path / "cuda", "--step", 1)
+    proc = cli("replay", cuda_run, "--step", 1)
     assert proc.returncode == 0 and "VERIFIED: step 1" in proc.stdout, proc.stdout + proc.stderr
 
 

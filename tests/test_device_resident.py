@@ -31,10 +31,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
+import background
 import pytest
 
 if importlib.util.find_spec("numba_cuda") is None:
@@ -44,18 +44,32 @@ ROOT = Path(__file__).resolve().parents[1]
 M = 2
 
 
-def _probe(linear="fp32") -> dict:
+def _register(linear: str, tests: tuple[str, ...]) -> background.Job:
     env = dict(
         os.environ, NUMBA_ENABLE_CUDASIM="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
     )
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "_resident_probe.py"), "1:2,2:1", "2", str(M), linear],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    argv = [sys.executable, str(ROOT / "tests" / "_resident_probe.py"), "1:2,2:1", "2", str(M), linear]
+    return background.register(f"resident-{linear}", lambda _: argv, env=env, timeout=900, tests=tests)
+
+
+# started at collection, in the background (tests/background.py): minutes in the simulator
+PROBES = {
+    "fp32": _register(
+        "fp32",
+        (
+            "test_host_entry_points_follow_their_inputs",
+            "test_device_step_has_the_cpu_bits",
+            "test_no_host_array_reaches_a_kernel",
+            "test_state_stays_on_the_device_across_steps",
+            "test_transfers_do_not_grow_with_the_layers",
+        ),
+    ),
+    "int8": _register("int8", ("test_int8_step_is_device_resident_too",)),
+}
+
+
+def _probe(linear="fp32") -> dict:
+    proc = background.result(PROBES[linear])
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

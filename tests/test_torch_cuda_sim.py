@@ -19,6 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import background
 import pytest
 
 if importlib.util.find_spec("numba_cuda") is None:
@@ -76,10 +77,19 @@ print(json.dumps(out))
 """
 
 
+# started at collection, in the background (tests/background.py)
+CHILD_JOB = background.register(
+    "torch-cuda-twin",
+    lambda _: [sys.executable, "-c", CHILD],
+    env=dict(os.environ, NUMBA_ENABLE_CUDASIM="1"),
+    timeout=900,
+    tests=("test_every_function_through_the_cuda_twin_gives_the_cpu_bits",),
+)
+
+
 @pytest.fixture(scope="module")
 def results():
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
-    r = subprocess.run([sys.executable, "-c", CHILD], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    r = background.result(CHILD_JOB)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 

@@ -91,6 +91,9 @@ def idle(monkeypatch):
     monkeypatch.setattr(environ, "_running_now", lambda: 0.0)
     monkeypatch.setattr(environ, "_cpu_ticks", lambda cpus: None)  # every sample asks _running_now
     monkeypatch.setattr(environ, "_LOAD", environ._Load())
+    # what earlier ops left in the bridge's view of PyTorch's pool (``given``
+    # equal to the patched count would read as refreplay's own setting)
+    monkeypatch.setattr(_bridge, "_POOL", _bridge._TorchPool())
 
 
 def test_kernel_threads_follow_torch_and_small_ops_run_on_one(monkeypatch, idle):

@@ -1,0 +1,55 @@
+"""tests/background.py: the suite's early-started subprocesses give the same
+outcome as running the command in the test, time out, and never outlive the
+session."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import background
+
+
+def _job(key, code, timeout=60):
+    return background.register(key, lambda d: [sys.executable, "-c", code, str(d)], timeout=timeout)
+
+
+def test_a_command_not_started_runs_when_its_test_asks():
+    job = _job("bg-selftest-sync", "import sys; print('out', sys.argv[1]); sys.exit(3)")
+    assert job.state == "new"  # registered inside a test: after collection, never queued
+    r = background.result(job)
+    assert r.returncode == 3 and r.stdout.strip() == f"out {job.dir}"
+    assert background.result(job) is r  # read again: the same outcome, not a second run
+
+
+def test_a_queued_command_runs_in_the_background(monkeypatch):
+    monkeypatch.setattr(background, "_RUNNER", None)
+    job = _job("bg-selftest-queued", "import time; time.sleep(0.5); print('done')")
+
+    class Item:  # what start() reads of a collected test
+        path = __file__
+        originalname = name = "any"
+
+    background.start([Item()])
+    assert job.state in ("queued", "running", "done")
+    for _ in range(100):
+        if job.state != "queued":
+            break
+        time.sleep(0.05)
+    assert job.state in ("running", "done")  # the runner took it; the test did not
+    assert background.result(job).stdout.strip() == "done"
+    background._RUNNER.join(5)
+
+
+def test_a_command_past_its_timeout_is_killed_and_fails():
+    job = _job("bg-selftest-timeout", "import time; time.sleep(60)", timeout=1)
+    t = time.monotonic()
+    r = background.result(job)
+    assert time.monotonic() - t < 30
+    assert r.returncode != 0 and "no result in 1 s, killed" in r.stderr
+
+
+def test_a_command_that_cannot_start_is_a_failed_result():
+    job = background.register("bg-selftest-missing", lambda d: [str(d / "no-such-program")])
+    r = background.result(job)
+    assert r.returncode == -1 and "no-such-program" in r.stderr
