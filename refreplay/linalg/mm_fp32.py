@@ -127,6 +127,72 @@ def cols_exp_min(X, n_blocks, block):
     return out
 
 
+# The driver's own scans of whole operands, threaded: the minimum exponent
+# is the exponent of the smallest nonzero finite magnitude (exp_floor never
+# decreases as |x| grows), found as an integer minimum over the bits.  With
+# key(x) = (bits(x) & 0x7FFFFFFF) - 1 in uint32 arithmetic, zero wraps to
+# 0xFFFFFFFF and infinities and NaNs give KEY_FINITE_END or more, so the
+# smallest key is below KEY_FINITE_END exactly when some element is nonzero
+# and finite.  Same results as rows_exp_min / cols_exp_min (tests/
+# test_exp_scan.py), which stay for callers already inside a parallel loop
+# (ops/attention.py's heads).
+KEY_FINITE_END = np.uint32(0x7F7FFFFF)  # key of +inf
+ROW_CHUNK = 64  # rows per iteration of cols_exp_min_par
+
+
+@kernel
+def mag_key(x):
+    """(bits(x) & 0x7FFFFFFF) - 1, wrapping: |x| - 1 ulp-wise for nonzero x."""
+    return np.uint32(np.uint32(f32_bits(x) & np.uint32(0x7FFFFFFF)) - np.uint32(1))
+
+
+@kernel
+def key_exp(key):
+    """exp_floor of the magnitude whose key is the smallest ``key`` (E_IGNORED if none is finite and nonzero)."""
+    if key >= KEY_FINITE_END:
+        return E_IGNORED
+    e = np.int64((key + np.uint32(1)) >> np.uint32(23))
+    return e if e > 0 else _E_SUBNORMAL
+
+
+@parallel_kernel
+def rows_exp_min_par(X, n_blocks, block):
+    """rows_exp_min, one block of rows per iteration, in parallel."""
+    out = np.empty(n_blocks, dtype=np.int64)
+    for q in prange(n_blocks):
+        m = np.uint32(0xFFFFFFFF)
+        for i in range(q * block, min((q + 1) * block, X.shape[0])):
+            x = X[i]
+            for k in range(x.shape[0]):
+                m = min(m, mag_key(x[k]))
+        out[q] = key_exp(m)
+    return out
+
+
+@parallel_kernel
+def cols_exp_min_par(X, n_blocks, block):
+    """cols_exp_min, ROW_CHUNK rows per iteration in parallel (each a row of
+    column minima, read along X's rows), then the minima of those rows (a
+    minimum is the same in any order)."""
+    rows, ncols = X.shape
+    nc = (rows + ROW_CHUNK - 1) // ROW_CHUNK
+    part = np.full((nc, ncols), np.uint32(0xFFFFFFFF), dtype=np.uint32)
+    for c in prange(nc):
+        acc = part[c]
+        for k in range(c * ROW_CHUNK, min((c + 1) * ROW_CHUNK, rows)):
+            x = X[k]
+            for j in range(ncols):
+                acc[j] = min(acc[j], mag_key(x[j]))
+    out = np.full(n_blocks, E_IGNORED, dtype=np.int64)
+    for j in range(ncols):
+        m = np.uint32(0xFFFFFFFF)
+        for c in range(nc):
+            m = min(m, part[c, j])
+        q = j // block
+        out[q] = min(out[q], key_exp(m))
+    return out
+
+
 @kernel
 def tile_proved(e, Ap, ap_off, Bp, bp_off, kc, C, c_off, ldc, load_c):
     """One MR × NR tile (``_tile``, same arguments) with only the flushes that
@@ -212,8 +278,8 @@ def _mm_packed(A, B, C, a_trans, b_trans, kc_max=KC, b_cached=B_CACHED, b_block=
         return
     ni = (I + MR - 1) // MR
     nj = (J + NR - 1) // NR
-    ea = cols_exp_min(A, ni, MR) if a_trans else rows_exp_min(A, ni, MR)
-    eb = rows_exp_min(B, nj, NR) if b_trans else cols_exp_min(B, nj, NR)
+    ea = cols_exp_min_par(A, ni, MR) if a_trans else rows_exp_min_par(A, ni, MR)
+    eb = rows_exp_min_par(B, nj, NR) if b_trans else cols_exp_min_par(B, nj, NR)
     Cf = C.reshape(-1)
     KB, blocked = plan(nj, K, kc_max, b_cached)
     Bp = np.empty(nj * min(KB, K) * NR, dtype=np.float32)

@@ -1,0 +1,111 @@
+"""The matmul driver's threaded exponent scans (rows_exp_min_par,
+cols_exp_min_par in refreplay/linalg/mm_fp32.py) give exactly what the
+one-element-at-a-time scans give: the minimum exponents that decide which
+flushes a tile may skip ([mm.flush.r1]).  A wrong minimum would let a tile
+skip a flush it needs, so every kind of element is drawn: signed zeros,
+subnormals, the smallest and largest normals, infinities and NaNs of every
+payload, in every position of a block, for the block sizes the driver uses
+and shapes around them."""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from refreplay.linalg import mm_fp32 as M
+from refreplay.linalg._tile import MR, NR
+
+pytestmark = pytest.mark.usefixtures("one_numba_thread")
+
+EDGE_BITS = [
+    0x00000000,
+    0x80000000,
+    0x00000001,  # smallest subnormal
+    0x807FFFFF,  # largest subnormal
+    0x00800000,  # smallest normal
+    0x80800001,
+    0x3F800000,
+    0x7F7FFFFF,  # largest finite
+    0xFF7FFFFF,
+    0x7F800000,  # +inf
+    0xFF800000,
+    0x7F800001,  # NaN, smallest payload
+    0x7FC00000,
+    0xFFFFFFFF,
+]
+
+
+def _elements():
+    edge = st.sampled_from(EDGE_BITS)
+    normal = st.integers(0x00800000, 0x7F7FFFFF)
+    any_bits = st.integers(0, 0xFFFFFFFF)
+    sign = st.sampled_from([0, 0x80000000])
+    return st.one_of(edge, st.tuples(normal, sign).map(lambda t: t[0] | t[1]), any_bits)
+
+
+@st.composite
+def matrices(draw):
+    """Up to 70 x 140: every element drawn (small ones), or one value with up
+    to 12 drawn elements placed anywhere."""
+    rows, cols = draw(st.integers(0, 70)), draw(st.integers(0, 140))
+    n = rows * cols
+    if 0 < n <= 64 and draw(st.booleans()):
+        bits = np.array(draw(st.lists(_elements(), min_size=n, max_size=n)), np.uint32)
+    else:
+        bits = np.full(n, draw(st.sampled_from(EDGE_BITS)), np.uint32)
+        for i in draw(st.lists(st.integers(0, max(n - 1, 0)), max_size=12 if n else 0)):
+            bits[i] = draw(_elements())
+    return bits.view(np.float32).reshape(rows, cols)
+
+
+def _blocks(n, block):
+    return (n + block - 1) // block
+
+
+def _same(X, block):
+    rows, cols = X.shape
+    assert np.array_equal(
+        M.rows_exp_min_par(X, _blocks(rows, block), block), M.rows_exp_min(X, _blocks(rows, block), block)
+    )
+    assert np.array_equal(
+        M.cols_exp_min_par(X, _blocks(cols, block), block), M.cols_exp_min(X, _blocks(cols, block), block)
+    )
+
+
+@settings(max_examples=150, deadline=None)
+@given(X=matrices(), block=st.sampled_from([MR, NR, 1, 3]))
+def test_threaded_scans_equal_the_element_scans(X, block):
+    _same(X, block)
+
+
+@pytest.mark.parametrize("bits", EDGE_BITS)
+@pytest.mark.parametrize("shape", [(1, 1), (MR + 1, NR + 1), (M.ROW_CHUNK + 1, 3), (2 * M.ROW_CHUNK, NR)])
+def test_one_edge_value_among_ones_and_among_nans(bits, shape):
+    """The element that decides the minimum in the last row and column, among
+    ones (it wins only when it is a smaller nonzero finite) and among NaNs (it
+    wins unless it is itself zero or non-finite)."""
+    for background in (0x3F800000, 0x7FC00000):
+        X = np.full(shape, background, np.uint32)
+        X[-1, -1] = bits
+        for block in (MR, NR):
+            _same(X.view(np.float32), block)
+
+
+def test_threads_change_no_result():
+    rng = np.random.default_rng(5)
+    X = (rng.standard_normal((3 * M.ROW_CHUNK + 5, 2 * NR + 7)) * 1e-20).astype(np.float32)
+    X[7, 9] = np.uint32(0x00000003).view(np.float32)
+    keep = numba.get_num_threads()
+    results = []
+    for n in sorted({1, numba.config.NUMBA_NUM_THREADS}):
+        numba.set_num_threads(n)
+        results.append(
+            (M.rows_exp_min_par(X, _blocks(X.shape[0], MR), MR), M.cols_exp_min_par(X, _blocks(X.shape[1], NR), NR))
+        )
+    numba.set_num_threads(keep)
+    for r in results[1:]:
+        assert all(np.array_equal(a, b) for a, b in zip(r, results[0]))
+    assert results[0][0].min() == M._E_SUBNORMAL and results[0][1].min() == M._E_SUBNORMAL
