@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from ._shares import in_shares
 from .errors import InputError
 
 CHUNK_SIZE = 1 << 20  # [state.chunks.c1] 1 MiB
@@ -209,46 +209,23 @@ def default_threads() -> int:
         return 1
 
 
-_POOL: ThreadPoolExecutor | None = None
-
-
-def _pool(workers: int) -> ThreadPoolExecutor:
-    """One long-lived pool, grown on demand: starting threads on every hash
-    would cost more than hashing a small state."""
-    global _POOL
-    if _POOL is None or _POOL._max_workers < workers:
-        if _POOL is not None:
-            _POOL.shutdown(wait=False)
-        _POOL = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="refreplay-hash")
-    return _POOL
-
-
 def _hash_in_threads(flat: list, workers: int) -> list[bytes]:
     """Chunk leaves of ``flat`` computed by ``workers`` threads; the result is
     the same list ``[_chunk_leaf(v) for v in flat]`` gives.
 
-    Each thread gets one task holding a share of the chunks balanced by bytes
-    (largest first, each to the least-loaded share): tensors smaller than a
-    chunk make chunks unequal, and a strided split left one thread with 13 %
-    more bytes than the other on the `small` state.  ``hashlib`` releases the
-    GIL while it hashes a buffer, so the shares run in parallel.
+    Each thread gets a share of the chunks balanced by bytes
+    (``_shares.in_shares``): tensors smaller than a chunk make chunks
+    unequal, and a strided split left one thread with 13 % more bytes than
+    the other on the `small` state.  ``hashlib`` releases the GIL while it
+    hashes a buffer, so the shares run in parallel.
     """
-    shares: list[list[int]] = [[] for _ in range(workers)]
-    load = [0] * workers
-    for i in sorted(range(len(flat)), key=lambda i: -len(flat[i])):
-        t = load.index(min(load))
-        shares[t].append(i)
-        load[t] += len(flat[i]) + 64  # + a per-chunk cost, so empty chunks spread too
     leaves: list = [None] * len(flat)
 
-    def work(share):
-        for i in share:
-            leaves[i] = _chunk_leaf(flat[i])
+    def work(i):
+        leaves[i] = _chunk_leaf(flat[i])
 
-    futures = [_pool(workers - 1).submit(work, sh) for sh in shares[1:]]
-    work(shares[0])  # the calling thread hashes the first share itself
-    for f in futures:
-        f.result()  # re-raises a worker's exception
+    # + a per-chunk cost, so empty chunks spread too
+    in_shares(work, [len(v) + 64 for v in flat], workers)
     return leaves
 
 

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 from numba import prange
 
 from .._jit import kernel, parallel_kernel
+from .._shares import in_shares
 from ..linalg.common import sum_start
 from ..numerics.core import F32, HALF, ONE, add, fmin, mul, recip, sqrt, sub
 from ..numerics.elementwise import block_range, n_blocks, run_elementwise
@@ -236,9 +238,13 @@ def clip_grad_norm(grads: dict, max_norm) -> tuple[np.float32, np.float32]:
     _check_state(grads)
     max_norm = check_scalar_f32("max_norm", max_norm)
     names = sorted(grads)
+    flat = [grads[k].reshape(-1) for k in names]
     partials = np.empty(len(names), dtype=np.float32)
-    for j, k in enumerate(names):
-        partials[j] = sum_of_squares(grads[k].reshape(-1))
+
+    def partial(j):  # one tensor's sum, in its own order; the tensors are independent
+        partials[j] = sum_of_squares(flat[j])
+
+    in_shares(partial, [g.size for g in flat], numba.get_num_threads())
     norm, coef = clip_coefficient(partials, max_norm)
     norm, coef = np.float32(norm), np.float32(coef)
     if coef < np.float32(1.0):
