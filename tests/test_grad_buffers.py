@@ -297,7 +297,8 @@ def test_a_step_with_reused_buffers_has_the_same_state_root():
             rec.append((r.state_root, r.chain_link, r.loss_hex()))
         roots.append(rec)
         if reuse:
-            assert tr.model.workspace.allocations == 5  # tied: logits, dlogits, dnf, dhead, dwte
+            # tied: logits, dlogits, dnf, dhead, dwte, and each layer's attention probabilities
+            assert tr.model.workspace.allocations == 5 + mc.layers
     assert roots[0] == roots[1]
 
 
@@ -380,3 +381,46 @@ def test_a_step_with_three_ranks_and_reuse_has_the_same_root():
         assert s0.root() == root0  # the step leaves its input state alone
         roots.append(rec.state_root)
     assert roots[0] == roots[1]
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1), (2, 3, 37, 8), (1, 2, 130, 65)])
+def test_attention_forward_into_given_buffers_has_the_new_arrays_bits(shape):
+    """[attn.scores.c1] [attn.mask.c1] [attn.out.c1] ``out=(out, att)``: every
+    element is written (the buffers hold NaNs and -0 beforehand), so the bits
+    are those of new arrays; the arrays returned are the ones given."""
+    from refreplay.ops import attention as A
+
+    rng = np.random.default_rng(sum(shape))
+    q, k, v = (rng.standard_normal(shape).astype(np.float32) for _ in range(3))
+    o1, a1 = A.attention_forward(q, k, v)
+    B, NH, T, HS = shape
+    for fill in (0x7FC01234, 0x80000000):
+        ob = np.full(shape, fill, np.uint32).view(np.float32)
+        ab = np.full((B, NH, T, T), fill, np.uint32).view(np.float32)
+        o2, a2 = A.attention_forward(q, k, v, out=(ob, ab))
+        assert o2 is ob and a2 is ab
+        same(o1, o2)
+        same(a1, a2)
+        o3, a3 = A.attention_forward(q, k, v, out=(None, np.full_like(a1, np.nan)))
+        same(o1, o3)
+        same(a1, a3)
+
+
+def test_attention_forward_refuses_bad_buffers():
+    from refreplay.ops import attention as A
+
+    q = np.zeros((1, 2, 5, 3), np.float32)
+    att = np.zeros((1, 2, 5, 5), np.float32)
+    with pytest.raises(TypeError, match=r"out must be a tuple \(out, att\)"):
+        A.attention_forward(q, q, q, out=att)
+    with pytest.raises(ValueError, match=r"out\[1\] \(att\) must have shape"):
+        A.attention_forward(q, q, q, out=(None, np.zeros((1, 2, 5, 4), np.float32)))
+    with pytest.raises(TypeError, match=r"out\[1\] \(att\) must be float32"):
+        A.attention_forward(q, q, q, out=(None, att.astype(np.float64)))
+    with pytest.raises(ValueError, match=r"out\[0\] \(out\) must not overlap an input"):
+        A.attention_forward(q, q.copy(), q.copy(), out=(q, None))
+    with pytest.raises(ValueError, match=r"out\[0\] \(out\) must be C-contiguous"):
+        A.attention_forward(q, q.copy(), q.copy(), out=(att[..., :3], None))
+    both = np.zeros(30 + 50, np.float32)  # out and att in one buffer, overlapping
+    with pytest.raises(ValueError, match=r"out\[0\] \(out\) must not overlap an input"):  # each other
+        A.attention_forward(q, q.copy(), q.copy(), out=(both[:30].reshape(q.shape), both[20:70].reshape(att.shape)))

@@ -83,3 +83,18 @@ def check_out(name: str, out, shape: tuple, inputs=()) -> np.ndarray:
     if any(x is not None and np.may_share_memory(out, x) for x in inputs):
         raise ValueError(f"{name} must not overlap an input")
     return out
+
+
+def check_outs(out, names: tuple, shapes: tuple, inputs=()) -> tuple:
+    """An ``out=`` tuple of an op with several outputs: None (all new), or a
+    tuple of len(names) whose entries are None (that one new) or ``check_out``
+    arrays of their shapes, overlapping no input and no other entry."""
+    if out is None:
+        return (None,) * len(names)
+    if not isinstance(out, tuple) or len(out) != len(names):
+        raise TypeError(f"out must be a tuple ({', '.join(names)}) of arrays or None")
+    for i, (o, name, shape) in enumerate(zip(out, names, shapes)):
+        if o is not None:
+            others = tuple(p for j, p in enumerate(out) if j != i and p is not None)
+            check_out(f"out[{i}] ({name})", o, shape, tuple(inputs) + others)
+    return out

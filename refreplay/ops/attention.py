@@ -53,6 +53,7 @@ from ..linalg.mm_fp32 import (
     tile_proved,
 )
 from ..numerics.core import F32, ZERO, canon, flush, mul, recip, sqrt
+from . import check_outs
 from .rowblock import RB
 from .softmax import softmax_rows_causal, softmax_rows_causal_backward
 
@@ -342,17 +343,20 @@ def _check(names_arrays, shape=None):
     return shape
 
 
-def attention_forward(q, k, v):
+def attention_forward(q, k, v, out=None):
     """[attn.scores.c1] [attn.out.c1] Causal attention.
 
     q, k, v [B, NH, T, HS] -> (out [B, NH, T, HS], att [B, NH, T, T]); att
     holds the probabilities (+0 above the diagonal) that the backward needs.
+    ``out``: a pair (out, att) of arrays to write (either None: that one
+    new); every element is overwritten, so what they held changes no bit.
     """
     B, NH, T, HS = _check([("q", q), ("k", k), ("v", v)])
-    out = np.empty_like(q)
-    att = np.empty((B, NH, T, T), np.float32)
-    attention_forward_kernel(q, k, v, attention_scale(HS), out, att)
-    return out, att
+    o_out, o_att = check_outs(out, ("out", "att"), ((B, NH, T, HS), (B, NH, T, T)), (q, k, v))
+    o = np.empty_like(q) if o_out is None else o_out
+    att = np.empty((B, NH, T, T), np.float32) if o_att is None else o_att
+    attention_forward_kernel(q, k, v, attention_scale(HS), o, att)
+    return o, att
 
 
 def attention_backward(dout, q, k, v, att):

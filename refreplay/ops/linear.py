@@ -8,7 +8,7 @@ rows (tokens), C input width, OC output width.
 from __future__ import annotations
 
 from .. import linalg
-from . import check_f32, check_out, check_shape
+from . import check_f32, check_out, check_outs, check_shape
 
 
 def linear_forward(x, W, b=None, out=None):
@@ -66,15 +66,6 @@ def linear_backward(dy, x, W, has_bias=True, out=None):
 
 def _outs(out, has_bias, shapes, inputs):
     """The checked ``out`` triple of ``linear_backward`` ((None,) * 3 if none)."""
-    if out is None:
-        return None, None, None
-    if not isinstance(out, tuple) or len(out) != 3:
-        raise TypeError("out must be a tuple (dx, dW, db) of arrays or None")
-    if out[2] is not None and not has_bias:
+    if out is not None and isinstance(out, tuple) and len(out) == 3 and out[2] is not None and not has_bias:
         raise ValueError("out: db given but has_bias is False")
-    names = ("out[0] (dx)", "out[1] (dW)", "out[2] (db)")
-    for i, (o, name, shape) in enumerate(zip(out, names, shapes)):
-        if o is not None:
-            others = tuple(p for j, p in enumerate(out) if j != i and p is not None)
-            check_out(name, o, shape, inputs + others)
-    return out
+    return check_outs(out, ("dx", "dW", "db"), shapes, inputs)

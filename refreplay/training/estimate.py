@@ -44,10 +44,12 @@ def activation_bytes(cfg: ModelConfig, b: int) -> int:
 def workspace_bytes(cfg: ModelConfig, b: int) -> int:
     """Bytes of the reference trainer's reused scratch buffers
     (``training/workspace.py``), which outlive a micro-batch: the logits and
-    their gradient [N, V], the head's activation gradient [N, C], and for a
-    tied weight its two gradient halves [V, C]."""
-    n, c, v = b * cfg.seq_len, cfg.width, cfg.vocab
-    return F32_BYTES * (2 * n * v + n * c + (2 * v * c if cfg.tied else 0))
+    their gradient [N, V], the head's activation gradient [N, C], each
+    layer's attention probabilities [B, NH, T, T], and for a tied weight its
+    two gradient halves [V, C]."""
+    n, c, v, t = b * cfg.seq_len, cfg.width, cfg.vocab, cfg.seq_len
+    att = cfg.layers * b * cfg.heads * t * t
+    return F32_BYTES * (2 * n * v + n * c + att + (2 * v * c if cfg.tied else 0))
 
 
 def largest_tensor_bytes(cfg: ModelConfig) -> int:

@@ -288,9 +288,10 @@ class Model:
     def forward(self, params: dict, tokens: np.ndarray, targets: np.ndarray, scratch: bool = False):
         """[model.forward.c1] -> (mean loss, logits [N, V], ctx for backward).
         Under "bf16", ``params`` are the working copies (``working_params``).
-        ``scratch``: the logits in the workspace's buffer, which the next
-        such call overwrites (``loss_and_grads``, which drops them after the
-        backward); a new array otherwise."""
+        ``scratch``: the logits and each layer's attention probabilities in
+        the workspace's buffers, which the next such call overwrites
+        (``loss_and_grads``, which drops them after the backward); new
+        arrays otherwise."""
         cfg, ops, A = self.cfg, self.ops, self.arrays
         B, T = tokens.shape
         if T != cfg.seq_len or targets.shape != (B, T):
@@ -314,7 +315,13 @@ class Model:
                 q = r(ops.rope.rope_forward(q, self.cos, self.sin))
                 k = r(ops.rope.rope_forward(k, self.cos, self.sin))
             v = A.split_heads(qkv, 2, B, T, NH, HS)  # an exact copy: bf16 already
-            o, att = ops.attention.attention_forward(q, k, v)
+            # in a scratch pass att lives in layer i's workspace buffer: it is read by this
+            # pass's backward and by nothing after, so the next micro-batch may overwrite it
+            att_buf = self._scratch(f"{p}.att", (B, NH, T, T)).get("out") if scratch else None
+            if att_buf is None:
+                o, att = ops.attention.attention_forward(q, k, v)
+            else:
+                o, att = ops.attention.attention_forward(q, k, v, out=(None, att_buf))
             o = r(o)
             ctx.saved[f"{p}.attn"] = (q, k, v, att)
             a = _lin_fwd(ops, cfg, params, f"{p}.attn.proj", A.merge_heads([o], B, T, NH, HS), ctx, B, T)

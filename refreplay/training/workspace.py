@@ -2,11 +2,14 @@
 steps (issue #32: a fresh 154 MB gradient array per micro-batch costs its
 page faults every time; the reused one costs them once).
 
-A buffer holds only a temporary of one backward pass: a value that is
-consumed before the pass returns (the loss gradient [N, V], the head's
-activation gradient, the two halves of a tied weight's gradient before
-their sum).  Nothing that escapes a pass (a parameter gradient handed to
-the TreeFold, an activation kept for a backward) is ever a workspace buffer.
+A buffer holds only a value of one micro-batch's pass (``Model.loss_and_grads``,
+forward then backward) that is consumed before the pass returns: a
+temporary of the backward (the loss gradient [N, V], the head's activation
+gradient, the two halves of a tied weight's gradient before their sum) or
+an activation the forward keeps for that backward (the logits, each
+layer's attention probabilities [B, NH, T, T]).  Nothing that escapes a
+pass (a parameter gradient handed to the TreeFold, the loss) is ever a
+workspace buffer, and passes on one model never overlap.
 Every op that writes one overwrites all of its elements, so no bit depends
 on what it held before ([emb.bwd.c1] sets each row to its sum's start
 itself, where a new array was never zeroed either).
