@@ -101,12 +101,14 @@ def start(items) -> None:
         _RUNNER.start()
 
 
-def _run_queue() -> None:
+def _run_queue(queue: list[Job] | None = None) -> None:
+    """Run the jobs of ``queue`` (default: the session's) one after another."""
+    queue = _QUEUE if queue is None else queue
     while not _STOP.is_set():
         with _LOCK:
-            if not _QUEUE:
+            if not queue:
                 return
-            job = _QUEUE.pop(0)
+            job = queue.pop(0)
             job.state = "running"
         _execute(job)
 

@@ -5,6 +5,7 @@ session."""
 from __future__ import annotations
 
 import sys
+import threading
 import time
 
 import background
@@ -22,23 +23,37 @@ def test_a_command_not_started_runs_when_its_test_asks():
     assert background.result(job) is r  # read again: the same outcome, not a second run
 
 
-def test_a_queued_command_runs_in_the_background(monkeypatch):
-    monkeypatch.setattr(background, "_RUNNER", None)
+def test_a_queued_command_runs_in_the_background():
+    """A runner takes a queued command without its test asking (a queue of
+    this test's own: the session's runner may be busy with the simulator)."""
     job = _job("bg-selftest-queued", "import time; time.sleep(0.5); print('done')")
-
-    class Item:  # what start() reads of a collected test
-        path = __file__
-        originalname = name = "any"
-
-    background.start([Item()])
-    assert job.state in ("queued", "running", "done")
-    for _ in range(100):
+    job.state = "queued"
+    runner = threading.Thread(target=background._run_queue, args=([job],), daemon=True)
+    runner.start()
+    for _ in range(200):
         if job.state != "queued":
             break
         time.sleep(0.05)
     assert job.state in ("running", "done")  # the runner took it; the test did not
     assert background.result(job).stdout.strip() == "done"
-    background._RUNNER.join(5)
+    runner.join(30)
+    assert not runner.is_alive()
+
+
+def test_start_queues_only_the_selected_tests_commands(monkeypatch):
+    monkeypatch.setattr(background, "_QUEUE", [])
+    monkeypatch.setattr(background, "_RUNNER", object())  # as if running: start() queues, spawns nothing
+    mine = background.register("bg-selftest-mine", lambda d: ["true"], tests=("test_x",))
+    other = background.register("bg-selftest-other", lambda d: ["true"], tests=("test_y",))
+
+    class Item:  # what start() reads of a collected test
+        path = __file__
+        originalname = name = "test_x"
+
+    background.start([Item()])
+    assert background._QUEUE == [mine] and mine.state == "queued" and other.state == "new"
+    background._QUEUE.clear()
+    assert background.result(mine).returncode == 0  # not started: runs here
 
 
 def test_a_command_past_its_timeout_is_killed_and_fails():
