@@ -12,7 +12,9 @@ waits for the command, or runs it itself when it has not started yet.  What a
 test asserts on the result is unchanged; only when the command runs moves.
 
 ``REFREPLAY_TEST_BACKGROUND=0`` turns this off: every command then runs when
-its test asks for it.  At the end of the session every command still running
+its test asks for it.  So does a pytest-xdist worker (``-n``): its tests
+already run beside another worker's, and every worker collects the whole
+suite, so each would start every command.  At the end of the session every command still running
 is killed with its process group, and every scratch folder removed.
 """
 
@@ -55,6 +57,8 @@ _RUNNER: threading.Thread | None = None
 
 
 def enabled() -> bool:
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return False
     return os.environ.get("REFREPLAY_TEST_BACKGROUND", "1") != "0"
 
 

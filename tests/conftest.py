@@ -1,5 +1,7 @@
 """Fixtures shared by several test modules."""
 
+import os
+
 import numba
 import pytest
 
@@ -19,6 +21,35 @@ def one_numba_thread():
     numba.set_num_threads(1)
     yield
     numba.set_num_threads(keep)
+
+
+# ---- the README's `pytest -n auto`: how many pytest-xdist workers ----------------------
+
+_WORKER_BYTES = 4 << 30  # the largest tests (live diagnoses at gpt2-124m shapes) take about 3 GB
+
+
+def _available_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) << 10
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """One worker per CPU this process may run on, at most 4 and at most one
+    per 4 GiB of available memory (a worker compiles and holds its own kernels)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    avail = _available_bytes()
+    by_memory = cpus if avail is None else max(1, avail // _WORKER_BYTES)
+    return max(1, min(cpus, 4, by_memory))
 
 
 # ---- long subprocesses start early (tests/background.py) --------------------------

@@ -41,6 +41,7 @@ def test_a_queued_command_runs_in_the_background():
 
 
 def test_start_queues_only_the_selected_tests_commands(monkeypatch):
+    monkeypatch.setattr(background, "enabled", lambda: True)  # also in an xdist worker
     monkeypatch.setattr(background, "_QUEUE", [])
     monkeypatch.setattr(background, "_RUNNER", object())  # as if running: start() queues, spawns nothing
     mine = background.register("bg-selftest-mine", lambda d: ["true"], tests=("test_x",))
@@ -68,3 +69,36 @@ def test_a_command_that_cannot_start_is_a_failed_result():
     job = background.register("bg-selftest-missing", lambda d: [str(d / "no-such-program")])
     r = background.result(job)
     assert r.returncode == -1 and "no-such-program" in r.stderr
+
+
+def test_off_when_asked_and_in_an_xdist_worker(monkeypatch):
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    monkeypatch.delenv("REFREPLAY_TEST_BACKGROUND", raising=False)
+    assert background.enabled()
+    monkeypatch.setenv("REFREPLAY_TEST_BACKGROUND", "0")
+    assert not background.enabled()
+    monkeypatch.delenv("REFREPLAY_TEST_BACKGROUND")
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
+    assert not background.enabled()
+    monkeypatch.setattr(background, "_QUEUE", [])
+    job = background.register("bg-selftest-worker", lambda d: ["true"], tests=("test_x",))
+
+    class Item:
+        path = __file__
+        originalname = name = "test_x"
+
+    background.start([Item()])
+    assert background._QUEUE == [] and job.state == "new"  # left to its test
+    assert background.result(job).returncode == 0
+
+
+def test_xdist_auto_workers_follow_cpus_and_memory(monkeypatch):
+    import conftest
+
+    monkeypatch.setattr(conftest.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    for avail, want in ((64 << 30, 4), (9 << 30, 2), (1 << 30, 1), (None, 4)):
+        monkeypatch.setattr(conftest, "_available_bytes", lambda a=avail: a)
+        assert conftest.pytest_xdist_auto_num_workers(None) == want, avail
+    monkeypatch.setattr(conftest.os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    monkeypatch.setattr(conftest, "_available_bytes", lambda: 64 << 30)
+    assert conftest.pytest_xdist_auto_num_workers(None) == 1
