@@ -16,7 +16,8 @@ the best of two).  Both are compared the same way: refreplay's best step
 after its first against PyTorch's best after its warm-up.  The first step
 is reported beside it: it also pays the first touch of the trainer's
 reused buffers (each layer's attention probabilities, the logits and their
-gradient: about 1 GB of page faults), which later steps do not.
+gradient, the tied weight's two halves: about 1.3 GB of page faults), which
+later steps do not.
 
 replay: ``refreplay train`` of one gpt2-124m step from a generated llm.c
 token file, then ``refreplay replay RUN --step 1`` and ``--estimate``, each

@@ -14,8 +14,9 @@ test asserts on the result is unchanged; only when the command runs moves.
 ``REFREPLAY_TEST_BACKGROUND=0`` turns this off: every command then runs when
 its test asks for it.  So does a pytest-xdist worker (``-n``): its tests
 already run beside another worker's, and every worker collects the whole
-suite, so each would start every command.  At the end of the session every command still running
-is killed with its process group, and every scratch folder removed.
+suite, so each would start every command.  At the end of the session every
+command still running is killed with its process group, and every scratch
+folder removed.
 """
 
 from __future__ import annotations
