@@ -11,6 +11,11 @@ import time
 import background
 
 
+class _Item:  # what start() reads of a collected test: this file's test_x
+    path = __file__
+    originalname = name = "test_x"
+
+
 def _job(key, code, timeout=60):
     return background.register(key, lambda d: [sys.executable, "-c", code, str(d)], timeout=timeout)
 
@@ -47,11 +52,7 @@ def test_start_queues_only_the_selected_tests_commands(monkeypatch):
     mine = background.register("bg-selftest-mine", lambda d: ["true"], tests=("test_x",))
     other = background.register("bg-selftest-other", lambda d: ["true"], tests=("test_y",))
 
-    class Item:  # what start() reads of a collected test
-        path = __file__
-        originalname = name = "test_x"
-
-    background.start([Item()])
+    background.start([_Item()])
     assert background._QUEUE == [mine] and mine.state == "queued" and other.state == "new"
     background._QUEUE.clear()
     assert background.result(mine).returncode == 0  # not started: runs here
@@ -83,11 +84,7 @@ def test_off_when_asked_and_in_an_xdist_worker(monkeypatch):
     monkeypatch.setattr(background, "_QUEUE", [])
     job = background.register("bg-selftest-worker", lambda d: ["true"], tests=("test_x",))
 
-    class Item:
-        path = __file__
-        originalname = name = "test_x"
-
-    background.start([Item()])
+    background.start([_Item()])
     assert background._QUEUE == [] and job.state == "new"  # left to its test
     assert background.result(job).returncode == 0
 
