@@ -23,16 +23,16 @@ from test_linalg import edgy, rand
 SMALL = Caches(l1d=16 << 10, l2=256 << 10, l3=0)
 INTEL = Caches(l1d=48 << 10, l2=2 << 20, l3=105 << 20)
 LARGE = Caches(l1d=64 << 10, l2=4 << 20, l3=256 << 20)
-NR = _tile.NR
+MR, NR = _tile.MM_MR, _tile.MM_NR
 
 
 def test_tile_shape_matches_the_kernel():
-    assert (blocking.MR, blocking.NR) == (_tile.MR, _tile.NR)
+    assert (blocking.MR, blocking.NR) == (_tile.MM_MR, _tile.MM_NR)
 
 
 def test_rule_on_known_descriptions():
     assert blocks_for(SMALL) == Blocks(kc=256, b_cached=1 << 15, b_block=1 << 15)
-    assert blocks_for(INTEL) == Blocks(kc=1024, b_cached=1 << 18, b_block=1 << 18)
+    assert blocks_for(INTEL) == Blocks(kc=512, b_cached=1 << 18, b_block=1 << 18)
     assert blocks_for(LARGE) == Blocks(kc=1024, b_cached=1 << 19, b_block=1 << 19)
     # the machine the constants were tuned on keeps them (kc, column block)
     tuned = blocks_for(blocking.FALLBACK)
@@ -87,8 +87,8 @@ def boundary_shapes(b: Blocks):
         # partial last column block (2nb + 1 panels) and whole ones (3nb)
         edge = [(thr, 0), (thr, 5), (thr + 1, 0), (thr + 1, 5)] if K != 2 * kc + 1 else [(thr + 1, 5)]
         for panels, short in edge + [(max(1, thr - 1), 5), (2 * nb + 1, 5), (3 * nb, 0)]:
-            if panels * NR - short >= 1:
-                out.append((5, K, panels * NR - short))
+            if panels * NR - short >= 1:  # one whole row block and a ragged one
+                out.append((MR + 3, K, panels * NR - short))
     return sorted(set(out))
 
 
@@ -146,3 +146,57 @@ def test_machine_blocks_are_the_default():
     A = load(rng.standard_normal((9, 70)).astype(np.float32))
     B = load(rng.standard_normal((70, 130)).astype(np.float32))
     assert np.array_equal(bits(L.matmul(A, B)), bits(L.matmul(A, B, blocks=blocking.machine_blocks())))
+
+
+# ---- the packs: bit copies, zero padding, for both tile shapes ---------------------------
+
+
+def _pack_a_expected(A, a_trans, i0, k0, kc, mr):
+    out = np.zeros(kc * mr, np.uint32)
+    src = bits(A.T if a_trans else A)
+    for k in range(kc):
+        for r in range(min(mr, src.shape[0] - i0)):
+            out[k * mr + r] = src[i0 + r, k0 + k]
+    return out
+
+
+def _pack_b_expected(B, b_trans, j0, k0, kc, nr):
+    out = np.zeros(kc * nr, np.uint32)
+    src = bits(B.T if b_trans else B)  # K x J
+    for k in range(kc):
+        for j in range(min(nr, src.shape[1] - j0)):
+            out[k * nr + j] = src[k0 + k, j0 + j]
+    return out
+
+
+@pytest.mark.parametrize("mr", [_tile.MR, _tile.MM_MR])
+@pytest.mark.parametrize("trans", [False, True])
+def test_pack_a_copies_bits(mr, trans):
+    """pack_a (its 8 x 8 shuffled blocks and the element-wise rest) is a
+    copy with +0 past the last row, over every ragged row count and k length
+    around 8 and with a stale buffer."""
+    rng = np.random.default_rng(mr * 2 + trans)
+    for rows in range(1, mr + 1):
+        for kc in (1, 7, 8, 9, 16, 23):
+            for k0 in (0, 3):
+                I, K = 3 + rows, k0 + kc + 2
+                A = edgy(rng, (K, I) if trans else (I, K), 0.1)
+                Ap = np.full(kc * mr + 5, np.float32(np.nan))
+                M.pack_a(A, trans, 3, k0, kc, Ap, mr)
+                assert np.array_equal(bits(Ap[: kc * mr]), _pack_a_expected(A, trans, 3, k0, kc, mr))
+                assert np.isnan(Ap[kc * mr :]).all()  # nothing past the strip
+
+
+@pytest.mark.parametrize("nr", [_tile.NR, _tile.MM_NR])
+@pytest.mark.parametrize("trans", [False, True])
+def test_pack_b_panel_copies_bits(nr, trans):
+    """pack_b_panel likewise, for whole and ragged panels at an offset."""
+    rng = np.random.default_rng(nr * 2 + trans)
+    for cols in (1, 8, nr - 1, nr):
+        for kc in (1, 7, 8, 9, 16, 23):
+            J, K, j0, k0, off = 5 + cols, kc + 4, 5, 2, 11
+            B = edgy(rng, (J, K) if trans else (K, J), 0.1)
+            Bp = np.full(off + kc * nr + 5, np.float32(np.nan))
+            M.pack_b_panel(B, trans, j0, k0, kc, Bp, off, nr)
+            assert np.array_equal(bits(Bp[off : off + kc * nr]), _pack_b_expected(B, trans, j0, k0, kc, nr))
+            assert np.isnan(Bp[:off]).all() and np.isnan(Bp[off + kc * nr :]).all()

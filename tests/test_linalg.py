@@ -203,7 +203,8 @@ def test_row_sum_order_is_sequential():
 
 # ---- fast kernels equal the naive kernels -------------------------------------------
 
-# around the tile (4 rows × 64 columns) and k block (1024) sizes, primes, 1
+# around the matmul's tile (8 rows × 48 columns; attention's 4 × 64 before it)
+# and k block (512 and 1024) sizes, primes, 1
 SHAPES = [
     (1, 1, 1),
     (1, 7, 1),
@@ -220,6 +221,11 @@ SHAPES = [
     (97, 257, 129),
     (5, 20, 63),
     (4, 1, 128),
+    (8, 8, 48),
+    (16, 47, 96),
+    (17, 49, 97),
+    (23, 511, 49),
+    (24, 513, 144),
     (3, 1023, 5),
     (5, 1025, 70),
     (9, 2049, 3),

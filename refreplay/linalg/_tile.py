@@ -1,9 +1,9 @@
-"""The register-blocked inner loop of the fp32 matmul, written in LLVM vector IR.
+"""The register-blocked inner loops of the fp32 products, written in LLVM vector IR.
 
-One call computes an MR × NR tile of C over a block of kc consecutive k:
+One call computes an mr × nr tile of C over a block of kc consecutive k:
 
     for k in kc steps, increasing:
-        for r in 0..MR-1, for every j in 0..NR-1 (as NV vectors of 16 lanes):
+        for r in 0..mr-1, for every j in 0..nr-1 (as nv vectors of 16 lanes):
             acc[r][j] = acc[r][j] + Ap[k, r] * Bp[k, j]
 
 with each multiply and each add a separate IEEE binary32 operation (LLVM
@@ -15,7 +15,20 @@ live in registers for the whole k loop, which is what makes this fast, and
 why it is written as vector IR: Numba's auto-vectoriser cannot keep a 2-D
 accumulator in registers.
 
-Three variants are built:
+Two tile shapes are built, both keeping their accumulators and the B
+vectors of one k step in the 32 vector registers of AVX-512:
+
+* ``MM_MR`` × ``MM_NR`` = 8 × 48 (24 accumulators) for the matmul driver.
+  Each k step loads 3 vectors of B for 24 multiply-adds; the earlier 4 × 64
+  tile loaded 4 for 16, and with its B streamed from L2 it lost 10-40 % of
+  the unfused peak as packed B grew towards half of L2 (Intel Xeon, 2 MiB
+  L2: 0.62 of the peak with 1.5 MiB of packed B, where 8 × 48 kept 0.87;
+  issue 32).  Eight rows also make the transposing packs whole 8 × 8 blocks
+  (``_tiles.transpose8``).
+* ``MR`` × ``NR`` = 4 × 64 for attention (``ops/attention.py``), whose
+  panels are a head's 64 channels and whose causal edges are cut by MR.
+
+Three variants of each are built:
 
 * ``tile_flush``: every product and every partial sum goes through the flush
   of [num.flush.c1] (a subnormal becomes a zero of its sign), written as the
@@ -32,8 +45,8 @@ Either variant stores its accumulators back to C with NaNs canonicalised
 ([num.nan.c1] allows this once at the end of an add/mul chain; C may be
 stored and reloaded between k blocks, which keeps every bit).
 
-Layout (packed by ``mm_fp32.py``): ``Ap[ap_off + k*MR + r]``,
-``Bp[bp_off + k*NR + j]``, ``C[c_off + r*ldc + j]``; all 1-D float32.
+Layout (packed by ``mm_fp32.py``): ``Ap[ap_off + k*mr + r]``,
+``Bp[bp_off + k*nr + j]``, ``C[c_off + r*ldc + j]``; all 1-D float32.
 """
 
 from __future__ import annotations
@@ -44,9 +57,10 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 LANES = 16  # one 512-bit vector of float32
-MR = 4  # rows of a tile
-NV = 4  # vectors per tile row
-NR = NV * LANES  # columns of a tile
+MR, NV = 4, 4  # attention's tile: rows, vectors per row
+NR = NV * LANES
+MM_MR, MM_NV = 8, 3  # the matmul's tile
+MM_NR = MM_NV * LANES
 
 _F32 = ir.FloatType()
 _I32 = ir.IntType(32)
@@ -77,7 +91,10 @@ def _vec_ptr(builder, base, offset):
     return builder.bitcast(builder.gep(base, [offset]), _VF.as_pointer())
 
 
-def _make_tile(flush_products: bool, flush_sums: bool):
+def _make_tile(mr: int, nv: int, flush_products: bool, flush_sums: bool):
+    """The tile intrinsic for an mr x (nv * LANES) tile."""
+    nr = nv * LANES
+
     @intrinsic
     def tile(typingctx, Ap, ap_off, Bp, bp_off, kc, C, c_off, ldc, load_c):
         for arr in (Ap, Bp, C):
@@ -108,11 +125,11 @@ def _make_tile(flush_products: bool, flush_sums: bool):
             c = builder.gep(c, [c_off])
 
             # Accumulators: allocas that mem2reg turns into vector registers.
-            acc = [[cgutils.alloca_once(builder, _VF) for _ in range(NV)] for _ in range(MR)]
+            acc = [[cgutils.alloca_once(builder, _VF) for _ in range(nv)] for _ in range(mr)]
             neg_zero = ir.Constant(_VF, [-0.0] * LANES)  # [red.sum.c1] start of a sum
-            for r in range(MR):
+            for r in range(mr):
                 row = builder.mul(ir.Constant(intp, r), ldc)
-                for v in range(NV):
+                for v in range(nv):
                     at = _vec_ptr(builder, c, builder.add(row, ir.Constant(intp, v * LANES)))
                     with builder.if_else(load_c) as (then, otherwise):
                         with then:
@@ -127,21 +144,21 @@ def _make_tile(flush_products: bool, flush_sums: bool):
                         _vec_ptr(
                             builder,
                             bp,
-                            builder.add(builder.mul(k, ir.Constant(intp, NR)), ir.Constant(intp, v * LANES)),
+                            builder.add(builder.mul(k, ir.Constant(intp, nr)), ir.Constant(intp, v * LANES)),
                         ),
                         align=4,
                     )
-                    for v in range(NV)
+                    for v in range(nv)
                 ]
-                a_row = builder.gep(ap, [builder.mul(k, ir.Constant(intp, MR))])
-                for r in range(MR):
+                a_row = builder.gep(ap, [builder.mul(k, ir.Constant(intp, mr))])
+                for r in range(mr):
                     a = builder.load(builder.gep(a_row, [ir.Constant(intp, r)]), align=4)
                     a_vec = builder.shuffle_vector(
                         builder.insert_element(ir.Constant(_VF, ir.Undefined), a, ir.Constant(_I32, 0)),
                         ir.Constant(_VF, ir.Undefined),
                         ir.Constant(_VI, [0] * LANES),
                     )
-                    for v in range(NV):
+                    for v in range(nv):
                         p = builder.fmul(a_vec, b[v])  # rounded product, no contraction
                         if flush_products:
                             p = _flush(builder, p)
@@ -150,9 +167,9 @@ def _make_tile(flush_products: bool, flush_sums: bool):
                             s = _flush(builder, s)
                         builder.store(s, acc[r][v])
 
-            for r in range(MR):
+            for r in range(mr):
                 row = builder.mul(ir.Constant(intp, r), ldc)
-                for v in range(NV):
+                for v in range(nv):
                     at = _vec_ptr(builder, c, builder.add(row, ir.Constant(intp, v * LANES)))
                     builder.store(_canon(builder, builder.load(acc[r][v])), at, align=4)
             return context.get_dummy_value()
@@ -162,6 +179,9 @@ def _make_tile(flush_products: bool, flush_sums: bool):
     return tile
 
 
-tile_flush = _make_tile(True, True)
-tile_flush_sums = _make_tile(False, True)
-tile_plain = _make_tile(False, False)
+tile_flush = _make_tile(MR, NV, True, True)
+tile_flush_sums = _make_tile(MR, NV, False, True)
+tile_plain = _make_tile(MR, NV, False, False)
+mm_tile_flush = _make_tile(MM_MR, MM_NV, True, True)
+mm_tile_flush_sums = _make_tile(MM_MR, MM_NV, False, True)
+mm_tile_plain = _make_tile(MM_MR, MM_NV, False, False)

@@ -15,8 +15,8 @@ are run-time arguments of the compiled driver, not compile-time constants, so
 one compiled (and cached) kernel serves every machine and every test's
 override.
 
-The rule (sizes in bytes of the core's own caches; the register tile is
-``_tile.MR`` x ``_tile.NR`` floats):
+The rule (sizes in bytes of the core's own caches; the matmul's register
+tile is ``_tile.MM_MR`` x ``_tile.MM_NR`` = 8 x 48 floats):
 
 * ``kc`` (k block): the largest power of two, at most 1024, such that a row
   block's packed A strip (kc x MR floats) takes at most half of L1d and one
@@ -40,7 +40,7 @@ import os
 import re
 from dataclasses import dataclass
 
-MR, NR = 4, 64  # the register tile of _tile.py (kept equal by tests/test_blocking.py)
+MR, NR = 8, 48  # the matmul's register tile in _tile.py (kept equal by tests/test_blocking.py)
 KC_MAX = 1024  # the longest k block measured (longer ones were never faster)
 KC_MIN = 64
 SYSFS = "/sys/devices/system/cpu/cpu0/cache"

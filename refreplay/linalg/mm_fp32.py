@@ -11,10 +11,11 @@ Structure (the classic packed GEMM, with nothing reassociated):
 * k is cut into blocks of KC, processed in increasing order.  Between blocks
   a tile's partial sums wait in C itself: storing a float32 and loading it
   back changes no bit, so the sum over k stays one sequential chain.
-* For each k block, B is packed into panels of NR columns (``Bp[k, j]``
-  contiguous along j) and A into row blocks of MR rows (``Ap[k, r]``).
+* For each k block, B is packed into panels of MM_NR columns (``Bp[k, j]``
+  contiguous along j) and A into row blocks of MM_MR rows (``Ap[k, r]``).
   Packing copies bits (and zero-pads the edges, which feed only lanes that
-  are never stored).
+  are never stored); where it transposes, whole 8 x 8 blocks move by vector
+  shuffles (``_tiles.transpose8``).
 * Where packed B fits in cache (``b_cached`` floats), each row block runs over
   all the panels.  Where it does not, the panels are taken ``b_block`` floats
   at a time (a column block that stays in L2) and every row block runs its
@@ -23,7 +24,7 @@ Structure (the classic packed GEMM, with nothing reassociated):
   streaming it per row block ran at a third of the speed).  The block sizes
   are run-time arguments, derived from the machine's caches by
   ``blocking.py`` (no bit depends on them).
-* ``_tile.tile_*`` runs one MR × NR tile over the k block with its
+* ``_tile.mm_tile_*`` runs one MM_MR × MM_NR tile over the k block with its
   accumulators in vector registers, skipping flushes only where the
   exponent bounds below prove them identities.  Threads take row blocks (independent
   outputs); the k loop never crosses threads.
@@ -35,7 +36,7 @@ threads, so call them from serial code, not from inside a ``prange`` (Numba's
 default threading layer refuses nested parallel regions).  The serial pieces
 (``pack_a``, ``pack_b_panel``, ``rows_exp_min``, ``cols_exp_min``,
 ``tile_proved``) can be called from inside one: ``ops/attention.py`` runs its
-per-head products with them.
+per-head products with them, on its own MR × NR tile (``_tile.py``).
 """
 
 from __future__ import annotations
@@ -44,17 +45,28 @@ import numpy as np
 from numba import prange
 
 from .._jit import kernel, parallel_kernel
+from .._tiles import transpose8
 from ..numerics._bits import f32_bits
 from ..numerics.core import ZERO, add
-from ._tile import MR, NR, tile_flush, tile_flush_sums, tile_plain
+from ._tile import (
+    MM_MR,
+    MM_NR,
+    mm_tile_flush,
+    mm_tile_flush_sums,
+    mm_tile_plain,
+    tile_flush,
+    tile_flush_sums,
+    tile_plain,
+)
 
 # Block sizes: run-time arguments of the driver, chosen per machine from its
 # cache sizes by ``blocking.py`` (the API passes them).  These constants are
 # only the defaults for compiled callers that pass none (``mm_int8``): the
-# sizes of the 32 KiB L1d / 1 MiB L2 / 32 MiB L3 machine they were tuned on.
+# sizes ``blocking.py`` derives for its fallback machine (32 KiB L1d / 1 MiB
+# L2 / 32 MiB L3, the AMD machine the kernels were first tuned on).
 # No block size changes a bit: k blocks meet in C (stored and reloaded
 # float32, exact), and which tile runs when is free.
-KC = 1024  # k block: long enough that one row block's tiles stream B once per block
+KC = 512  # k block: a row block's packed A strip (KC x MM_MR floats) in half of L1d
 B_CACHED = 1 << 21  # floats of packed B (8 MiB) that row blocks can each stream from L3
 B_BLOCK = 1 << 17  # floats of packed B (512 KiB) that the row blocks share while in L2
 
@@ -193,59 +205,84 @@ def cols_exp_min_par(X, n_blocks, block):
     return out
 
 
-@kernel
-def tile_proved(e, Ap, ap_off, Bp, bp_off, kc, C, c_off, ldc, load_c):
-    """One MR × NR tile (``_tile``, same arguments) with only the flushes that
-    e = Ea + Eb does not prove identities; e must bound, as above, every
-    product of the tile's outputs over their whole k range ([mm.flush.r1])."""
-    if e >= _FLUSH_FREE_MIN:
-        tile_plain(Ap, ap_off, Bp, bp_off, kc, C, c_off, ldc, load_c)
-    elif e >= _PRODUCTS_NORMAL_MIN:
-        tile_flush_sums(Ap, ap_off, Bp, bp_off, kc, C, c_off, ldc, load_c)
-    else:
-        tile_flush(Ap, ap_off, Bp, bp_off, kc, C, c_off, ldc, load_c)
+def _proved(plain, flush_sums, flush_all):
+    @kernel
+    def proved(e, Ap, ap_off, Bp, bp_off, kc, C, c_off, ldc, load_c):
+        if e >= _FLUSH_FREE_MIN:
+            plain(Ap, ap_off, Bp, bp_off, kc, C, c_off, ldc, load_c)
+        elif e >= _PRODUCTS_NORMAL_MIN:
+            flush_sums(Ap, ap_off, Bp, bp_off, kc, C, c_off, ldc, load_c)
+        else:
+            flush_all(Ap, ap_off, Bp, bp_off, kc, C, c_off, ldc, load_c)
+
+    return proved
+
+
+tile_proved = _proved(tile_plain, tile_flush_sums, tile_flush)
+tile_proved.__doc__ = """One MR × NR tile (``_tile``, same arguments) with only the flushes that
+e = Ea + Eb does not prove identities; e must bound, as above, every
+product of the tile's outputs over their whole k range ([mm.flush.r1])."""
+mm_tile_proved = _proved(mm_tile_plain, mm_tile_flush_sums, mm_tile_flush)
+mm_tile_proved.__doc__ = "tile_proved on the matmul's MM_MR × MM_NR tile."
 
 
 # ---- packing (copies bits; never changes an order) --------------------------------------
 
 
 @kernel
-def pack_a(A, a_trans, i0, k0, kc, Ap):
-    """Ap[k*MR + r] = A[i0+r, k0+k] (or A[k0+k, i0+r] when a_trans), 0 past the last row."""
+def pack_a(A, a_trans, i0, k0, kc, Ap, mr):
+    """Ap[k*mr + r] = A[i0+r, k0+k] (or A[k0+k, i0+r] when a_trans), 0 past the last row."""
     I = A.shape[1] if a_trans else A.shape[0]
-    rows = min(MR, I - i0)
-    Ap[:] = ZERO
+    rows = min(mr, I - i0)
     if a_trans:
         for k in range(kc):
             src = A[k0 + k]
+            dst = Ap[k * mr : (k + 1) * mr]
             for r in range(rows):
-                Ap[k * MR + r] = src[i0 + r]
-    else:
+                dst[r] = src[i0 + r]
+            for r in range(rows, mr):
+                dst[r] = ZERO
+        return
+    done = 0
+    if rows == 8 and mr == 8:  # whole 8 x 8 blocks by vector shuffles
+        done = kc - kc % 8
+        At = Ap[: kc * 8].reshape(kc, 8)
+        for k in range(0, done, 8):
+            transpose8(A, i0, k0 + k, At, k, 0)
+    for k in range(done, kc):
+        dst = Ap[k * mr : (k + 1) * mr]
         for r in range(rows):
-            src = A[i0 + r]
-            for k in range(kc):
-                Ap[k * MR + r] = src[k0 + k]
+            dst[r] = A[i0 + r, k0 + k]
+        for r in range(rows, mr):
+            dst[r] = ZERO
 
 
 @kernel
-def pack_b_panel(B, b_trans, j0, k0, kc, Bp, off):
-    """Bp[off + k*NR + j] = B[k0+k, j0+j] (or B[j0+j, k0+k] when b_trans), 0 past the last column."""
+def pack_b_panel(B, b_trans, j0, k0, kc, Bp, off, nr):
+    """Bp[off + k*nr + j] = B[k0+k, j0+j] (or B[j0+j, k0+k] when b_trans), 0 past the last column."""
     J = B.shape[0] if b_trans else B.shape[1]
-    cols = min(NR, J - j0)
-    panel = Bp[off : off + kc * NR]
-    if cols < NR:
+    cols = min(nr, J - j0)
+    panel = Bp[off : off + kc * nr]
+    if cols < nr:
         panel[:] = ZERO
-    if b_trans:
-        for j in range(cols):
-            src = B[j0 + j]
-            for k in range(kc):
-                panel[k * NR + j] = src[k0 + k]
-    else:
+    if not b_trans:
         for k in range(kc):
             src = B[k0 + k]
-            dst = panel[k * NR : k * NR + cols]
+            dst = panel[k * nr : k * nr + cols]
             for j in range(cols):
                 dst[j] = src[j0 + j]
+        return
+    done = 0
+    if cols == nr and nr % 8 == 0:  # whole 8 x 8 blocks by vector shuffles
+        done = kc - kc % 8
+        Pt = panel.reshape(kc, nr)
+        for k in range(0, done, 8):
+            for j in range(0, nr, 8):
+                transpose8(B, j0 + j, k0 + k, Pt, k, j)
+    for j in range(cols):
+        src = B[j0 + j]
+        for k in range(done, kc):
+            panel[k * nr + j] = src[k0 + k]
 
 
 # ---- the driver ------------------------------------------------------------------------
@@ -254,15 +291,15 @@ def pack_b_panel(B, b_trans, j0, k0, kc, Bp, off):
 @kernel
 def plan(nj, K, kc_max, b_cached):
     """(k block length, column-blocked?) for nj panels of B over K: column
-    blocks where packed B (nj panels of min(kc, K) x NR floats) exceeds b_cached."""
+    blocks where packed B (nj panels of min(kc, K) x MM_NR floats) exceeds b_cached."""
     KB = max(1, kc_max)
-    return KB, nj * min(KB, K) * NR > b_cached
+    return KB, nj * min(KB, K) * MM_NR > b_cached
 
 
 @kernel
 def panels_per_block(kc, b_block):
-    """Panels of kc x NR floats per column block of b_block floats (at least 1)."""
-    return max(1, b_block // (kc * NR))
+    """Panels of kc x MM_NR floats per column block of b_block floats (at least 1)."""
+    return max(1, b_block // (kc * MM_NR))
 
 
 @parallel_kernel
@@ -276,23 +313,23 @@ def _mm_packed(A, B, C, a_trans, b_trans, kc_max=KC, b_cached=B_CACHED, b_block=
     if K == 0:
         C[:] = ZERO  # [red.sum.c1] the empty sum is +0
         return
-    ni = (I + MR - 1) // MR
-    nj = (J + NR - 1) // NR
-    ea = cols_exp_min_par(A, ni, MR) if a_trans else rows_exp_min_par(A, ni, MR)
-    eb = rows_exp_min_par(B, nj, NR) if b_trans else cols_exp_min_par(B, nj, NR)
+    ni = (I + MM_MR - 1) // MM_MR
+    nj = (J + MM_NR - 1) // MM_NR
+    ea = cols_exp_min_par(A, ni, MM_MR) if a_trans else rows_exp_min_par(A, ni, MM_MR)
+    eb = rows_exp_min_par(B, nj, MM_NR) if b_trans else cols_exp_min_par(B, nj, MM_NR)
     Cf = C.reshape(-1)
     KB, blocked = plan(nj, K, kc_max, b_cached)
-    Bp = np.empty(nj * min(KB, K) * NR, dtype=np.float32)
-    Ap = np.empty(ni * min(KB, K) * MR if blocked else 0, dtype=np.float32)
+    Bp = np.empty(nj * min(KB, K) * MM_NR, dtype=np.float32)
+    Ap = np.empty(ni * min(KB, K) * MM_MR if blocked else 0, dtype=np.float32)
     for k0 in range(0, K, KB):  # k blocks in increasing order, never in parallel
         kc = min(KB, K - k0)
         for jp in prange(nj):
-            pack_b_panel(B, b_trans, jp * NR, k0, kc, Bp, jp * kc * NR)
+            pack_b_panel(B, b_trans, jp * MM_NR, k0, kc, Bp, jp * kc * MM_NR, MM_NR)
         load_c = k0 > 0
         if not blocked:  # B stays in cache: each row block packs its A (in L1) and runs every panel
             for ib in prange(ni):
-                Ai = np.empty(kc * MR, dtype=np.float32)
-                pack_a(A, a_trans, ib * MR, k0, kc, Ai)
+                Ai = np.empty(kc * MM_MR, dtype=np.float32)
+                pack_a(A, a_trans, ib * MM_MR, k0, kc, Ai, MM_MR)
                 _row_block_tiles(Ai, 0, ib, Bp, 0, nj, kc, C, Cf, ea[ib], eb, load_c)
             continue
         # Column blocks of nb panels (b_block floats, in L2) that every row
@@ -300,11 +337,11 @@ def _mm_packed(A, B, C, a_trans, b_trans, kc_max=KC, b_cached=B_CACHED, b_block=
         # k block instead of once per row block.  A is packed whole, once.
         # Which tile runs when changes no bit.
         for ib in prange(ni):
-            pack_a(A, a_trans, ib * MR, k0, kc, Ap[ib * kc * MR : (ib + 1) * kc * MR])
+            pack_a(A, a_trans, ib * MM_MR, k0, kc, Ap[ib * kc * MM_MR : (ib + 1) * kc * MM_MR], MM_MR)
         nb = panels_per_block(kc, b_block)
         for jb in range(0, nj, nb):
             for ib in prange(ni):
-                _row_block_tiles(Ap, ib * kc * MR, ib, Bp, jb, min(jb + nb, nj), kc, C, Cf, ea[ib], eb, load_c)
+                _row_block_tiles(Ap, ib * kc * MM_MR, ib, Bp, jb, min(jb + nb, nj), kc, C, Cf, ea[ib], eb, load_c)
 
 
 @kernel
@@ -312,23 +349,23 @@ def _row_block_tiles(Ap, ap_off, ib, Bp, jp0, jp1, kc, C, Cf, ea_i, eb, load_c):
     """The tiles of row block ib (packed at Ap[ap_off:]) and column panels
     jp0 .. jp1-1 for one k block."""
     I, J = C.shape
-    i0 = ib * MR
-    rows = min(MR, I - i0)
-    edge = np.empty(MR * NR, dtype=np.float32)
+    i0 = ib * MM_MR
+    rows = min(MM_MR, I - i0)
+    edge = np.empty(MM_MR * MM_NR, dtype=np.float32)
     for jp in range(jp0, jp1):
-        j0 = jp * NR
-        cols = min(NR, J - j0)
-        full = rows == MR and cols == NR
+        j0 = jp * MM_NR
+        cols = min(MM_NR, J - j0)
+        full = rows == MM_MR and cols == MM_NR
         if not full:  # edge tile: run the full tile in a scratch copy, keep the valid part
             for r in range(rows):
                 for j in range(cols):
-                    edge[r * NR + j] = C[i0 + r, j0 + j]
-        out, off, ld = (Cf, i0 * J + j0, J) if full else (edge, 0, NR)
-        tile_proved(ea_i + eb[jp], Ap, ap_off, Bp, jp * kc * NR, kc, out, off, ld, load_c)
+                    edge[r * MM_NR + j] = C[i0 + r, j0 + j]
+        out, off, ld = (Cf, i0 * J + j0, J) if full else (edge, 0, MM_NR)
+        mm_tile_proved(ea_i + eb[jp], Ap, ap_off, Bp, jp * kc * MM_NR, kc, out, off, ld, load_c)
         if not full:
             for r in range(rows):
                 for j in range(cols):
-                    C[i0 + r, j0 + j] = edge[r * NR + j]
+                    C[i0 + r, j0 + j] = edge[r * MM_NR + j]
 
 
 @parallel_kernel

@@ -75,7 +75,7 @@ def pack_rows(X):
     nd = (HS + NR - 1) // NR
     Xp = np.empty(nd * T * NR, np.float32)
     for jp in range(nd):
-        pack_b_panel(X, False, jp * NR, 0, T, Xp, jp * T * NR)
+        pack_b_panel(X, False, jp * NR, 0, T, Xp, jp * T * NR, NR)
     return Xp
 
 
@@ -87,7 +87,7 @@ def pack_transposed(X):
     ns = (T + NR - 1) // NR
     Xp = np.empty(ns * HS * NR, np.float32)
     for sp in range(ns):
-        pack_b_panel(X, True, sp * NR, 0, HS, Xp, sp * HS * NR)
+        pack_b_panel(X, True, sp * NR, 0, HS, Xp, sp * HS * NR, NR)
     return Xp
 
 
@@ -102,7 +102,7 @@ def dots_block(X, e_x, t0, Yp, e_y, Ap, Z, z0, ldz):
     e_x, e_y the exponent bounds of the X row block and the Y panels."""
     T, HS = X.shape
     rows = min(MR, T - t0)
-    pack_a(X, False, t0, 0, HS, Ap[: HS * MR])
+    pack_a(X, False, t0, 0, HS, Ap[: HS * MR], MR)
     for sp in range((t0 + rows - 1) // NR + 1):
         tile_proved(e_x + e_y[sp], Ap, 0, Yp, sp * HS * NR, HS, Z, z0 + sp * NR, ldz, False)
 
@@ -171,7 +171,7 @@ def weighted_sum_block(P, e_p, t0, X, Xp, e_x, Ap, O, out_bh):
     rows = P.shape[0]
     ld = O.shape[0] // MR
     kc = t0 + 1
-    pack_a(P, False, 0, 0, kc, Ap[: kc * MR])
+    pack_a(P, False, 0, 0, kc, Ap[: kc * MR], MR)
     for jp in range((HS + NR - 1) // NR):
         tile_proved(e_p + e_x[jp], Ap, 0, Xp, jp * T * NR, kc, O, jp * NR, ld, False)
     for r in range(rows):
@@ -320,7 +320,7 @@ def attention_backward_kernel(dout, q, k, v, att, scale, dq, dk, dv):
         for sb in range(ni):
             s0 = sb * MR
             key_sum_block(DZ, (sb * T + s0) * MR, block_min(zcol, s0, MR), s0, q_bh, qp, e_q, O, dk[b, h])
-            pack_a(att_bh, True, s0, s0, T - s0, Ap[: (T - s0) * MR])
+            pack_a(att_bh, True, s0, s0, T - s0, Ap[: (T - s0) * MR], MR)
             key_sum_block(Ap, 0, block_min(acol, s0, MR), s0, do_bh, dop, e_doc, O, dv[b, h])
 
 

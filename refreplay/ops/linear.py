@@ -66,6 +66,7 @@ def linear_backward(dy, x, W, has_bias=True, out=None):
 
 def _outs(out, has_bias, shapes, inputs):
     """The checked ``out`` triple of ``linear_backward`` ((None,) * 3 if none)."""
-    if out is not None and isinstance(out, tuple) and len(out) == 3 and out[2] is not None and not has_bias:
+    outs = check_outs(out, ("dx", "dW", "db"), shapes, inputs)
+    if outs[2] is not None and not has_bias:
         raise ValueError("out: db given but has_bias is False")
-    return check_outs(out, ("dx", "dW", "db"), shapes, inputs)
+    return outs
