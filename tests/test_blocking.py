@@ -30,6 +30,18 @@ def test_tile_shape_matches_the_kernel():
     assert (blocking.MR, blocking.NR) == (_tile.MM_MR, _tile.MM_NR)
 
 
+def test_last_panel_widths():
+    """The last panel's tile is as narrow as whole vectors allow: 48, 32 or 16."""
+    assert _tile.MM_NR == 3 * _tile.LANES  # the driver dispatches on these three widths
+    for J in range(1, 5 * NR):
+        nj = (J + NR - 1) // NR
+        for jp in range(nj):
+            w = M.panel_width(J, jp)
+            cols = min(NR, J - jp * NR)
+            assert w == (NR if jp < nj - 1 else -(-cols // _tile.LANES) * _tile.LANES), (J, jp)
+            assert w in (16, 32, 48) and cols <= w
+
+
 def test_rule_on_known_descriptions():
     assert blocks_for(SMALL) == Blocks(kc=256, b_cached=1 << 15, b_block=1 << 15)
     assert blocks_for(INTEL) == Blocks(kc=512, b_cached=1 << 18, b_block=1 << 18)

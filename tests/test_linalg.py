@@ -222,6 +222,10 @@ SHAPES = [
     (5, 20, 63),
     (4, 1, 128),
     (8, 8, 48),
+    (8, 20, 80),  # last panel exactly 32 columns (an 8 x 32 tile on C itself)
+    (16, 9, 64),  # ... exactly 16
+    (8, 5, 16),
+    (9, 40, 112),  # 16 columns left, a ragged row block
     (16, 47, 96),
     (17, 49, 97),
     (23, 511, 49),

@@ -24,7 +24,8 @@ vectors of one k step in the 32 vector registers of AVX-512:
   the unfused peak as packed B grew towards half of L2 (Intel Xeon, 2 MiB
   L2: 0.62 of the peak with 1.5 MiB of packed B, where 8 × 48 kept 0.87;
   issue 32).  Eight rows also make the transposing packs whole 8 × 8 blocks
-  (``_tiles.transpose8``).
+  (``_tiles.transpose8``).  A last panel of at most 32 or 16 columns runs an
+  8 × 32 or 8 × 16 tile instead (``mm2_*``, ``mm1_*``).
 * ``MR`` × ``NR`` = 4 × 64 for attention (``ops/attention.py``), whose
   panels are a head's 64 channels and whose causal edges are cut by MR.
 
@@ -185,3 +186,12 @@ tile_plain = _make_tile(MR, NV, False, False)
 mm_tile_flush = _make_tile(MM_MR, MM_NV, True, True)
 mm_tile_flush_sums = _make_tile(MM_MR, MM_NV, False, True)
 mm_tile_plain = _make_tile(MM_MR, MM_NV, False, False)
+# The matmul's last panel when fewer than MM_NR columns are left: 8 x 32
+# and 8 x 16 (a width of 256 is 5 whole panels and 16 columns, which a
+# full-width tile would compute 3 times over).
+mm2_tile_flush = _make_tile(MM_MR, 2, True, True)
+mm2_tile_flush_sums = _make_tile(MM_MR, 2, False, True)
+mm2_tile_plain = _make_tile(MM_MR, 2, False, False)
+mm1_tile_flush = _make_tile(MM_MR, 1, True, True)
+mm1_tile_flush_sums = _make_tile(MM_MR, 1, False, True)
+mm1_tile_plain = _make_tile(MM_MR, 1, False, False)

@@ -49,8 +49,15 @@ from .._tiles import transpose8
 from ..numerics._bits import f32_bits
 from ..numerics.core import ZERO, add
 from ._tile import (
+    LANES,
     MM_MR,
     MM_NR,
+    mm1_tile_flush,
+    mm1_tile_flush_sums,
+    mm1_tile_plain,
+    mm2_tile_flush,
+    mm2_tile_flush_sums,
+    mm2_tile_plain,
     mm_tile_flush,
     mm_tile_flush_sums,
     mm_tile_plain,
@@ -224,6 +231,8 @@ e = Ea + Eb does not prove identities; e must bound, as above, every
 product of the tile's outputs over their whole k range ([mm.flush.r1])."""
 mm_tile_proved = _proved(mm_tile_plain, mm_tile_flush_sums, mm_tile_flush)
 mm_tile_proved.__doc__ = "tile_proved on the matmul's MM_MR × MM_NR tile."
+mm2_tile_proved = _proved(mm2_tile_plain, mm2_tile_flush_sums, mm2_tile_flush)  # MM_MR x 32
+mm1_tile_proved = _proved(mm1_tile_plain, mm1_tile_flush_sums, mm1_tile_flush)  # MM_MR x 16
 
 
 # ---- packing (copies bits; never changes an order) --------------------------------------
@@ -297,6 +306,14 @@ def plan(nj, K, kc_max, b_cached):
 
 
 @kernel
+def panel_width(J, jp):
+    """Columns packed for panel jp of J: MM_NR, or the last panel's columns
+    rounded up to whole vectors (its tile is that wide)."""
+    cols = min(MM_NR, J - jp * MM_NR)
+    return min(MM_NR, (cols + LANES - 1) // LANES * LANES)
+
+
+@kernel
 def panels_per_block(kc, b_block):
     """Panels of kc x MM_NR floats per column block of b_block floats (at least 1)."""
     return max(1, b_block // (kc * MM_NR))
@@ -324,7 +341,7 @@ def _mm_packed(A, B, C, a_trans, b_trans, kc_max=KC, b_cached=B_CACHED, b_block=
     for k0 in range(0, K, KB):  # k blocks in increasing order, never in parallel
         kc = min(KB, K - k0)
         for jp in prange(nj):
-            pack_b_panel(B, b_trans, jp * MM_NR, k0, kc, Bp, jp * kc * MM_NR, MM_NR)
+            pack_b_panel(B, b_trans, jp * MM_NR, k0, kc, Bp, jp * kc * MM_NR, panel_width(J, jp))
         load_c = k0 > 0
         if not blocked:  # B stays in cache: each row block packs its A (in L1) and runs every panel
             for ib in prange(ni):
@@ -355,17 +372,24 @@ def _row_block_tiles(Ap, ap_off, ib, Bp, jp0, jp1, kc, C, Cf, ea_i, eb, load_c):
     for jp in range(jp0, jp1):
         j0 = jp * MM_NR
         cols = min(MM_NR, J - j0)
-        full = rows == MM_MR and cols == MM_NR
-        if not full:  # edge tile: run the full tile in a scratch copy, keep the valid part
+        w = panel_width(J, jp)  # the tile's width: MM_NR, 32 or 16
+        full = rows == MM_MR and cols == w
+        if not full:  # edge tile: run the tile in a scratch copy, keep the valid part
             for r in range(rows):
                 for j in range(cols):
-                    edge[r * MM_NR + j] = C[i0 + r, j0 + j]
-        out, off, ld = (Cf, i0 * J + j0, J) if full else (edge, 0, MM_NR)
-        mm_tile_proved(ea_i + eb[jp], Ap, ap_off, Bp, jp * kc * MM_NR, kc, out, off, ld, load_c)
+                    edge[r * w + j] = C[i0 + r, j0 + j]
+        out, off, ld = (Cf, i0 * J + j0, J) if full else (edge, 0, w)
+        e, bp_off = ea_i + eb[jp], jp * kc * MM_NR
+        if w == MM_NR:
+            mm_tile_proved(e, Ap, ap_off, Bp, bp_off, kc, out, off, ld, load_c)
+        elif w == 2 * LANES:
+            mm2_tile_proved(e, Ap, ap_off, Bp, bp_off, kc, out, off, ld, load_c)
+        else:
+            mm1_tile_proved(e, Ap, ap_off, Bp, bp_off, kc, out, off, ld, load_c)
         if not full:
             for r in range(rows):
                 for j in range(cols):
-                    C[i0 + r, j0 + j] = edge[r * MM_NR + j]
+                    C[i0 + r, j0 + j] = edge[r * w + j]
 
 
 @parallel_kernel
