@@ -20,10 +20,10 @@ vectors of one k step in the 32 vector registers of AVX-512:
 
 * ``MM_MR`` × ``MM_NR`` = 8 × 48 (24 accumulators) for the matmul driver.
   Each k step loads 3 vectors of B for 24 multiply-adds; the earlier 4 × 64
-  tile loaded 4 for 16, and with its B streamed from L2 it lost 10-40 % of
-  the unfused peak as packed B grew towards half of L2 (Intel Xeon, 2 MiB
-  L2: 0.62 of the peak with 1.5 MiB of packed B, where 8 × 48 kept 0.87;
-  issue 32).  Eight rows also make the transposing packs whole 8 × 8 blocks
+  tile loaded 4 for 16, and with its B streamed from L2 it lost more of
+  the unfused peak as packed B grew (Intel Xeon, 2 MiB L2, the tile alone
+  over 1.5 MiB of packed B: 0.71 of the peak, 8 × 48 0.80; over 384 KiB
+  both 0.89; issue 32).  Eight rows also make the transposing packs whole 8 × 8 blocks
   (``_tiles.transpose8``).  A last panel of at most 32 or 16 columns runs an
   8 × 32 or 8 × 16 tile instead (``mm2_*``, ``mm1_*``).
 * ``MR`` × ``NR`` = 4 × 64 for attention (``ops/attention.py``), whose
