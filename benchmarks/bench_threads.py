@@ -27,7 +27,9 @@ process starts; ``--interleaved``: all in one process, see below),
   (a fixed count: no load policy) and ``torch.set_num_threads(M)``, for
   N, M in {1, 2} (the trainer: ``numba N`` only);
 * extra, with ``--settings``: ``spinning``: ``OMP_WAIT_POLICY=ACTIVE``
-  (OpenMP's spinning pool); ``layer L``: ``NUMBA_THREADING_LAYER=L``.
+  (OpenMP's spinning pool); ``spin N``: ``GOMP_SPINCOUNT=N`` (libgomp's
+  workers spin N rounds before they sleep); ``layer L``:
+  ``NUMBA_THREADING_LAYER=L``.
 
 All workers of a model start together, build the model and warm up
 (2 steps; 1 for the bigger models), then wait.  Each scenario runs ``--rounds`` rounds; in a round
@@ -89,6 +91,8 @@ def settings_for(model: str, extra: list[str]) -> dict:
     for name in extra:
         if name == "spinning":
             out[name] = ({"OMP_WAIT_POLICY": "ACTIVE"}, None)
+        elif name.startswith("spin "):
+            out[name] = ({"GOMP_SPINCOUNT": name.split()[1]}, None)
         elif name.startswith("layer "):
             out[name] = ({"NUMBA_THREADING_LAYER": name.split()[1]}, None)
         else:

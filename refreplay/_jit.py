@@ -14,15 +14,33 @@ Numba's loader; ``_guard_cache`` turns it into a cache miss instead: the
 file is set aside as ``NAME.corrupt-PID`` with a warning on stderr and the
 function is compiled again (the cache only ever saves compile time; bits
 never depend on it).
+
+On an x86-64 CPU with AVX-512, ``_full_width_vectors`` lets LLVM's
+vectorisers use 512-bit vectors.  LLVM tunes Intel's AVX-512 cores
+(Skylake-SP and later) to prefer 256-bit vectors in the loops it vectorises
+(its ``prefer-256-bit`` tuning; AMD's Zen 4 has none), so every
+element-wise and row loop (GELU, the norms, softmax, AdamW) ran at half the
+width the register tiles (explicit 512-bit vector IR) already use.  Measured
+on an Intel Xeon (family 6 model 167, 1 thread): GELU's element loop over
+3 M elements 6.7 ms -> 4.7 ms.  The width never changes a bit: a vectorised
+loop runs over independent elements only (no ``fastmath``: nothing is
+reassociated or contracted), each lane the scalar operations in their order
+(tests/test_vector_width.py compares both widths).  A user's own
+``NUMBA_CPU_NAME``, ``NUMBA_CPU_FEATURES`` or ``NUMBA_ENABLE_AVX`` is left
+as it is.  The setting is the process's Numba configuration, read when
+Numba's code generator is made (at the first function Numba is given); a
+process whose Numba made it before refreplay was imported keeps its own
+features, and its cache entries stay keyed to them.
 """
 
 from __future__ import annotations
 
 import os
+import platform
 import sys
 
 import numba
-from numba.core import caching
+from numba.core import caching, config, registry
 
 _BASE = dict(cache=True, nogil=True, error_model="numpy")
 
@@ -85,3 +103,37 @@ def _guard_cache() -> None:
 
 
 _guard_cache()
+
+
+_WIDE = "-prefer-256-bit"  # LLVM's x86 tuning flag, off
+
+
+def _codegen_made() -> bool:
+    """Whether Numba has made its CPU code generator (with its features) already."""
+    return "_toplevel_target_context" in vars(registry.cpu_target)
+
+
+def _full_width_vectors(environ=os.environ) -> str | None:
+    """Numba's CPU features with LLVM's 256-bit preference turned off, or
+    None to leave Numba's own choice (not x86-64, no AVX-512, or the user
+    chose the CPU name, features or AVX)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return None
+    if any(k in environ for k in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "NUMBA_ENABLE_AVX")):
+        return None
+    if config.CPU_NAME is not None or config.CPU_FEATURES is not None:
+        return None
+    if _codegen_made():
+        return None  # its features are fixed
+    try:
+        import llvmlite.binding as ll
+
+        features = ll.get_host_cpu_features()
+    except (ImportError, RuntimeError):
+        return None
+    if not features.get("avx512f"):
+        return None
+    return features.flatten() + "," + _WIDE
+
+
+config.CPU_FEATURES = _full_width_vectors() or config.CPU_FEATURES
