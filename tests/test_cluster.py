@@ -548,3 +548,58 @@ def test_a_replica_whose_worker_dies_runs_on_another_worker(local2):
     assert all(len(set(ws)) == 2 for ws in out.workers.values()), out.workers
     ran = {w for ws in out.workers.values() for w in ws}
     assert ran - before, f"no replica ran on the restarted worker: {out.workers}"  # resubmitted there
+
+
+class _Future:
+    """A Dask future stand-in, done: its result, or (value None) a result that
+    left with its dead worker and can never be fetched."""
+
+    def __init__(self, value=None):
+        self.value, self.status = value, "finished"
+
+    def done(self):
+        return True
+
+    def result(self, timeout=None):
+        if self.value is None:  # Dask would wait for the dead worker: forever without a timeout
+            raise TimeoutError(f"no result within {timeout} s" if timeout else "waited forever")
+        return self.value
+
+    def cancel(self):
+        self.status = "cancelled"
+
+    def release(self):
+        pass
+
+
+def test_a_finished_replica_lost_with_its_worker_runs_again(monkeypatch):
+    """The race behind a hang seen in CI: replica 0 of step 1 finished on
+    worker a, which died before its result was fetched (Dask then waits for a,
+    the replica being pinned there).  run_tasks must not wait: it runs the
+    replica again on the worker that replaced a, still apart from replica 1."""
+    import types
+
+    fit = ["tcp://a", "tcp://b"]
+    monkeypatch.setattr(cluster, "fit_workers", lambda client: list(fit))
+    submitted = []
+
+    class Client:
+        def submit(self, fn, run_path, head, t, device, max_memory, *, key, workers, **kw):
+            (w,) = workers
+            submitted.append((key, w))
+            if key == "refreplay-kkkkkkkkkkkk-1-0":
+                fit[:] = ["tcp://b", "tcp://c"]  # a dies holding the result; its nanny brings it back as c
+                return _Future()
+            verdict = types.SimpleNamespace(verified=True, checked=[], divergence=None)
+            return _Future(
+                {"step": t, "worker": w, "platform": {}, "seconds": 1.0, "bytes_read": None, "result": verdict}
+            )
+
+    out = cluster.run_tasks(Client(), "/no/run", "k" * 64, [1], replicas=2, task=_slow_where, poll=0.01, rejoin=5)
+    assert not out.failed and sorted(out.results) == [1], (out.failed, submitted)
+    assert submitted == [
+        ("refreplay-kkkkkkkkkkkk-1-0", "tcp://a"),
+        ("refreplay-kkkkkkkkkkkk-1-1", "tcp://b"),
+        ("refreplay-kkkkkkkkkkkk-1-0-again1", "tcp://c"),
+    ], submitted
+    assert sorted(out.workers[1]) == ["tcp://b", "tcp://c"], out.workers

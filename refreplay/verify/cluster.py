@@ -38,6 +38,7 @@ from ..errors import InputError
 
 RESOURCE = "refreplay"  # one unit per fit worker; each task takes one
 PLUGIN = "refreplay-fitness"
+FETCH_S = 10.0  # seconds to fetch a finished replica's result (a small dict) before it counts as lost
 
 
 # ---- which steps, in which tasks ---------------------------------------------------
@@ -264,8 +265,10 @@ def run_tasks(
     address) has its replica submitted again to a fit worker that none of the
     step's other replicas is pinned to, waiting up to ``rejoin`` seconds for
     one to be fit (a restarted worker proves fitness again first); after
-    that the replica is a failed try.  ``InputError`` when fewer than R
-    workers are fit."""
+    that the replica is a failed try.  A replica that finished but whose
+    result cannot be fetched within FETCH_S (its worker died holding it, or
+    the task was cancelled) is run again the same way.  ``InputError`` when
+    fewer than R workers are fit."""
     import os
 
     from distributed import as_completed
@@ -275,12 +278,12 @@ def run_tasks(
     got: dict[int, list[dict]] = {t: [] for t in targets}
     out = Outcome()
 
-    def done(f, t):
+    def done(f, t, value=None):
         if f.status == "error":
             exc = f.exception()
             got[t].append({"failed": f"{type(exc).__name__}: {exc}"})
         else:
-            got[t].append(f.result())
+            got[t].append(f.result() if value is None else value)
             out.workers.setdefault(t, []).append(got[t][-1].get("worker"))
         f.release()
         if len(got[t]) == replicas:
@@ -342,12 +345,22 @@ def run_tasks(
         for rep in range(replicas):
             submit(t, rep, fit[(i + rep) % len(fit)])  # R consecutive workers: R distinct ones
     last_check = time.monotonic()
+    stranded: set = set()  # done, but its result cannot be fetched: it left with its worker, or was cancelled
     while pinned:
-        finished = [f for f in pinned if f.done()]
-        for f in finished:
-            t, _, w = pinned.pop(f)
-            done(f, t)
-        if finished:
+        progressed = False
+        for f in [f for f in pinned if f.done() and f not in stranded]:
+            t, _, w = pinned[f]
+            value = None
+            if f.status != "error":
+                try:  # a finished replica whose worker dies before the fetch waits for that worker forever
+                    value = f.result(timeout=FETCH_S)
+                except Exception:  # noqa: BLE001 -- timeout, cancelled, lost: run it again (below)
+                    stranded.add(f)
+                    continue
+            pinned.pop(f)
+            done(f, t, value)
+            progressed = True
+        if progressed:
             continue
         time.sleep(poll)
         if time.monotonic() - last_check < 1.0:
@@ -355,7 +368,7 @@ def run_tasks(
         last_check = time.monotonic()
         alive = set(fit_workers(client))
         for f, (t, rep, w) in list(pinned.items()):
-            if w in alive:
+            if w in alive and f not in stranded:
                 continue
             others = {w2 for (t2, r2), w2 in assigned.items() if t2 == t and r2 != rep}
             free = sorted(alive - others)
@@ -365,6 +378,7 @@ def run_tasks(
             lost.pop(f, None)
             if not free or tries[(t, rep)] >= retries + 1:
                 pinned.pop(f)
+                stranded.discard(f)
                 f.cancel()
                 got[t].append(
                     {
@@ -378,6 +392,7 @@ def run_tasks(
                         on_settled(t, out)
                 continue
             pinned.pop(f)
+            stranded.discard(f)
             f.cancel()
             submit(t, rep, free[0])
     return out
