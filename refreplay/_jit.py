@@ -106,6 +106,12 @@ _guard_cache()
 
 
 _WIDE = "-prefer-256-bit"  # LLVM's x86 tuning flag, off
+USER_CPU_VARS = ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "NUMBA_ENABLE_AVX")  # the user chose: left alone
+
+
+def x86_64() -> bool:
+    """Whether this process runs on x86-64."""
+    return platform.machine().lower() in ("x86_64", "amd64")
 
 
 def _codegen_made() -> bool:
@@ -117,9 +123,9 @@ def _full_width_vectors(environ=os.environ) -> str | None:
     """Numba's CPU features with LLVM's 256-bit preference turned off, or
     None to leave Numba's own choice (not x86-64, no AVX-512, or the user
     chose the CPU name, features or AVX)."""
-    if platform.machine().lower() not in ("x86_64", "amd64"):
+    if not x86_64():
         return None
-    if any(k in environ for k in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "NUMBA_ENABLE_AVX")):
+    if any(k in environ for k in USER_CPU_VARS):
         return None
     if config.CPU_NAME is not None or config.CPU_FEATURES is not None:
         return None

@@ -1,6 +1,6 @@
-"""The matmul driver's threaded exponent scans (rows_exp_min_par,
-cols_exp_min_par in refreplay/linalg/mm_fp32.py) give exactly what the
-one-element-at-a-time scans give: the minimum exponents that decide which
+"""The exponent scans (rows_exp_min, cols_exp_min and the driver's threaded
+rows_exp_min_par, cols_exp_min_par in refreplay/linalg/mm_fp32.py) give
+exactly what exp_floor taken element by element gives: the minimum exponents that decide which
 flushes a tile may skip ([mm.flush.r1]).  A wrong minimum would let a tile
 skip a flush it needs, so every kind of element is drawn: signed zeros,
 subnormals, the smallest and largest normals, infinities and NaNs of every
@@ -65,19 +65,41 @@ def _blocks(n, block):
     return (n + block - 1) // block
 
 
+def _exp_floors(X):
+    """exp_floor of every element, in NumPy from its definition: the biased
+    exponent, -22 for a subnormal, 255 for zeros, infinities and NaNs."""
+    mag = np.ascontiguousarray(X).view(np.uint32) & np.uint32(0x7FFFFFFF)
+    e = (mag >> np.uint32(23)).astype(np.int64)
+    e[e == 0] = M._E_SUBNORMAL
+    e[(mag == 0) | (mag >= np.uint32(0x7F800000))] = M.E_IGNORED
+    return e
+
+
+def _block_mins(e, block):
+    n = e.shape[0]
+    return np.array(
+        [e[q * block : (q + 1) * block].min(initial=M.E_IGNORED) for q in range(_blocks(n, block))], np.int64
+    )
+
+
 def _same(X, block):
+    """Serial and threaded scans, rows and columns, against the element-wise
+    floors (and exp_floor itself on every element)."""
     rows, cols = X.shape
-    assert np.array_equal(
-        M.rows_exp_min_par(X, _blocks(rows, block), block), M.rows_exp_min(X, _blocks(rows, block), block)
-    )
-    assert np.array_equal(
-        M.cols_exp_min_par(X, _blocks(cols, block), block), M.cols_exp_min(X, _blocks(cols, block), block)
-    )
+    e = _exp_floors(X)
+    if X.size:
+        assert [M.exp_floor(x) for x in X.ravel()[:64]] == list(e.ravel()[:64])
+    want_rows = _block_mins(e.min(axis=1, initial=M.E_IGNORED), block)
+    want_cols = _block_mins(e.min(axis=0, initial=M.E_IGNORED), block)
+    for got in (M.rows_exp_min_par(X, _blocks(rows, block), block), M.rows_exp_min(X, _blocks(rows, block), block)):
+        assert np.array_equal(got, want_rows)
+    for got in (M.cols_exp_min_par(X, _blocks(cols, block), block), M.cols_exp_min(X, _blocks(cols, block), block)):
+        assert np.array_equal(got, want_cols)
 
 
 @settings(max_examples=150, deadline=None)
 @given(X=matrices(), block=st.sampled_from([MR, NR, 1, 3]))
-def test_threaded_scans_equal_the_element_scans(X, block):
+def test_scans_equal_the_element_floors(X, block):
     _same(X, block)
 
 

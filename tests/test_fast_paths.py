@@ -10,9 +10,12 @@ NaN, subnormal-producing and overflow-producing magnitudes) and edge sizes.
 
 from __future__ import annotations
 
+import naive
 import numpy as np
 import pytest
 from conftest import many_threads
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from numba import prange
 
 from refreplay._jit import kernel, parallel_kernel
@@ -219,6 +222,70 @@ def test_softmax_row_fast_equals_naive():
                 softmax.softmax_row(got[r], n, got[r])
                 softmax_row_naive(ref[r], n, ref[r])
             assert_same_bits(got, ref)
+
+
+MAX_PATTERNS = [
+    0x00000000,
+    0x80000000,
+    0x00000001,
+    0x80000001,
+    0x007FFFFF,
+    0x807FFFFF,
+    0x00800000,
+    0x80800000,
+    0x3F800000,
+    0xBF800000,
+    0x7F7FFFFF,
+    0xFF7FFFFF,
+    0x7F800000,
+    0xFF800000,
+    0x7FC00000,
+    0xFFC00001,
+    0x7F800001,
+    0x7FBFFFFF,
+]  # +-0, +-subnormals, +-smallest normal, +-1, +-max, +-inf, quiet / signalling NaNs of both signs
+
+
+def row_max_chain(x):
+    """[red.rowmax.c1] m = -inf, m = flush(fmax(m, x[j])) in order, in plain
+    Python on the bits (tests/naive.py's fmax, no library code)."""
+    m = F32(-np.inf)
+    for v in x:
+        m = naive.flush(naive.fmax(m, v))
+    return m
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(st.sampled_from(MAX_PATTERNS), st.integers(0, 2**32 - 1)), max_size=150))
+def test_row_max_equals_the_fmax_chain(pats):
+    """[red.rowmax.c1] [num.minmax.c1] softmax.row_max (ordering keys, any
+    order) gives the chain's bits: NaN anywhere gives the canonical NaN, +0
+    beats -0, a subnormal maximum is flushed to the zero of its sign, and the
+    empty row gives -inf; every prefix length is checked."""
+    x = np.array(pats, np.uint32).view(F32)
+    for n in sorted({0, len(x) // 2, max(len(x) - 1, 0), len(x)}):
+        assert_same_bits(F32(row_max(x, n)), row_max_chain(x[:n]))
+
+
+def test_row_max_picks_each_rule():
+    """The cases a wrong ordering key would get wrong, one by one."""
+    cases = [
+        ([], 0xFF800000),
+        ([0xFF800000], 0xFF800000),
+        ([0x80000000, 0x00000000], 0x00000000),
+        ([0x00000000, 0x80000000], 0x00000000),
+        ([0x80000000, 0x80000001], 0x80000000),
+        ([0x80000001], 0x80000000),
+        ([0x00000001, 0x80000000], 0x00000000),
+        ([0xBF800000, 0xC0000000], 0xBF800000),
+        ([0xFF7FFFFF, 0xFF800000], 0xFF7FFFFF),
+        ([0x3F800000, 0x7F800000, 0xFFC00001], 0x7FC00000),
+        ([0x7F800001, 0x3F800000], 0x7FC00000),
+        ([0x3F800000] * 70 + [0xFFC00001], 0x7FC00000),
+    ]
+    for pats, want in cases:
+        x = np.array(pats, np.uint32).view(F32)
+        assert bits(F32(row_max(x, len(x))))[()] == want, (pats, hex(want))
 
 
 def test_exp_lane_equals_exp():

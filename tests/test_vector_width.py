@@ -99,7 +99,7 @@ def _host_features():
     return ll.get_host_cpu_features()
 
 
-@pytest.mark.skipif(_jit.platform.machine().lower() not in ("x86_64", "amd64"), reason="x86-64 only")
+@pytest.mark.skipif(not _jit.x86_64(), reason="x86-64 only")
 def test_512_and_256_bit_loops_give_the_same_bits():
     host = _host_features()
     wide = _child(host.flatten() + ",-prefer-256-bit")
@@ -167,9 +167,8 @@ def test_this_process_got_the_setting():
 
     features = cpu_target.target_context.codegen()._tm_features
     host = _host_features()
-    user = any(k in os.environ for k in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "NUMBA_ENABLE_AVX"))
-    x86 = _jit.platform.machine().lower() in ("x86_64", "amd64")
-    if x86 and host.get("avx512f") and not user:
+    user = any(k in os.environ for k in _jit.USER_CPU_VARS)
+    if _jit.x86_64() and host.get("avx512f") and not user:
         assert features == host.flatten() + ",-prefer-256-bit"
     else:
         assert not features.endswith(",-prefer-256-bit")

@@ -29,15 +29,15 @@ vectors of one k step in the 32 vector registers of AVX-512:
 * ``MR`` × ``NR`` = 4 × 64 for attention (``ops/attention.py``), whose
   panels are a head's 64 channels and whose causal edges are cut by MR.
 
-Three variants of each are built:
+Three variants of each are built (``tile_variants``):
 
-* ``tile_flush``: every product and every partial sum goes through the flush
+* ``flush``: every product and every partial sum goes through the flush
   of [num.flush.c1] (a subnormal becomes a zero of its sign), written as the
   select ``exponent field == 0 ? sign bit only : x``, which equals
   ``core.flush`` on every input.
-* ``tile_flush_sums``: only the partial sums are flushed, for tiles whose
+* ``flush_sums``: only the partial sums are flushed, for tiles whose
   products are proved never subnormal.
-* ``tile_plain``: no flush, for tiles in which every flush is proved an
+* ``plain``: no flush, for tiles in which every flush is proved an
   identity.
 The driver picks the variant per tile; the proofs are in ``mm_fp32.py``.
 Each gives the bits of [mm.nn.c1] wherever the driver calls it.
@@ -180,18 +180,10 @@ def _make_tile(mr: int, nv: int, flush_products: bool, flush_sums: bool):
     return tile
 
 
-tile_flush = _make_tile(MR, NV, True, True)
-tile_flush_sums = _make_tile(MR, NV, False, True)
-tile_plain = _make_tile(MR, NV, False, False)
-mm_tile_flush = _make_tile(MM_MR, MM_NV, True, True)
-mm_tile_flush_sums = _make_tile(MM_MR, MM_NV, False, True)
-mm_tile_plain = _make_tile(MM_MR, MM_NV, False, False)
-# The matmul's last panel when fewer than MM_NR columns are left: 8 x 32
-# and 8 x 16 (a width of 256 is 5 whole panels and 16 columns, which a
-# full-width tile would compute 3 times over).
-mm2_tile_flush = _make_tile(MM_MR, 2, True, True)
-mm2_tile_flush_sums = _make_tile(MM_MR, 2, False, True)
-mm2_tile_plain = _make_tile(MM_MR, 2, False, False)
-mm1_tile_flush = _make_tile(MM_MR, 1, True, True)
-mm1_tile_flush_sums = _make_tile(MM_MR, 1, False, True)
-mm1_tile_plain = _make_tile(MM_MR, 1, False, False)
+def tile_variants(mr: int, nv: int):
+    """(plain, flush_sums, flush): the three variants of the mr x (nv * LANES)
+    tile.  Built for attention's MR x NR tile and the matmul's MM_MR x MM_NR,
+    and for the matmul's last panel when fewer than MM_NR columns are left:
+    MM_MR x 32 and MM_MR x 16 (a width of 256 is 5 whole panels and 16
+    columns, which a full-width tile would compute 3 times over)."""
+    return _make_tile(mr, nv, False, False), _make_tile(mr, nv, False, True), _make_tile(mr, nv, True, True)

@@ -24,10 +24,10 @@ Structure (the classic packed GEMM, with nothing reassociated):
   streaming it per row block ran at a third of the speed).  The block sizes
   are run-time arguments, derived from the machine's caches by
   ``blocking.py`` (no bit depends on them).
-* ``_tile.mm_tile_*`` runs one MM_MR × MM_NR tile over the k block with its
-  accumulators in vector registers, skipping flushes only where the
-  exponent bounds below prove them identities.  Threads take row blocks (independent
-  outputs); the k loop never crosses threads.
+* ``mm_tile_proved`` (``_tile``) runs one MM_MR × MM_NR tile over the k
+  block with its accumulators in vector registers, skipping flushes only
+  where the exponent bounds below prove them identities.  Threads take row
+  blocks (independent outputs); the k loop never crosses threads.
 
 Call from compiled code (all arrays C-contiguous float32, C not overlapping
 A or B): ``mm_nn(A, B, C)`` overwrites C, ``mm_nn(A, B, C, True)`` accumulates
@@ -48,23 +48,7 @@ from .._jit import kernel, parallel_kernel
 from .._tiles import transpose8
 from ..numerics._bits import f32_bits
 from ..numerics.core import ZERO, add
-from ._tile import (
-    LANES,
-    MM_MR,
-    MM_NR,
-    mm1_tile_flush,
-    mm1_tile_flush_sums,
-    mm1_tile_plain,
-    mm2_tile_flush,
-    mm2_tile_flush_sums,
-    mm2_tile_plain,
-    mm_tile_flush,
-    mm_tile_flush_sums,
-    mm_tile_plain,
-    tile_flush,
-    tile_flush_sums,
-    tile_plain,
-)
+from ._tile import LANES, MM_MR, MM_NR, MM_NV, MR, NV, tile_variants
 
 # Block sizes: run-time arguments of the driver, chosen per machine from its
 # cache sizes by ``blocking.py`` (the API passes them).  These constants are
@@ -118,43 +102,16 @@ def exp_floor(x):
     return e if e > 0 else _E_SUBNORMAL
 
 
-@kernel
-def rows_exp_min(X, n_blocks, block):
-    """out[q] = min of exp_floor over rows q*block .. q*block+block-1 of X (all columns)."""
-    out = np.full(n_blocks, E_IGNORED, dtype=np.int64)
-    for i in range(X.shape[0]):
-        x = X[i]
-        m = E_IGNORED
-        for k in range(x.shape[0]):
-            m = min(m, exp_floor(x[k]))
-        q = i // block
-        out[q] = min(out[q], m)
-    return out
-
-
-@kernel
-def cols_exp_min(X, n_blocks, block):
-    """out[q] = min of exp_floor over columns q*block .. q*block+block-1 of X (all rows)."""
-    cols = np.full(X.shape[1], E_IGNORED, dtype=np.int64)
-    for k in range(X.shape[0]):
-        x = X[k]
-        for j in range(x.shape[0]):
-            cols[j] = min(cols[j], exp_floor(x[j]))
-    out = np.full(n_blocks, E_IGNORED, dtype=np.int64)
-    for j in range(X.shape[1]):
-        out[j // block] = min(out[j // block], cols[j])
-    return out
-
-
-# The driver's own scans of whole operands, threaded: the minimum exponent
-# is the exponent of the smallest nonzero finite magnitude (exp_floor never
-# decreases as |x| grows), found as an integer minimum over the bits.  With
-# key(x) = (bits(x) & 0x7FFFFFFF) - 1 in uint32 arithmetic, zero wraps to
-# 0xFFFFFFFF and infinities and NaNs give KEY_FINITE_END or more, so the
-# smallest key is below KEY_FINITE_END exactly when some element is nonzero
-# and finite.  Same results as rows_exp_min / cols_exp_min (tests/
-# test_exp_scan.py), which stay for callers already inside a parallel loop
-# (ops/attention.py's heads).
+# The exponent scans: the minimum exponent is the exponent of the smallest
+# nonzero finite magnitude (exp_floor never decreases as |x| grows), found as
+# an integer minimum over the bits, which vectorises where exp_floor's
+# branches do not.  With key(x) = (bits(x) & 0x7FFFFFFF) - 1 in uint32
+# arithmetic, zero wraps to 0xFFFFFFFF and infinities and NaNs give
+# KEY_FINITE_END or more, so the smallest key is below KEY_FINITE_END exactly
+# when some element is nonzero and finite.  rows_exp_min / cols_exp_min run
+# inside a caller's parallel loop (ops/attention.py's heads), the _par forms
+# are the driver's own, threaded; tests/test_exp_scan.py checks all four
+# against exp_floor taken element by element.
 KEY_FINITE_END = np.uint32(0x7F7FFFFF)  # key of +inf
 ROW_CHUNK = 64  # rows per iteration of cols_exp_min_par
 
@@ -172,6 +129,36 @@ def key_exp(key):
         return E_IGNORED
     e = np.int64((key + np.uint32(1)) >> np.uint32(23))
     return e if e > 0 else _E_SUBNORMAL
+
+
+@kernel
+def rows_exp_min(X, n_blocks, block):
+    """out[q] = min of exp_floor over rows q*block .. q*block+block-1 of X
+    (all columns), as the smallest magnitude key (above) of each block."""
+    out = np.empty(n_blocks, dtype=np.int64)
+    for q in range(n_blocks):
+        m = np.uint32(0xFFFFFFFF)
+        for i in range(q * block, min((q + 1) * block, X.shape[0])):
+            x = X[i]
+            for k in range(x.shape[0]):
+                m = min(m, mag_key(x[k]))
+        out[q] = key_exp(m)
+    return out
+
+
+@kernel
+def cols_exp_min(X, n_blocks, block):
+    """out[q] = min of exp_floor over columns q*block .. q*block+block-1 of X
+    (all rows), as the smallest magnitude key of each block."""
+    cols = np.full(X.shape[1], np.uint32(0xFFFFFFFF), dtype=np.uint32)
+    for k in range(X.shape[0]):
+        x = X[k]
+        for j in range(x.shape[0]):
+            cols[j] = min(cols[j], mag_key(x[j]))
+    out = np.full(n_blocks, E_IGNORED, dtype=np.int64)
+    for j in range(X.shape[1]):
+        out[j // block] = min(out[j // block], key_exp(cols[j]))
+    return out
 
 
 @parallel_kernel
@@ -212,7 +199,10 @@ def cols_exp_min_par(X, n_blocks, block):
     return out
 
 
-def _proved(plain, flush_sums, flush_all):
+def _proved(mr, nv, doc):
+    """The mr x (nv * LANES) tile that runs only the flushes e does not prove identities."""
+    plain, flush_sums, flush_all = tile_variants(mr, nv)
+
     @kernel
     def proved(e, Ap, ap_off, Bp, bp_off, kc, C, c_off, ldc, load_c):
         if e >= _FLUSH_FREE_MIN:
@@ -222,17 +212,20 @@ def _proved(plain, flush_sums, flush_all):
         else:
             flush_all(Ap, ap_off, Bp, bp_off, kc, C, c_off, ldc, load_c)
 
+    proved.__doc__ = doc
     return proved
 
 
-tile_proved = _proved(tile_plain, tile_flush_sums, tile_flush)
-tile_proved.__doc__ = """One MR × NR tile (``_tile``, same arguments) with only the flushes that
+tile_proved = _proved(
+    MR,
+    NV,
+    """One MR × NR tile (``_tile``, same arguments) with only the flushes that
 e = Ea + Eb does not prove identities; e must bound, as above, every
-product of the tile's outputs over their whole k range ([mm.flush.r1])."""
-mm_tile_proved = _proved(mm_tile_plain, mm_tile_flush_sums, mm_tile_flush)
-mm_tile_proved.__doc__ = "tile_proved on the matmul's MM_MR × MM_NR tile."
-mm2_tile_proved = _proved(mm2_tile_plain, mm2_tile_flush_sums, mm2_tile_flush)  # MM_MR x 32
-mm1_tile_proved = _proved(mm1_tile_plain, mm1_tile_flush_sums, mm1_tile_flush)  # MM_MR x 16
+product of the tile's outputs over their whole k range ([mm.flush.r1]).""",
+)
+mm_tile_proved = _proved(MM_MR, MM_NV, "tile_proved on the matmul's MM_MR × MM_NR tile.")
+mm2_tile_proved = _proved(MM_MR, 2, "tile_proved on an MM_MR × 32 last panel.")
+mm1_tile_proved = _proved(MM_MR, 1, "tile_proved on an MM_MR × 16 last panel.")
 
 
 # ---- packing (copies bits; never changes an order) --------------------------------------
@@ -249,21 +242,20 @@ def pack_a(A, a_trans, i0, k0, kc, Ap, mr):
             dst = Ap[k * mr : (k + 1) * mr]
             for r in range(rows):
                 dst[r] = src[i0 + r]
-            for r in range(rows, mr):
-                dst[r] = ZERO
-        return
-    done = 0
-    if rows == 8 and mr == 8:  # whole 8 x 8 blocks by vector shuffles
-        done = kc - kc % 8
-        At = Ap[: kc * 8].reshape(kc, 8)
-        for k in range(0, done, 8):
-            transpose8(A, i0, k0 + k, At, k, 0)
-    for k in range(done, kc):
-        dst = Ap[k * mr : (k + 1) * mr]
-        for r in range(rows):
-            dst[r] = A[i0 + r, k0 + k]
-        for r in range(rows, mr):
-            dst[r] = ZERO
+    else:
+        done = 0
+        if rows == 8 and mr == 8:  # whole 8 x 8 blocks by vector shuffles
+            done = kc - kc % 8
+            At = Ap[: kc * 8].reshape(kc, 8)
+            for k in range(0, done, 8):
+                transpose8(A, i0, k0 + k, At, k, 0)
+        for k in range(done, kc):
+            dst = Ap[k * mr : (k + 1) * mr]
+            for r in range(rows):
+                dst[r] = A[i0 + r, k0 + k]
+    if rows < mr:  # the last row block of A: its missing rows are +0
+        for k in range(kc):
+            Ap[k * mr + rows : (k + 1) * mr] = ZERO
 
 
 @kernel

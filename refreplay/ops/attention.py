@@ -30,7 +30,9 @@ where [mm.flush.r1] proves them identities, with exponent bounds over each
 output's whole chain.  The softmax of each row and its backward keep
 softmax_row's steps; the sums of RB rows run side by side in SIMD lanes
 (``softmax.softmax_rows_causal``).  The backward keeps the dz of a whole
-head (T² floats per running head) because dk's chains need every row of it.
+head (T² floats per running head) because dk's chains need every row of it,
+and packs att's columns the same way as its rows pass (T² more: read later
+column by column, att's rows a cache line each, it took 0.18 of the backward).
 ``tests/test_attention_tiles.py`` holds the row-at-a-time kernels these
 replaced and checks the bits against them.
 """
@@ -46,7 +48,8 @@ from ..linalg.common import NEG_ZERO
 from ..linalg.mm_fp32 import (
     E_IGNORED,
     cols_exp_min,
-    exp_floor,
+    key_exp,
+    mag_key,
     pack_a,
     pack_b_panel,
     rows_exp_min,
@@ -56,6 +59,8 @@ from ..numerics.core import F32, ZERO, canon, flush, mul, recip, sqrt
 from . import check_outs
 from .rowblock import RB
 from .softmax import softmax_rows_causal, softmax_rows_causal_backward
+
+NO_KEY = np.uint32(0xFFFFFFFF)  # above every magnitude key: no element yet
 
 
 @kernel
@@ -109,11 +114,12 @@ def dots_block(X, e_x, t0, Yp, e_y, Ap, Z, z0, ldz):
 
 @kernel
 def row_exp_min(x, n):
-    """min of exp_floor over x[0 .. n-1] ([mm.flush.r1] bound of a row)."""
-    e = E_IGNORED
+    """min of exp_floor over x[0 .. n-1] ([mm.flush.r1] bound of a row), as
+    the smallest magnitude key (mm_fp32.mag_key)."""
+    m = NO_KEY
     for s in range(n):
-        e = min(e, exp_floor(x[s]))
-    return e
+        m = min(m, mag_key(x[s]))
+    return key_exp(m)
 
 
 @kernel
@@ -141,24 +147,25 @@ def softmax_block(Z, scale, t0, att_bh):
 @kernel
 def dz_block(Z, att_bh, scale, t0, DZr, zcol, acol):
     """[attn.bwd.c1] DZr[r, 0..t] = softmax_backward(dp = Z[r, 0..t], att[t]) * scale
-    for t = t0 + r; zcol[s] and acol[s] take the exponent bounds of dz[t, s]
-    and att[t, s] (bounds of dk's and dv's chains), for t = t0 .. t0+RB-1.
-    Returns the rows' bound."""
+    for t = t0 + r; zcol[s] and acol[s] take the smallest magnitude keys of
+    dz[t, s] and att[t, s] (bounds of dk's and dv's chains, block_min), for
+    t = t0 .. t0+RB-1.  Returns the rows' exponent bound."""
     T = att_bh.shape[0]
     rows = min(Z.shape[0], T - t0)
     softmax_rows_causal_backward(Z, att_bh[t0 : t0 + rows], t0 + 1, DZr[:rows])
-    e = E_IGNORED
+    m = NO_KEY
     for t in range(t0, t0 + rows):
         att_t = att_bh[t]
         dz = DZr[t - t0]
         for s in range(t + 1):
             dz[s] = mul(dz[s], scale)
         for s in range(t + 1):
-            ez = exp_floor(dz[s])
-            e = min(e, ez)
-            zcol[s] = min(zcol[s], ez)
-            acol[s] = min(acol[s], exp_floor(att_t[s]))
-    return e
+            kz = mag_key(dz[s])
+            m = min(m, kz)
+            zcol[s] = min(zcol[s], kz)
+        for s in range(t + 1):
+            acol[s] = min(acol[s], mag_key(att_t[s]))
+    return key_exp(m)
 
 
 @kernel
@@ -192,16 +199,23 @@ def weighted_sum_block(P, e_p, t0, X, Xp, e_x, Ap, O, out_bh):
 
 
 @kernel
-def scatter_dz(DZr, t0, DZ, T):
-    """DZ[(sb*T + t)*MR + c] = dz[t, sb*MR + c] for the block's rows t: dz
-    columns packed as the A operand of dzᵀ·q.  Entries with s > t are copied
-    but never read."""
+def scatter_cols(P, t0, Dst, T):
+    """Dst[(sb*T + t)*MR + c] = P[t - t0, sb*MR + c] for the block's rows t
+    (dz or att): their columns packed as the A operand of dzᵀ·q or attᵀ·dout,
+    while the rows are in cache.  Entries with s > t are copied but never
+    read; columns past P's last are set to +0."""
     rows = min(MR, T - t0)
-    for sb in range(t0 // MR + 1):  # the block's MR x MR entries lie together in DZ
+    ncols = P.shape[1]
+    for sb in range(t0 // MR + 1):  # the block's MR x MR entries lie together in Dst
         at = (sb * T + t0) * MR
+        w = min(MR, ncols - sb * MR)
         for r in range(rows):
-            for c in range(MR):
-                DZ[at + r * MR + c] = DZr[r, sb * MR + c]
+            if w == MR:  # all but att's last block: MR values, unrolled
+                for c in range(MR):
+                    Dst[at + r * MR + c] = P[r, sb * MR + c]
+            else:
+                for c in range(MR):
+                    Dst[at + r * MR + c] = P[r, sb * MR + c] if c < w else ZERO
 
 
 @kernel
@@ -233,11 +247,12 @@ def key_sum_block(Ap, a_off, e_a, s0, X, Xp, e_x, O, out_bh):
 
 
 @kernel
-def block_min(e, i0, n):
-    m = E_IGNORED
-    for i in range(i0, min(i0 + n, e.shape[0])):
-        m = min(m, e[i])
-    return m
+def block_min(keys, i0, n):
+    """The exponent bound of entries i0 .. i0+n-1 of a column key array."""
+    m = NO_KEY
+    for i in range(i0, min(i0 + n, keys.shape[0])):
+        m = min(m, keys[i])
+    return key_exp(m)
 
 
 # ---- the kernels ------------------------------------------------------------------
@@ -300,13 +315,14 @@ def attention_backward_kernel(dout, q, k, v, att, scale, dq, dk, dv):
         vp, kp, qp, dop = pack_transposed(v_bh), pack_rows(k_bh), pack_rows(q_bh), pack_rows(do_bh)
         e_do, e_v = rows_exp_min(do_bh, ni, MR), rows_exp_min(v_bh, ns, NR)
         e_k, e_q, e_doc = cols_exp_min(k_bh, nd, NR), cols_exp_min(q_bh, nd, NR), cols_exp_min(do_bh, nd, NR)
-        zcol = np.full(T, E_IGNORED, np.int64)
-        acol = np.full(T, E_IGNORED, np.int64)
+        zcol = np.full(T, NO_KEY, np.uint32)
+        acol = np.full(T, NO_KEY, np.uint32)
         Ap = np.empty(max(HS, T) * MR, np.float32)
         Z = np.empty((RB, ns * NR), np.float32)
         O = np.empty(MR * nd * NR, np.float32)
         DZr = np.zeros((RB, ni * MR), np.float32)
         DZ = np.empty(ni * T * MR, np.float32)
+        ATp = np.empty(ni * T * MR, np.float32)  # att's columns, packed as DZ
         for t00 in range(0, T, RB):  # as in the forward
             ibs = range(t00 // MR, min(ni, (t00 + RB) // MR))
             for ib in ibs:
@@ -315,13 +331,13 @@ def attention_backward_kernel(dout, q, k, v, att, scale, dq, dk, dv):
             for ib in ibs:
                 t0 = ib * MR
                 DZb = DZr[t0 - t00 : t0 - t00 + min(MR, T - t0)]
-                scatter_dz(DZb, t0, DZ, T)
+                scatter_cols(DZb, t0, DZ, T)
+                scatter_cols(att_bh[t0 : t0 + MR], t0, ATp, T)
                 weighted_sum_block(DZb, e_dz, t0, k_bh, kp, e_k, Ap, O, dq[b, h])
         for sb in range(ni):
             s0 = sb * MR
             key_sum_block(DZ, (sb * T + s0) * MR, block_min(zcol, s0, MR), s0, q_bh, qp, e_q, O, dk[b, h])
-            pack_a(att_bh, True, s0, s0, T - s0, Ap[: (T - s0) * MR], MR)
-            key_sum_block(Ap, 0, block_min(acol, s0, MR), s0, do_bh, dop, e_doc, O, dv[b, h])
+            key_sum_block(ATp, (sb * T + s0) * MR, block_min(acol, s0, MR), s0, do_bh, dop, e_doc, O, dv[b, h])
 
 
 # ---- public API ------------------------------------------------------------------

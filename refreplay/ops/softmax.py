@@ -15,8 +15,9 @@ import numpy as np
 from numba import prange
 
 from .._jit import kernel, parallel_kernel
-from ..linalg.common import NEG_INF, NEG_ZERO
-from ..numerics.core import fmax, mul, recip, sub
+from ..linalg.common import NEG_ZERO
+from ..numerics._bits import bits_f32, f32_bits
+from ..numerics.core import CANONICAL_NAN_BITS, flush, mul, recip, sub
 from ..numerics.elementwise import add_flush, exp_lane, mul_flush  # [num.exp.c1]
 from ..numerics.transcendental import log
 from .rowblock import CB, RB, lane_dot_into, lane_sum_into, load_chunk, n_blocks, new_tile, store_chunk
@@ -25,28 +26,44 @@ from .rowblock import CB, RB, lane_dot_into, lane_sum_into, load_chunk, n_blocks
 # ---- row kernels (first n entries of a row) --------------------------------------
 
 
-ML = 64  # interleaved partial maxima of row_max: four 16-lane vectors
+# [red.rowmax.c1] fmax picks the largest element of a total order (NaN above
+# everything, -0 below +0) and flushes it; flushing keeps that order (a
+# subnormal goes to the zero of its sign, which sits next to it), so the
+# flushed maximum of the whole row is every chain's result.  Ordering keys:
+# the bits of a float as int32, with the 31 magnitude bits inverted where
+# the sign bit is set, follow the order for every non-NaN float (-inf lowest,
+# -0 just below +0, +inf highest); the inversion is its own inverse.  A NaN
+# is noted apart (a magnitude above +inf's).  Integer maxima vectorise for
+# any n, where fmax's branches left a scalar tail: attention's causal rows
+# took 1.3 ns an element with fmax, 0.36 with the keys (Intel Xeon, AVX-512);
+# long rows are bound by memory either way.
+KEY_NEG_INF = np.int32(-2139095041)  # order_key(-inf): 0xFF800000 ^ 0x7FFFFFFF
+MAGNITUDE = np.uint32(0x7FFFFFFF)
+INF_MAGNITUDE = np.int32(0x7F800000)
+
+
+@kernel(inline="always")
+def order_key(b):
+    """int32 ordering key of the float32 bits ``b`` (also key -> bits)."""
+    i = np.int32(b)
+    return np.int32(i ^ ((i >> np.int32(31)) & np.int32(0x7FFFFFFF)))  # int32 lanes, not Numba's int64
 
 
 @kernel
 def row_max(x, n):
     """[softmax.fwd.c1] m = -inf, then m = fmax(m, x[j]) for j = 0 .. n-1
     ([red.rowmax.c1]).  fmax is associative and commutative there, so every
-    order gives the same bits: ML partial maxima (lane l takes j = l mod ML,
-    independent chains that vectorise) are combined at the end, then the
-    last n mod ML entries are taken in."""
-    part = np.full(ML, NEG_INF, np.float32)
-    full = n - n % ML
-    for j0 in range(0, full, ML):
-        xj = x[j0 : j0 + ML]
-        for lane in range(ML):
-            part[lane] = fmax(part[lane], xj[lane])
-    m = NEG_INF
-    for lane in range(ML):
-        m = fmax(m, part[lane])
-    for j in range(full, n):
-        m = fmax(m, x[j])
-    return m
+    order gives the same bits: the largest ordering key, flushed, or the
+    canonical NaN if the row has a NaN (the keys above)."""
+    key = KEY_NEG_INF
+    mag = np.int32(0)  # largest magnitude bits: above +inf's exactly when a NaN is there
+    for j in range(n):
+        b = f32_bits(x[j])
+        key = np.int32(max(key, order_key(b)))
+        mag = np.int32(max(mag, np.int32(b & MAGNITUDE)))
+    if mag > INF_MAGNITUDE:
+        return bits_f32(CANONICAL_NAN_BITS)
+    return flush(bits_f32(np.uint32(order_key(np.uint32(key)))))
 
 
 @kernel
