@@ -31,8 +31,9 @@ output's whole chain.  The softmax of each row and its backward keep
 softmax_row's steps; the sums of RB rows run side by side in SIMD lanes
 (``softmax.softmax_rows_causal``).  The backward keeps the dz of a whole
 head (T² floats per running head) because dk's chains need every row of it,
-and packs att's columns the same way as its rows pass (T² more: read later
-column by column, att's rows a cache line each, it took 0.18 of the backward).
+and packs att's columns the same way while its rows are in cache (T² more;
+packing them later, per block of MR keys, read a few bytes from each of T
+rows far apart and took 0.18 of the backward).
 ``tests/test_attention_tiles.py`` holds the row-at-a-time kernels these
 replaced and checks the bits against them.
 """
