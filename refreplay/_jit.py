@@ -13,7 +13,11 @@ data file: a full disk, a killed compile) would raise from deep inside
 Numba's loader; ``_guard_cache`` turns it into a cache miss instead: the
 file is set aside as ``NAME.corrupt-PID`` with a warning on stderr and the
 function is compiled again (the cache only ever saves compile time; bits
-never depend on it).
+never depend on it).  ``_process_unique_ids`` starts Numba's per-process
+function counter at a random point, so that code cached by two processes
+never carries one symbol name for two bodies (a third process loading both
+would link one body for both: it happened to the matmul tiles, see
+``mm_fp32._proved``).
 
 On an x86-64 CPU with AVX-512, ``_full_width_vectors`` lets LLVM's
 vectorisers use 512-bit vectors.  LLVM tunes Intel's AVX-512 cores
@@ -52,12 +56,12 @@ def _check(kw):
 
 def kernel(*args, **kw):
     _check(kw)
-    return numba.njit(*args, **_BASE, **kw)
+    return numba.njit(*args, **{**_BASE, **kw})
 
 
 def parallel_kernel(*args, **kw):
     _check(kw)
-    return numba.njit(*args, **_BASE, parallel=True, **kw)
+    return numba.njit(*args, **{**_BASE, "parallel": True, **kw})
 
 
 def _set_aside(path: str, exc: BaseException) -> None:
@@ -103,6 +107,36 @@ def _guard_cache() -> None:
 
 
 _guard_cache()
+
+
+def _process_unique_ids() -> None:
+    """Start Numba's function-identity counter at a random point in this process.
+
+    Numba gives every function it compiles a number from a counter that
+    starts at 1 in each process, and puts it in the compiled code's symbol
+    names beside the qualified name and argument types.  A cached function
+    carries the code of its callees under those names.  Two processes that
+    compile in different orders can then give one name to two different
+    bodies (a name of a closure, a parallel loop's generated function), and
+    a third process that loads both cached callers links them to one body
+    (numba issue #10486).  With each process's counter starting at a random
+    62-bit point, two compiles share a number only by a chance of about
+    1e-13; the names stay deterministic within a process and no bit of the
+    code changes.  Numba versions without the counter are left alone.
+    """
+    import itertools
+    import secrets
+
+    from numba.core import bytecode
+
+    ids = getattr(bytecode.FunctionIdentity, "_unique_ids", None)
+    if not isinstance(ids, itertools.count) or getattr(bytecode.FunctionIdentity, "_refreplay_ids", False):
+        return
+    bytecode.FunctionIdentity._unique_ids = itertools.count(secrets.randbits(62) + 1)
+    bytecode.FunctionIdentity._refreplay_ids = True
+
+
+_process_unique_ids()
 
 
 _WIDE = "-prefer-256-bit"  # LLVM's x86 tuning flag, off

@@ -28,6 +28,7 @@ MR, NR = _tile.MM_MR, _tile.MM_NR
 
 def test_tile_shape_matches_the_kernel():
     assert (blocking.MR, blocking.NR) == (_tile.MM_MR, _tile.MM_NR)
+    assert blocking.A_ROWS == M.A_ROWS  # the compiled default equals the rule's
 
 
 def test_last_panel_widths():
@@ -85,6 +86,9 @@ def test_api_blocks_argument():
         L.matmul(A, A.T.copy(), blocks=(1024, 1, 1))
     with pytest.raises(ValueError):
         L.matmul(A, A.T.copy(), blocks=Blocks(0, 1, 1))
+    with pytest.raises(ValueError):
+        L.matmul(A, A.T.copy(), blocks=Blocks(64, 1, 1, a_rows=0))
+    assert Blocks(64, 1, 1).args() == (64, 1, 1, blocking.A_ROWS)
 
 
 def boundary_shapes(b: Blocks):
@@ -150,6 +154,30 @@ def test_blocked_equals_naive(blocks, shape):
             api(a, b, out=c_fast, accumulate=acc, blocks=blocks)
             slow(a, b, c_slow, acc)
             assert np.array_equal(bits(c_fast), bits(c_slow)), (api.__name__, acc)
+
+
+# Row chunks: small a_rows, so that a few rows already make several chunks of
+# the column-blocked path (b_cached 1: every shape is column-blocked); I at,
+# below and above one and two chunks, a_rows not a multiple of MR (chunks of
+# one row block), and more than one k block and column block.
+CHUNKED = [Blocks(kc=64, b_cached=1, b_block=2 * 64 * NR, a_rows=a) for a in (MR, 2 * MR, 3 * MR - 5)]
+
+
+def _chunk_shapes(b: Blocks):
+    step = max(MR, b.a_rows // MR * MR)
+    return [(I, K, 5 * NR - 7) for I in (step - 1, step, step + 1, 2 * step + 3) for K in (b.kc, 2 * b.kc + 1)]
+
+
+@pytest.mark.parametrize(
+    "blocks,shape",
+    [pytest.param(b, s, id=f"a_rows{b.a_rows}-{s[0]}x{s[1]}") for b in CHUNKED for s in _chunk_shapes(b)],
+)
+def test_row_chunks_equal_naive(blocks, shape):
+    """[mm.nn.c1] [mm.nt.c1] [mm.tn.c1] the same bits however A is cut into row chunks."""
+    I, K, J = shape
+    KB, blocked = M.plan((J + NR - 1) // NR, K, blocks.kc, blocks.b_cached)
+    assert blocked and (K + KB - 1) // KB >= 1
+    test_blocked_equals_naive(blocks, shape)
 
 
 def test_machine_blocks_are_the_default():

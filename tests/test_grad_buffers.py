@@ -366,6 +366,42 @@ def test_merge_into_writes_left_and_refuses_overlap():
         treefold.merge_into({"a": x}, {"b": x.copy()})
 
 
+def test_add_into_gives_the_bits_of_add_on_both_paths():
+    """[num.add.c1] add_into (its own in-place loops) equals add element by
+    element, one thread below PARALLEL_MIN and in blocks above it, on
+    subnormals (flushed), signed zeros, infinities, NaN payloads and overflow."""
+    from refreplay.numerics import elementwise
+
+    special = np.array(
+        [
+            0x00000001,
+            0x80000001,
+            0x007FFFFF,
+            0x00800000,
+            0x80000000,
+            0,
+            0x7F800000,
+            0xFF800000,
+            0x7FC00001,
+            0xFF812345,
+            0x7F7FFFFF,
+            0x3F800000,
+            0xBF800000,
+            0x00400000,
+        ],
+        np.uint32,
+    ).view(np.float32)
+    rng = np.random.default_rng(11)
+    for n in (7, elementwise.PARALLEL_MIN - 1, elementwise.PARALLEL_MIN + 17):
+        a = rng.choice(special, n) if n < 100 else rng.standard_normal(n).astype(np.float32)
+        b = rng.choice(special, n)
+        a[: len(special)] = special[: min(n, len(special))]
+        want = elementwise.add(a, b)
+        got = a.copy()
+        assert elementwise.add_into(got, b) is got
+        same(got, want)
+
+
 def test_a_step_with_three_ranks_and_reuse_has_the_same_root():
     from refreplay.training.data import Batching, Stream
     from refreplay.training.launch.inproc import InProcess

@@ -32,6 +32,14 @@ tile is ``_tile.MM_MR`` x ``_tile.MM_NR`` = 8 x 48 floats):
   of the speed of 512 x 512 (issue 32).  Measured on the AMD machine, column
   blocks at 1024 are not slower than streaming from L3 (benchmarks/README.md),
   so one rule serves both: a cache-size threshold with no vendor guess.
+* ``a_rows`` (rows of A packed at once where column blocks are used):
+  ``A_ROWS`` = 4096, not a cache size but a ratio of work.  B's column blocks
+  are packed again for every chunk of a_rows rows, one packed element of B
+  per a_rows multiply-adds, which keeps the repacking near 1 % of the
+  chunk's arithmetic on any core; and the packed chunk (a_rows x kc floats,
+  8 MiB at kc = 512) stays far below the whole packed A of a tall operand
+  (the LM head's weight gradient: 50,304 rows, 103 MB, a fresh mapping and
+  its page faults on every call).
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ from dataclasses import dataclass
 MR, NR = 8, 48  # the matmul's register tile in _tile.py (kept equal by tests/test_blocking.py)
 KC_MAX = 1024  # the longest k block measured (longer ones were never faster)
 KC_MIN = 64
+A_ROWS = 4096  # rows of A per packed chunk in the column-blocked path (the rule above)
 SYSFS = "/sys/devices/system/cpu/cpu0/cache"
 _FLOAT = 4
 
@@ -60,15 +69,16 @@ class Caches:
 @dataclass(frozen=True)
 class Blocks:
     """``mm_fp32``'s run-time block sizes: kc (k block, in k), b_cached and
-    b_block (in floats of packed B)."""
+    b_block (in floats of packed B), a_rows (rows of A per packed chunk)."""
 
     kc: int
     b_cached: int
     b_block: int
+    a_rows: int = A_ROWS
 
-    def args(self) -> tuple[int, int, int]:
+    def args(self) -> tuple[int, int, int, int]:
         """The trailing arguments of ``mm_nn/mm_nt/mm_tn``."""
-        return self.kc, self.b_cached, self.b_block
+        return self.kc, self.b_cached, self.b_block, self.a_rows
 
 
 FALLBACK = Caches(l1d=32 << 10, l2=1 << 20, l3=32 << 20, source="fallback")

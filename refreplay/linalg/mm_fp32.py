@@ -21,9 +21,11 @@ Structure (the classic packed GEMM, with nothing reassociated):
   at a time (a column block that stays in L2) and every row block runs its
   tiles over that block before the next: B is read from memory once per k
   block, not once per row block (the LM head's 50,304 × 768 B is 154 MB;
-  streaming it per row block ran at a third of the speed).  The block sizes
-  are run-time arguments, derived from the machine's caches by
-  ``blocking.py`` (no bit depends on them).
+  streaming it per row block ran at a third of the speed).  There A is
+  packed ``a_rows`` rows at a time and B a group of column blocks at a
+  time (at most as many floats as the A chunk), so a tall operand is never
+  packed whole.  The block sizes are run-time arguments, derived from the
+  machine's caches by ``blocking.py`` (no bit depends on them).
 * ``mm_tile_proved`` (``_tile``) runs one MM_MR × MM_NR tile over the k
   block with its accumulators in vector registers, skipping flushes only
   where the exponent bounds below prove them identities.  Threads take row
@@ -60,6 +62,7 @@ from ._tile import LANES, MM_MR, MM_NR, MM_NV, MR, NV, tile_variants
 KC = 512  # k block: a row block's packed A strip (KC x MM_MR floats) in half of L1d
 B_CACHED = 1 << 21  # floats of packed B (8 MiB) that row blocks can each stream from L3
 B_BLOCK = 1 << 17  # floats of packed B (512 KiB) that the row blocks share while in L2
+A_ROWS = 4096  # rows of A packed at once where column blocks are used (blocking.A_ROWS)
 
 # ---- proving the flushes of a tile are identities ([mm.flush.r1]) -------------------
 #
@@ -113,6 +116,7 @@ def exp_floor(x):
 # are the driver's own, threaded; tests/test_exp_scan.py checks all four
 # against exp_floor taken element by element.
 KEY_FINITE_END = np.uint32(0x7F7FFFFF)  # key of +inf
+NO_KEY = np.uint32(0xFFFFFFFF)  # above every magnitude key (zero's): no nonzero element yet
 ROW_CHUNK = 64  # rows per iteration of cols_exp_min_par
 
 
@@ -132,17 +136,23 @@ def key_exp(key):
 
 
 @kernel
+def block_exp_min(X, q, block):
+    """min of exp_floor over rows q*block .. q*block+block-1 of X (all
+    columns), as the smallest magnitude key (above) of the block."""
+    m = NO_KEY
+    for i in range(q * block, min((q + 1) * block, X.shape[0])):
+        x = X[i]
+        for k in range(x.shape[0]):
+            m = min(m, mag_key(x[k]))
+    return key_exp(m)
+
+
+@kernel
 def rows_exp_min(X, n_blocks, block):
-    """out[q] = min of exp_floor over rows q*block .. q*block+block-1 of X
-    (all columns), as the smallest magnitude key (above) of each block."""
+    """out[q] = block_exp_min(X, q, block) for every block q of rows."""
     out = np.empty(n_blocks, dtype=np.int64)
     for q in range(n_blocks):
-        m = np.uint32(0xFFFFFFFF)
-        for i in range(q * block, min((q + 1) * block, X.shape[0])):
-            x = X[i]
-            for k in range(x.shape[0]):
-                m = min(m, mag_key(x[k]))
-        out[q] = key_exp(m)
+        out[q] = block_exp_min(X, q, block)
     return out
 
 
@@ -150,7 +160,7 @@ def rows_exp_min(X, n_blocks, block):
 def cols_exp_min(X, n_blocks, block):
     """out[q] = min of exp_floor over columns q*block .. q*block+block-1 of X
     (all rows), as the smallest magnitude key of each block."""
-    cols = np.full(X.shape[1], np.uint32(0xFFFFFFFF), dtype=np.uint32)
+    cols = np.full(X.shape[1], NO_KEY, dtype=np.uint32)
     for k in range(X.shape[0]):
         x = X[k]
         for j in range(x.shape[0]):
@@ -166,12 +176,7 @@ def rows_exp_min_par(X, n_blocks, block):
     """rows_exp_min, one block of rows per iteration, in parallel."""
     out = np.empty(n_blocks, dtype=np.int64)
     for q in prange(n_blocks):
-        m = np.uint32(0xFFFFFFFF)
-        for i in range(q * block, min((q + 1) * block, X.shape[0])):
-            x = X[i]
-            for k in range(x.shape[0]):
-                m = min(m, mag_key(x[k]))
-        out[q] = key_exp(m)
+        out[q] = block_exp_min(X, q, block)
     return out
 
 
@@ -182,7 +187,7 @@ def cols_exp_min_par(X, n_blocks, block):
     minimum is the same in any order)."""
     rows, ncols = X.shape
     nc = (rows + ROW_CHUNK - 1) // ROW_CHUNK
-    part = np.full((nc, ncols), np.uint32(0xFFFFFFFF), dtype=np.uint32)
+    part = np.full((nc, ncols), NO_KEY, dtype=np.uint32)
     for c in prange(nc):
         acc = part[c]
         for k in range(c * ROW_CHUNK, min((c + 1) * ROW_CHUNK, rows)):
@@ -191,7 +196,7 @@ def cols_exp_min_par(X, n_blocks, block):
                 acc[j] = min(acc[j], mag_key(x[j]))
     out = np.full(n_blocks, E_IGNORED, dtype=np.int64)
     for j in range(ncols):
-        m = np.uint32(0xFFFFFFFF)
+        m = NO_KEY
         for c in range(nc):
             m = min(m, part[c, j])
         q = j // block
@@ -199,11 +204,21 @@ def cols_exp_min_par(X, n_blocks, block):
     return out
 
 
-def _proved(mr, nv, doc):
-    """The mr x (nv * LANES) tile that runs only the flushes e does not prove identities."""
+def _proved(name, mr, nv, doc):
+    """The mr x (nv * LANES) tile that runs only the flushes e does not prove
+    identities, compiled under its own ``name``.  Each tile's function must
+    have a name of its own: Numba names compiled code by the function's
+    qualified name, a per-process counter and the argument types, so four
+    closures named ``_proved.<locals>.proved`` with the same argument types
+    got the same symbol in different processes for different tiles, and a
+    process that loaded two cached callers (matmul A·B and A·Bᵀ, compiled by
+    two earlier processes) linked both to one tile's code (A·Bᵀ gave wrong
+    bits).  ``tests/test_cache_symbols.py`` holds the names unique.  Not
+    cached on its own: its closure's tile intrinsics differ in every process,
+    so its entries would never be found again, only pile up; its callers
+    carry its code in their own cache entries."""
     plain, flush_sums, flush_all = tile_variants(mr, nv)
 
-    @kernel
     def proved(e, Ap, ap_off, Bp, bp_off, kc, C, c_off, ldc, load_c):
         if e >= _FLUSH_FREE_MIN:
             plain(Ap, ap_off, Bp, bp_off, kc, C, c_off, ldc, load_c)
@@ -212,20 +227,22 @@ def _proved(mr, nv, doc):
         else:
             flush_all(Ap, ap_off, Bp, bp_off, kc, C, c_off, ldc, load_c)
 
+    proved.__name__ = proved.__qualname__ = name
     proved.__doc__ = doc
-    return proved
+    return kernel(proved, cache=False)
 
 
 tile_proved = _proved(
+    "tile_proved",
     MR,
     NV,
     """One MR × NR tile (``_tile``, same arguments) with only the flushes that
 e = Ea + Eb does not prove identities; e must bound, as above, every
 product of the tile's outputs over their whole k range ([mm.flush.r1]).""",
 )
-mm_tile_proved = _proved(MM_MR, MM_NV, "tile_proved on the matmul's MM_MR × MM_NR tile.")
-mm2_tile_proved = _proved(MM_MR, 2, "tile_proved on an MM_MR × 32 last panel.")
-mm1_tile_proved = _proved(MM_MR, 1, "tile_proved on an MM_MR × 16 last panel.")
+mm_tile_proved = _proved("mm_tile_proved", MM_MR, MM_NV, "tile_proved on the matmul's MM_MR × MM_NR tile.")
+mm2_tile_proved = _proved("mm2_tile_proved", MM_MR, 2, "tile_proved on an MM_MR × 32 last panel.")
+mm1_tile_proved = _proved("mm1_tile_proved", MM_MR, 1, "tile_proved on an MM_MR × 16 last panel.")
 
 
 # ---- packing (copies bits; never changes an order) --------------------------------------
@@ -312,11 +329,12 @@ def panels_per_block(kc, b_block):
 
 
 @parallel_kernel
-def _mm_packed(A, B, C, a_trans, b_trans, kc_max=KC, b_cached=B_CACHED, b_block=B_BLOCK):
+def _mm_packed(A, B, C, a_trans, b_trans, kc_max=KC, b_cached=B_CACHED, b_block=B_BLOCK, a_rows=A_ROWS):
     """C = op(A)·op(B), overwriting C (I×J), NaNs canonical.  op transposes when
     the flag is set: A is I×K (K×I if a_trans), B is K×J (J×K if b_trans).
     kc_max: the k block; b_cached: the floats of packed B above which column
-    blocks are used; b_block: the floats of packed B per column block."""
+    blocks are used; b_block: the floats of packed B per column block;
+    a_rows: the rows of A packed at once where column blocks are used."""
     I, J = C.shape
     K = A.shape[0] if a_trans else A.shape[1]
     if K == 0:
@@ -328,35 +346,54 @@ def _mm_packed(A, B, C, a_trans, b_trans, kc_max=KC, b_cached=B_CACHED, b_block=
     eb = rows_exp_min_par(B, nj, MM_NR) if b_trans else cols_exp_min_par(B, nj, MM_NR)
     Cf = C.reshape(-1)
     KB, blocked = plan(nj, K, kc_max, b_cached)
-    Bp = np.empty(nj * min(KB, K) * MM_NR, dtype=np.float32)
-    Ap = np.empty(ni * min(KB, K) * MM_MR if blocked else 0, dtype=np.float32)
-    for k0 in range(0, K, KB):  # k blocks in increasing order, never in parallel
-        kc = min(KB, K - k0)
-        for jp in prange(nj):
-            pack_b_panel(B, b_trans, jp * MM_NR, k0, kc, Bp, jp * kc * MM_NR, panel_width(J, jp))
-        load_c = k0 > 0
-        if not blocked:  # B stays in cache: each row block packs its A (in L1) and runs every panel
+    if not blocked:  # B stays in cache: packed whole; each row block packs its A (in L1) and runs every panel
+        Bp = np.empty(nj * min(KB, K) * MM_NR, dtype=np.float32)
+        for k0 in range(0, K, KB):  # k blocks in increasing order, never in parallel
+            kc = min(KB, K - k0)
+            for jp in prange(nj):
+                pack_b_panel(B, b_trans, jp * MM_NR, k0, kc, Bp, jp * kc * MM_NR, panel_width(J, jp))
             for ib in prange(ni):
                 Ai = np.empty(kc * MM_MR, dtype=np.float32)
                 pack_a(A, a_trans, ib * MM_MR, k0, kc, Ai, MM_MR)
-                _row_block_tiles(Ai, 0, ib, Bp, 0, nj, kc, C, Cf, ea[ib], eb, load_c)
-            continue
-        # Column blocks of nb panels (b_block floats, in L2) that every row
-        # block runs over before the next: B is read from memory once per
-        # k block instead of once per row block.  A is packed whole, once.
-        # Which tile runs when changes no bit.
-        for ib in prange(ni):
-            pack_a(A, a_trans, ib * MM_MR, k0, kc, Ap[ib * kc * MM_MR : (ib + 1) * kc * MM_MR], MM_MR)
+                _row_block_tiles(Ai, 0, ib, Bp, 0, 0, nj, kc, C, Cf, ea[ib], eb, k0 > 0)
+        return
+    # Column blocks of nb panels (b_block floats, in L2) that every row block
+    # of a row chunk runs over before the next: B is read from memory once
+    # per k block and row chunk instead of once per row block.  A row chunk
+    # (ci row blocks, a_rows rows) is packed once per k block, and B a group
+    # of column blocks at a time (at most a_rows x kc floats, as the chunk),
+    # so neither pack holds a whole tall operand (the LM head's packed B or
+    # A would be 103 MB: a fresh mapping and 25,000 page faults per call);
+    # a product whose packs fit keeps one pack of each per k block.  Which
+    # tile runs when changes no bit.
+    ci = max(1, a_rows // MM_MR)
+    KBK = min(KB, K)
+    gp = min(nj, max(panels_per_block(KBK, b_block), a_rows // MM_NR))  # panels per packed group
+    # Bp holds any k block's group: g * kc <= gp * KBK, or one column block (nb * kc <= b_block / MM_NR + kc)
+    Bp = np.empty(min(nj * KBK, max(gp * KBK, b_block // MM_NR + KBK)) * MM_NR, dtype=np.float32)
+    Ap = np.empty(min(ci, ni) * KBK * MM_MR, dtype=np.float32)
+    for k0 in range(0, K, KB):  # k blocks in increasing order, never in parallel
+        kc = min(KB, K - k0)
         nb = panels_per_block(kc, b_block)
-        for jb in range(0, nj, nb):
-            for ib in prange(ni):
-                _row_block_tiles(Ap, ib * kc * MM_MR, ib, Bp, jb, min(jb + nb, nj), kc, C, Cf, ea[ib], eb, load_c)
+        g = max(nb, gp * KBK // kc // nb * nb)  # whole column blocks per group; Bp holds g panels of kc
+        for c0 in range(0, ni, ci):
+            c1 = min(ni, c0 + ci)
+            for ib in prange(c0, c1):
+                pack_a(A, a_trans, ib * MM_MR, k0, kc, Ap[(ib - c0) * kc * MM_MR : (ib - c0 + 1) * kc * MM_MR], MM_MR)
+            for g0 in range(0, nj, g):
+                g1 = min(nj, g0 + g)
+                for jp in prange(g0, g1):
+                    pack_b_panel(B, b_trans, jp * MM_NR, k0, kc, Bp, (jp - g0) * kc * MM_NR, panel_width(J, jp))
+                for jb in range(g0, g1, nb):
+                    je = min(jb + nb, g1)
+                    for ib in prange(c0, c1):
+                        _row_block_tiles(Ap, (ib - c0) * kc * MM_MR, ib, Bp, g0, jb, je, kc, C, Cf, ea[ib], eb, k0 > 0)
 
 
 @kernel
-def _row_block_tiles(Ap, ap_off, ib, Bp, jp0, jp1, kc, C, Cf, ea_i, eb, load_c):
+def _row_block_tiles(Ap, ap_off, ib, Bp, bp_first, jp0, jp1, kc, C, Cf, ea_i, eb, load_c):
     """The tiles of row block ib (packed at Ap[ap_off:]) and column panels
-    jp0 .. jp1-1 for one k block."""
+    jp0 .. jp1-1 for one k block (panel jp packed at Bp[(jp - bp_first) * kc * MM_NR:])."""
     I, J = C.shape
     i0 = ib * MM_MR
     rows = min(MM_MR, I - i0)
@@ -371,7 +408,7 @@ def _row_block_tiles(Ap, ap_off, ib, Bp, jp0, jp1, kc, C, Cf, ea_i, eb, load_c):
                 for j in range(cols):
                     edge[r * w + j] = C[i0 + r, j0 + j]
         out, off, ld = (Cf, i0 * J + j0, J) if full else (edge, 0, w)
-        e, bp_off = ea_i + eb[jp], jp * kc * MM_NR
+        e, bp_off = ea_i + eb[jp], (jp - bp_first) * kc * MM_NR
         if w == MM_NR:
             mm_tile_proved(e, Ap, ap_off, Bp, bp_off, kc, out, off, ld, load_c)
         elif w == 2 * LANES:
@@ -394,34 +431,34 @@ def _add_into(C, S):
 
 
 @kernel
-def _mm(A, B, C, accumulate, a_trans, b_trans, kc_max, b_cached, b_block):
+def _mm(A, B, C, accumulate, a_trans, b_trans, kc_max, b_cached, b_block, a_rows):
     if accumulate:
         S = np.empty_like(C)
-        _mm_packed(A, B, S, a_trans, b_trans, kc_max, b_cached, b_block)
+        _mm_packed(A, B, S, a_trans, b_trans, kc_max, b_cached, b_block, a_rows)
         _add_into(C, S)
     else:
-        _mm_packed(A, B, C, a_trans, b_trans, kc_max, b_cached, b_block)
+        _mm_packed(A, B, C, a_trans, b_trans, kc_max, b_cached, b_block, a_rows)
 
 
 @kernel
-def mm_nn(A, B, C, accumulate=False, kc_max=KC, b_cached=B_CACHED, b_block=B_BLOCK):
+def mm_nn(A, B, C, accumulate=False, kc_max=KC, b_cached=B_CACHED, b_block=B_BLOCK, a_rows=A_ROWS):
     """[mm.nn.c1] C = A·B.  A: I×K, B: K×J, C: I×J; overwritten, or accumulated
     into with ``accumulate`` ([mm.accumulate.c1]).  Threads over row blocks.
     The block sizes (``blocking.Blocks``; bits never depend on them) default
     to the constants above."""
-    _mm(A, B, C, accumulate, False, False, kc_max, b_cached, b_block)
+    _mm(A, B, C, accumulate, False, False, kc_max, b_cached, b_block, a_rows)
 
 
 @kernel
-def mm_nt(A, B, C, accumulate=False, kc_max=KC, b_cached=B_CACHED, b_block=B_BLOCK):
+def mm_nt(A, B, C, accumulate=False, kc_max=KC, b_cached=B_CACHED, b_block=B_BLOCK, a_rows=A_ROWS):
     """[mm.nt.c1] C = A·Bᵀ.  A: I×K, B: J×K, C: I×J; overwritten or accumulated."""
-    _mm(A, B, C, accumulate, False, True, kc_max, b_cached, b_block)
+    _mm(A, B, C, accumulate, False, True, kc_max, b_cached, b_block, a_rows)
 
 
 @kernel
-def mm_tn(A, B, C, accumulate=False, kc_max=KC, b_cached=B_CACHED, b_block=B_BLOCK):
+def mm_tn(A, B, C, accumulate=False, kc_max=KC, b_cached=B_CACHED, b_block=B_BLOCK, a_rows=A_ROWS):
     """[mm.tn.c1] C = Aᵀ·B.  A: K×I, B: K×J, C: I×J; overwritten or accumulated."""
-    _mm(A, B, C, accumulate, True, False, kc_max, b_cached, b_block)
+    _mm(A, B, C, accumulate, True, False, kc_max, b_cached, b_block, a_rows)
 
 
 @parallel_kernel

@@ -256,6 +256,24 @@ def _add_blocks(a, b, out):
 
 
 @kernel
+def _add_into_loop(a, b):
+    """a[i] = add(a[i], b[i]): add's loop with a as its output, written with
+    two arrays so the compiler sees one store stream and one load stream
+    that it can tell apart (with a passed twice, as a and as out, its
+    overlap check found them overlapping and ran the scalar loop: 2.3x the
+    time on 124 M floats)."""
+    for i in range(a.size):
+        a[i] = core.add(a[i], b[i])
+
+
+@parallel_kernel
+def _add_into_blocks(a, b):
+    for k in prange(n_blocks(a.size)):
+        i0, i1 = block_range(k, a.size)
+        _add_into_loop(a[i0:i1], b[i0:i1])
+
+
+@kernel
 def _sub_loop(a, b, out):
     for i in range(out.size):
         out[i] = core.sub(a[i], b[i])
@@ -444,7 +462,7 @@ def add_into(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         raise ValueError("add_into: a must be a C-contiguous, writeable array (it receives the sum)")
     if np.may_share_memory(a, b):
         raise ValueError("add_into: a and b must not overlap")
-    run_elementwise(_add_loop, _add_blocks, fa.size, fa, fb, fa)
+    run_elementwise(_add_into_loop, _add_into_blocks, fa.size, fa, fb)
     return a
 
 

@@ -49,6 +49,7 @@ from ..linalg.common import NEG_ZERO
 from ..linalg.mm_fp32 import (
     E_IGNORED,
     cols_exp_min,
+    NO_KEY,
     key_exp,
     mag_key,
     pack_a,
@@ -60,8 +61,6 @@ from ..numerics.core import F32, ZERO, canon, flush, mul, recip, sqrt
 from . import check_outs
 from .rowblock import RB
 from .softmax import softmax_rows_causal, softmax_rows_causal_backward
-
-NO_KEY = np.uint32(0xFFFFFFFF)  # above every magnitude key: no element yet
 
 
 @kernel
