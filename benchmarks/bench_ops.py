@@ -147,6 +147,19 @@ def cases():
         attn,
         torch_case(lambda a, bb, c: tF.scaled_dot_product_attention(a, bb, c, is_causal=True), q, k, v, dout=do),
     )
+    # the same with out and att written into reused buffers (out=), as the trainer's workspace does:
+    # a fresh 48 MB att per call costs its first touch (huge-page faults and zeroing), up to 3x the
+    # kernel's own time at 2 threads on a 2-vCPU host (benchmarks/README.md, session 23)
+    o_buf, att_buf = np.empty_like(q), np.empty((B, NH, T, T), np.float32)
+
+    def attn_reused():
+        o, att = attention.attention_forward(q, k, v, out=(o_buf, att_buf))
+        attention.attention_backward(do, q, k, v, att)
+
+    out[f"causal attention [{B}x{NH}x{T}x{HS}], att reused"] = (
+        attn_reused,
+        torch_case(lambda a, bb, c: tF.scaled_dot_product_attention(a, bb, c, is_causal=True), q, k, v, dout=do),
+    )
     # rope
     cos, sin = rope.rope_tables(T, HS, np.float32(10000.0))
     tcos, tsin = rope_tables(T, HS, 10000.0)
