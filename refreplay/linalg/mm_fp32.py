@@ -364,8 +364,9 @@ def _mm_packed(A, B, C, a_trans, b_trans, kc_max=KC, b_cached=B_CACHED, b_block=
     # of column blocks at a time (at most a_rows x kc floats, as the chunk),
     # so neither pack holds a whole tall operand (the LM head's packed B or
     # A would be 103 MB: a fresh mapping and 25,000 page faults per call);
-    # a product whose packs fit keeps one pack of each per k block.  Which
-    # tile runs when changes no bit.
+    # a product whose packs fit keeps one pack of A per k block and packs B
+    # in at most two groups (a group is whole column blocks).  Which tile
+    # runs when changes no bit.
     ci = max(1, a_rows // MM_MR)
     KBK = min(KB, K)
     gp = min(nj, max(panels_per_block(KBK, b_block), a_rows // MM_NR))  # panels per packed group
