@@ -180,6 +180,54 @@ def test_row_chunks_equal_naive(blocks, shape):
     test_blocked_equals_naive(blocks, shape)
 
 
+@pytest.mark.parametrize(
+    "blocks,shape",
+    [pytest.param(b, s, id=f"a_rows{b.a_rows}-{s[0]}x{s[1]}x{s[2]}") for b in CHUNKED[:2] for s in _chunk_shapes(b)[:4]]
+    + [pytest.param(CHUNKED[1], (3 * MR + 1, 70, NR - 5), id="fewer-panels-than-parts")],
+)
+def test_thread_parts_equal_naive(blocks, shape):
+    """[mm.nn.c1] [mm.nt.c1] [mm.tn.c1] the same bits for any count of parts:
+    the column-blocked path cuts a chunk's row blocks and a group's panels
+    into one part per thread (the ``threads`` argument; a part can get no
+    panel, a group of one, or more parts than rows)."""
+    I, K, J = shape
+    rng = np.random.default_rng(I * 13 + K * 7 + J)
+    A, B, D = edgy(rng, (I, K), 0.05), edgy(rng, (K, J), 0.05), rand(rng, (I, J))
+    At, Bt = np.ascontiguousarray(A.T), np.ascontiguousarray(B.T)
+    for fast, slow, a, b in [
+        (M.mm_nn, L.mm_nn_naive, A, B),
+        (M.mm_nt, L.mm_nt_naive, A, Bt),
+        (M.mm_tn, L.mm_tn_naive, At, B),
+    ]:
+        for acc in (False, True):
+            c_slow = D.copy()
+            slow(a, b, c_slow, acc)
+            for threads in (1, 2, 3, 5, 64):
+                c_fast = D.copy()
+                fast(a, b, c_fast, acc, *blocks.args(), threads)
+                assert np.array_equal(bits(c_fast), bits(c_slow)), (fast.__name__, acc, threads)
+
+
+def test_group_panels_fit_the_pack():
+    """A group is all of B where it fits the pack, else whole column blocks,
+    and never more panels than the driver's Bp holds (g * kc floats of kc x NR)."""
+    for nj in (1, 2, 5, 47, 48, 49, 200):
+        for kc_max, K in ((64, 64), (64, 65), (64, 200), (512, 768), (512, 300)):
+            for b_block in (1, 64 * NR, 5 * 64 * NR, 1 << 17):
+                for a_rows in (MR, 3 * MR - 5, 4096):
+                    KBK = min(kc_max, K)
+                    gp = min(nj, max(M.panels_per_block(KBK, b_block), a_rows // NR))
+                    cap = min(nj * KBK, max(gp * KBK, b_block // NR + KBK))  # Bp's floats / NR
+                    for k0 in range(0, K, kc_max):
+                        kc = min(kc_max, K - k0)
+                        nb = M.panels_per_block(kc, b_block)
+                        g = M.group_panels(nj, gp * KBK // kc, nb)
+                        assert min(g, nj) * kc <= cap, (nj, kc_max, K, b_block, a_rows)
+                        assert g == nj if gp * KBK // kc >= nj else g % nb == 0 and g >= nb
+    assert M.group_panels(48, 48, 5) == 48  # qkv at kc: one group, not 45 + 3 panels
+    assert M.group_panels(48, 47, 5) == 45
+
+
 def test_machine_blocks_are_the_default():
     """The API without blocks= runs with blocking.machine_blocks() (same bits as any)."""
     rng = np.random.default_rng(5)

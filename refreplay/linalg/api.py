@@ -8,6 +8,7 @@ typing traceback.
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 
 from . import mm_fp32 as _mm
@@ -70,7 +71,7 @@ def matmul(A, B, out=None, accumulate=False, blocks=None):
     _matrix("A", A), _matrix("B", B)
     _contracted("matmul", A.shape[1], B.shape[0])
     C = _output(out, (A.shape[0], B.shape[1]), (A, B), accumulate=accumulate)
-    _mm.mm_nn(A, B, C, bool(accumulate), *_blocks(blocks))
+    _mm.mm_nn(A, B, C, bool(accumulate), *_blocks(blocks), numba.get_num_threads())
     return C
 
 
@@ -79,7 +80,7 @@ def matmul_nt(A, B, out=None, accumulate=False, blocks=None):
     _matrix("A", A), _matrix("B", B)
     _contracted("matmul_nt", A.shape[1], B.shape[1])
     C = _output(out, (A.shape[0], B.shape[0]), (A, B), accumulate=accumulate)
-    _mm.mm_nt(A, B, C, bool(accumulate), *_blocks(blocks))
+    _mm.mm_nt(A, B, C, bool(accumulate), *_blocks(blocks), numba.get_num_threads())
     return C
 
 
@@ -88,7 +89,7 @@ def matmul_tn(A, B, out=None, accumulate=False, blocks=None):
     _matrix("A", A), _matrix("B", B)
     _contracted("matmul_tn", A.shape[0], B.shape[0])
     C = _output(out, (A.shape[1], B.shape[1]), (A, B), accumulate=accumulate)
-    _mm.mm_tn(A, B, C, bool(accumulate), *_blocks(blocks))
+    _mm.mm_tn(A, B, C, bool(accumulate), *_blocks(blocks), numba.get_num_threads())
     return C
 
 

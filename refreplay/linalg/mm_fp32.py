@@ -44,6 +44,7 @@ per-head products with them, on its own MR × NR tile (``_tile.py``).
 from __future__ import annotations
 
 import numpy as np
+import numba
 from numba import prange
 
 from .._jit import kernel, parallel_kernel
@@ -63,6 +64,11 @@ KC = 512  # k block: a row block's packed A strip (KC x MM_MR floats) in half of
 B_CACHED = 1 << 21  # floats of packed B (8 MiB) that row blocks can each stream from L3
 B_BLOCK = 1 << 17  # floats of packed B (512 KiB) that the row blocks share while in L2
 A_ROWS = 4096  # rows of A packed at once where column blocks are used (blocking.A_ROWS)
+# Parts a row chunk is cut into in the column-blocked path, one per thread: the
+# API passes the running thread count; compiled callers get the most threads a
+# process can run.  A run-time argument (a compiled kernel that asked Numba for
+# the count itself could not be cached); no bit depends on it.
+THREADS = numba.config.NUMBA_NUM_THREADS
 
 # ---- proving the flushes of a tile are identities ([mm.flush.r1]) -------------------
 #
@@ -329,12 +335,15 @@ def panels_per_block(kc, b_block):
 
 
 @parallel_kernel
-def _mm_packed(A, B, C, a_trans, b_trans, kc_max=KC, b_cached=B_CACHED, b_block=B_BLOCK, a_rows=A_ROWS):
+def _mm_packed(
+    A, B, C, a_trans, b_trans, kc_max=KC, b_cached=B_CACHED, b_block=B_BLOCK, a_rows=A_ROWS, threads=THREADS
+):
     """C = op(A)·op(B), overwriting C (I×J), NaNs canonical.  op transposes when
     the flag is set: A is I×K (K×I if a_trans), B is K×J (J×K if b_trans).
     kc_max: the k block; b_cached: the floats of packed B above which column
     blocks are used; b_block: the floats of packed B per column block;
-    a_rows: the rows of A packed at once where column blocks are used."""
+    a_rows: the rows of A packed at once where column blocks are used;
+    threads: the parts a row chunk is cut into there (one per thread)."""
     I, J = C.shape
     K = A.shape[0] if a_trans else A.shape[1]
     if K == 0:
@@ -365,8 +374,8 @@ def _mm_packed(A, B, C, a_trans, b_trans, kc_max=KC, b_cached=B_CACHED, b_block=
     # so neither pack holds a whole tall operand (the LM head's packed B or
     # A would be 103 MB: a fresh mapping and 25,000 page faults per call);
     # a product whose packs fit keeps one pack of A per k block and packs B
-    # in at most two groups (a group is whole column blocks).  Which tile
-    # runs when changes no bit.
+    # in one group (else a group is whole column blocks).  Which tile runs
+    # when changes no bit.
     ci = max(1, a_rows // MM_MR)
     KBK = min(KB, K)
     gp = min(nj, max(panels_per_block(KBK, b_block), a_rows // MM_NR))  # panels per packed group
@@ -376,19 +385,65 @@ def _mm_packed(A, B, C, a_trans, b_trans, kc_max=KC, b_cached=B_CACHED, b_block=
     for k0 in range(0, K, KB):  # k blocks in increasing order, never in parallel
         kc = min(KB, K - k0)
         nb = panels_per_block(kc, b_block)
-        g = max(nb, gp * KBK // kc // nb * nb)  # whole column blocks per group; Bp holds g panels of kc
+        g = group_panels(nj, gp * KBK // kc, nb)
         for c0 in range(0, ni, ci):
             c1 = min(ni, c0 + ci)
-            for ib in prange(c0, c1):
-                pack_a(A, a_trans, ib * MM_MR, k0, kc, Ap[(ib - c0) * kc * MM_MR : (ib - c0 + 1) * kc * MM_MR], MM_MR)
+            na = c1 - c0
+            parts = max(1, min(threads, na))
             for g0 in range(0, nj, g):
                 g1 = min(nj, g0 + g)
-                for jp in prange(g0, g1):
-                    pack_b_panel(B, b_trans, jp * MM_NR, k0, kc, Bp, (jp - g0) * kc * MM_NR, panel_width(J, jp))
-                for jb in range(g0, g1, nb):
-                    je = min(jb + nb, g1)
-                    for ib in prange(c0, c1):
-                        _row_block_tiles(Ap, (ib - c0) * kc * MM_MR, ib, Bp, g0, jb, je, kc, C, Cf, ea[ib], eb, k0 > 0)
+                # Two parallel regions per group, not one per column block (each
+                # region wakes the sleeping threads, which can take as long as a
+                # column block's tiles): one packs the group's panels of B (with the
+                # first group the chunk's strips of A too), one runs each part's row
+                # blocks over every column block in turn.
+                for t in prange(parts):
+                    a_lo = c0 + share(na, parts, t)
+                    a_hi = c0 + share(na, parts, t + 1) if g0 == 0 else a_lo
+                    b_lo, b_hi = g0 + share(g1 - g0, parts, t), g0 + share(g1 - g0, parts, t + 1)
+                    _pack_part(A, B, a_trans, b_trans, J, k0, kc, Ap, c0, a_lo, a_hi, Bp, g0, b_lo, b_hi)
+                for t in prange(parts):
+                    i0, i1 = c0 + share(na, parts, t), c0 + share(na, parts, t + 1)
+                    _column_blocks(Ap, c0, i0, i1, Bp, g0, g1, nb, kc, C, Cf, ea, eb, k0 > 0)
+
+
+@kernel
+def _pack_part(A, B, a_trans, b_trans, J, k0, kc, Ap, c0, a_lo, a_hi, Bp, g0, b_lo, b_hi):
+    """For the k block at k0: row blocks a_lo .. a_hi-1 of A (block ib packed
+    at Ap[(ib - c0) * kc * MM_MR:]) and panels b_lo .. b_hi-1 of B (panel jp
+    at Bp[(jp - g0) * kc * MM_NR:])."""
+    for ib in range(a_lo, a_hi):
+        o = (ib - c0) * kc * MM_MR
+        pack_a(A, a_trans, ib * MM_MR, k0, kc, Ap[o : o + kc * MM_MR], MM_MR)
+    for jp in range(b_lo, b_hi):
+        pack_b_panel(B, b_trans, jp * MM_NR, k0, kc, Bp, (jp - g0) * kc * MM_NR, panel_width(J, jp))
+
+
+@kernel
+def _column_blocks(Ap, c0, i0, i1, Bp, g0, g1, nb, kc, C, Cf, ea, eb, load_c):
+    """The tiles of row blocks i0 .. i1-1 over panels g0 .. g1-1 (packed as
+    in _pack_part), a column block of nb panels at a time: every row block
+    runs over one block before the next, which so stays in L2."""
+    for jb in range(g0, g1, nb):
+        je = min(jb + nb, g1)
+        for ib in range(i0, i1):
+            _row_block_tiles(Ap, (ib - c0) * kc * MM_MR, ib, Bp, g0, jb, je, kc, C, Cf, ea[ib], eb, load_c)
+
+
+@kernel
+def share(n, parts, t):
+    """Where part t of ``parts`` near-equal parts of n items starts."""
+    return t * n // parts
+
+
+@kernel
+def group_panels(nj, fit, nb):
+    """Panels of B packed per group: all nj where ``fit`` (the panels the
+    pack holds at this k block's length) covers them, else whole column
+    blocks of nb panels, as many as fit (at least one block)."""
+    if fit >= nj:
+        return nj
+    return max(nb, fit // nb * nb)
 
 
 @kernel
@@ -432,34 +487,34 @@ def _add_into(C, S):
 
 
 @kernel
-def _mm(A, B, C, accumulate, a_trans, b_trans, kc_max, b_cached, b_block, a_rows):
+def _mm(A, B, C, accumulate, a_trans, b_trans, kc_max, b_cached, b_block, a_rows, threads):
     if accumulate:
         S = np.empty_like(C)
-        _mm_packed(A, B, S, a_trans, b_trans, kc_max, b_cached, b_block, a_rows)
+        _mm_packed(A, B, S, a_trans, b_trans, kc_max, b_cached, b_block, a_rows, threads)
         _add_into(C, S)
     else:
-        _mm_packed(A, B, C, a_trans, b_trans, kc_max, b_cached, b_block, a_rows)
+        _mm_packed(A, B, C, a_trans, b_trans, kc_max, b_cached, b_block, a_rows, threads)
 
 
 @kernel
-def mm_nn(A, B, C, accumulate=False, kc_max=KC, b_cached=B_CACHED, b_block=B_BLOCK, a_rows=A_ROWS):
+def mm_nn(A, B, C, accumulate=False, kc_max=KC, b_cached=B_CACHED, b_block=B_BLOCK, a_rows=A_ROWS, threads=THREADS):
     """[mm.nn.c1] C = A·B.  A: I×K, B: K×J, C: I×J; overwritten, or accumulated
     into with ``accumulate`` ([mm.accumulate.c1]).  Threads over row blocks.
     The block sizes (``blocking.Blocks``; bits never depend on them) default
     to the constants above."""
-    _mm(A, B, C, accumulate, False, False, kc_max, b_cached, b_block, a_rows)
+    _mm(A, B, C, accumulate, False, False, kc_max, b_cached, b_block, a_rows, threads)
 
 
 @kernel
-def mm_nt(A, B, C, accumulate=False, kc_max=KC, b_cached=B_CACHED, b_block=B_BLOCK, a_rows=A_ROWS):
+def mm_nt(A, B, C, accumulate=False, kc_max=KC, b_cached=B_CACHED, b_block=B_BLOCK, a_rows=A_ROWS, threads=THREADS):
     """[mm.nt.c1] C = A·Bᵀ.  A: I×K, B: J×K, C: I×J; overwritten or accumulated."""
-    _mm(A, B, C, accumulate, False, True, kc_max, b_cached, b_block, a_rows)
+    _mm(A, B, C, accumulate, False, True, kc_max, b_cached, b_block, a_rows, threads)
 
 
 @kernel
-def mm_tn(A, B, C, accumulate=False, kc_max=KC, b_cached=B_CACHED, b_block=B_BLOCK, a_rows=A_ROWS):
+def mm_tn(A, B, C, accumulate=False, kc_max=KC, b_cached=B_CACHED, b_block=B_BLOCK, a_rows=A_ROWS, threads=THREADS):
     """[mm.tn.c1] C = Aᵀ·B.  A: K×I, B: K×J, C: I×J; overwritten or accumulated."""
-    _mm(A, B, C, accumulate, True, False, kc_max, b_cached, b_block, a_rows)
+    _mm(A, B, C, accumulate, True, False, kc_max, b_cached, b_block, a_rows, threads)
 
 
 @parallel_kernel
