@@ -302,9 +302,96 @@ def test_a_step_with_reused_buffers_has_the_same_state_root():
             rec.append((r.state_root, r.chain_link, r.loss_hex()))
         roots.append(rec)
         if reuse:
-            # tied: logits, dlogits, dnf, dhead, dwte, and each layer's attention probabilities
-            assert tr.model.workspace.allocations == 5 + mc.layers
+            # tied: logits, dlogits, dnf, dhead, and each layer's attention probabilities
+            # (the embedding's gradient half is written into a spare, not a buffer), and
+            # the four roles' linear input gradients (GELU MLP), shared by the layers
+            assert mc.mlp == "gelu" and mc.linear != "int8"
+            assert tr.model.workspace.allocations == 4 + mc.layers + 4
     assert roots[0] == roots[1]
+
+
+def _tiny_trainer(steps_of_data=3):
+    from refreplay.training.data import Batching, Stream
+    from refreplay.training.step import Trainer
+
+    mc, tc = preset("tiny")
+    rs = np.random.RandomState(1)
+    samples = rs.randint(0, 256, size=(steps_of_data * tc.micro_batches * tc.micro_batch_size, mc.seq_len + 1))
+    stream = Stream(samples.astype(np.uint8), tc.seed, Batching(tc.micro_batches, tc.micro_batch_size))
+    return Trainer(mc, tc, stream, "00" * 32), mc, tc
+
+
+def test_spare_gradients_are_reused_whatever_they_hold():
+    """The embedding's gradient goes into dead gradients of earlier
+    micro-batches: after the first step none is new (M = 8: the fold holds
+    at most 4 at once), and the state roots equal a run without reuse even
+    when every spare is NaN-filled before each step (a backward that read
+    its old contents, or a spare handed out while still in the fold, fails)."""
+    from refreplay.training.launch.inproc import InProcess
+
+    fresh, _, _ = _tiny_trainer()
+    fresh.fresh_buffers()
+    reuse, mc, tc = _tiny_trainer()
+    assert reuse.spares.cap == tc.micro_batches.bit_length() == 4
+    runs = []
+    for tr in (fresh, reuse):
+        st, link, rec = tr.initial_state(), "00" * 32, []
+        for step in range(3):
+            if tr.spares is not None:
+                for kept in tr.spares._kept.values():
+                    for a in kept:
+                        a[...] = np.nan
+                before = tr.spares.taken
+            st, r = tr.step(st, link, InProcess(1))
+            link = r.chain_link
+            rec.append((r.state_root, r.loss_hex()))
+            if tr.spares is not None:
+                taken = tr.spares.taken - before
+                # step 1: 4 of the 8 leaves new (the pool starts empty); later: all 8 spares
+                assert taken == (4 if step == 0 else tc.micro_batches), (step, taken)
+                kept = tr.spares._kept["wte"]
+                assert len(kept) == reuse.spares.cap
+                assert len({id(a) for a in kept}) == len(kept)
+                for a in kept:  # none is a parameter, a moment or the state's arrays
+                    for d in (st.params, st.m, st.v):
+                        assert not any(np.may_share_memory(a, t) for t in d.values())
+        runs.append(rec)
+    assert runs[0] == runs[1]
+
+
+def test_spares_keep_only_whole_owned_arrays_up_to_cap():
+    from refreplay.training.workspace import Spares
+
+    sp = Spares(("wte",), 2)
+    own = np.zeros((4, 3), np.float32)
+    view = np.zeros((8, 3), np.float32)[:4]
+    sp.give({"wte": view})  # a view into a bigger buffer: not kept
+    sp.give({"wte": own.astype(np.float64)})  # not float32
+    ro = np.zeros((4, 3), np.float32)
+    ro.flags.writeable = False
+    sp.give({"wte": ro})
+    sp.give({"other": np.zeros((4, 3), np.float32)})  # a name not asked for
+    assert sp.nbytes() == 0 and sp.take("wte", (4, 3)) is None
+    sp.give({"wte": own})
+    sp.give({"wte": own})  # the same array twice: kept once
+    b, c = np.zeros((4, 3), np.float32), np.zeros((4, 3), np.float32)
+    sp.give({"wte": b})
+    sp.give({"wte": c})  # over the cap: dropped
+    assert sp.nbytes() == 2 * own.nbytes
+    assert sp.take("wte", (3, 4)) is None  # no array of that shape
+    got = {id(sp.take("wte", (4, 3))), id(sp.take("wte", (4, 3)))}
+    assert got == {id(own), id(b)} and sp.take("wte", (4, 3)) is None
+    with pytest.raises(ValueError):
+        Spares(("wte",), -1)
+
+
+def test_the_estimate_counts_the_spares():
+    from refreplay.training import estimate
+
+    mc, tc = preset("gpt2-124m")
+    v, c = mc.vocab, mc.width
+    assert estimate.spare_bytes(mc, 8) == 4 * 4 * v * c
+    assert estimate.workspace_bytes(mc, 1) - estimate.workspace_bytes(mc, 1, spares=True) == 4 * v * c
 
 
 def test_a_mapped_budget_turns_the_workspace_off():

@@ -41,15 +41,27 @@ def activation_bytes(cfg: ModelConfig, b: int) -> int:
     return F32_BYTES * (cfg.layers * per_layer + transient + head)
 
 
-def workspace_bytes(cfg: ModelConfig, b: int) -> int:
+def workspace_bytes(cfg: ModelConfig, b: int, spares: bool = False) -> int:
     """Bytes of the reference trainer's reused scratch buffers
     (``training/workspace.py``), which outlive a micro-batch: the logits and
     their gradient [N, V], the head's activation gradient [N, C], each
-    layer's attention probabilities [B, NH, T, T], and for a tied weight its
-    two gradient halves [V, C]."""
+    layer's attention probabilities [B, NH, T, T], the binary32 linears'
+    input gradients (one [N, width] a role, shared by the layers: the MLP
+    projection's [N, F], and [N, C] for each other linear), and for a tied
+    weight its two gradient halves [V, C] -- one with ``spares`` (the
+    trainer's: the embedding's half is then written into a spare,
+    ``spare_bytes``)."""
     n, c, v, t = b * cfg.seq_len, cfg.width, cfg.vocab, cfg.seq_len
     att = cfg.layers * b * cfg.heads * t * t
-    return F32_BYTES * (2 * n * v + n * c + att + (2 * v * c if cfg.tied else 0))
+    halves = (1 if spares else 2) if cfg.tied else 0
+    dx = 0 if cfg.linear == "int8" else n * (cfg.mlp_hidden + (3 if cfg.mlp == "gelu" else 4) * c)
+    return F32_BYTES * (2 * n * v + n * c + att + dx + halves * v * c)
+
+
+def spare_bytes(cfg: ModelConfig, m: int) -> int:
+    """Bytes of the trainer's spare embedding gradients (``workspace.Spares``),
+    kept between steps: floor(log2 M) + 1 arrays [V, C]."""
+    return F32_BYTES * m.bit_length() * cfg.vocab * cfg.width
 
 
 def largest_tensor_bytes(cfg: ModelConfig) -> int:
@@ -124,7 +136,8 @@ def cost(cfg: ModelConfig, train: TrainConfig) -> Cost:
     )  # the state copied and hashed
     act = activation_bytes(cfg, b)
     fold_phase = state + _grad_sets(m) * grad + act
-    optim_phase = 2 * state + 2 * grad + workspace_bytes(cfg, b)  # the workspace outlives the backward
+    # the workspace and the spare gradients outlive the backward
+    optim_phase = 2 * state + 2 * grad + workspace_bytes(cfg, b, spares=True) + spare_bytes(cfg, m)
     peak_ram = max(fold_phase, optim_phase)
     peak_mapped = act + 4 * largest_tensor_bytes(cfg) + (64 << 20)
     return Cost(p, tokens, int(flops), int(moved), int(peak_ram), int(peak_mapped))

@@ -206,14 +206,15 @@ def _lin_fwd(ops, cfg, params, prefix, x, ctx, B, T):
     return _h(ops, cfg, ops.linear.linear_forward(x, w, b))
 
 
-def _lin_bwd(ops, cfg, params, prefix, dy, ctx, B, T, grads):
+def _lin_bwd(ops, cfg, params, prefix, dy, ctx, B, T, grads, dx_out=None):
+    """``dx_out``: where the binary32 path writes dx (a workspace buffer), or None (new)."""
     x = ctx.saved[prefix]
     w = params[f"{prefix}.w"]
     if cfg.linear == "int8":
         dx, dw, db = ops.quant.qlinear_backward(dy.reshape(B, T, -1), x.reshape(B, T, -1), w, cfg.bias)
         dx = dx.reshape(B * T, -1)
     else:
-        dx, dw, db = ops.linear.linear_backward(dy, x, w, cfg.bias)
+        dx, dw, db = ops.linear.linear_backward(dy, x, w, cfg.bias, out=(dx_out, None, None))
     grads[f"{prefix}.w"] = dw
     if cfg.bias:
         grads[f"{prefix}.b"] = db
@@ -241,6 +242,9 @@ class Model:
         # backward's scratch buffers, reused across calls (host ops only; ``None``: every
         # temporary new, as the device backend and a mapped memory budget want)
         self.workspace = Workspace() if self.ops.name == "cpu" else None
+        # dead gradient arrays to write the embedding's gradient into (``workspace.Spares``;
+        # the trainer that fills them sets it; ``None``: a new array every micro-batch)
+        self.spares = None
         self.arrays = self.ops.arrays  # where the tensors live: the host, or the device
         self.shapes = param_shapes(cfg)
         self.learned = cfg.pos == "learned"  # [model.pos.c1]
@@ -372,27 +376,31 @@ class Model:
         dnf, dhead, _ = ops.linear.linear_backward(dlogits, ctx.saved["head"], head, False, **head_out)
         dnf = r(dnf)
         dh = _norm_bwd(ops, cfg, params, "lnf", dnf, ctx, "lnf", grads)
+
+        def dx(role, width):  # a linear's dx, consumed by the next op: one buffer a role, for every layer
+            return ws(f"dx.{role}", (N, width)).get("out") if cfg.linear != "int8" else None
+
         for i in reversed(range(cfg.layers)):
             p = _layer(i)
             # h = add(h, m): the branch receives dh unchanged
-            dg = _lin_bwd(ops, cfg, params, f"{p}.mlp.proj", dh, ctx, B, T, grads)
+            dg = _lin_bwd(ops, cfg, params, f"{p}.mlp.proj", dh, ctx, B, T, grads, dx("mlp.proj", cfg.mlp_hidden))
             if cfg.mlp == "gelu":
                 (u,) = ctx.saved[f"{p}.act"]
                 du = r(ops.activations.gelu_backward(dg, u))
-                dn2 = _lin_bwd(ops, cfg, params, f"{p}.mlp.fc", du, ctx, B, T, grads)
+                dn2 = _lin_bwd(ops, cfg, params, f"{p}.mlp.fc", du, ctx, B, T, grads, dx("mlp.fc", C))
             else:
                 ga, up = ctx.saved[f"{p}.act"]
                 dga, dup = (r(d) for d in ops.activations.swiglu_backward(dg, ga, up))
                 dn2 = r(
                     _add(
                         ops,
-                        _lin_bwd(ops, cfg, params, f"{p}.mlp.gate", dga, ctx, B, T, grads),
-                        _lin_bwd(ops, cfg, params, f"{p}.mlp.up", dup, ctx, B, T, grads),
+                        _lin_bwd(ops, cfg, params, f"{p}.mlp.gate", dga, ctx, B, T, grads, dx("mlp.gate", C)),
+                        _lin_bwd(ops, cfg, params, f"{p}.mlp.up", dup, ctx, B, T, grads, dx("mlp.up", C)),
                     )
                 )
             dh = r(_add(ops, dh, _norm_bwd(ops, cfg, params, f"{p}.ln2", dn2, ctx, f"{p}.ln2", grads)))
             # h = add(h, a)
-            do = _lin_bwd(ops, cfg, params, f"{p}.attn.proj", dh, ctx, B, T, grads)
+            do = _lin_bwd(ops, cfg, params, f"{p}.attn.proj", dh, ctx, B, T, grads, dx("attn.proj", C))
             q, k, v, att = ctx.saved[f"{p}.attn"]
             do4 = A.split_heads(do, 0, B, T, NH, HS)
             dq, dk, dv = (r(d) for d in ops.attention.attention_backward(do4, q, k, v, att))
@@ -400,14 +408,18 @@ class Model:
                 dq = r(ops.rope.rope_backward(dq, self.cos, self.sin))
                 dk = r(ops.rope.rope_backward(dk, self.cos, self.sin))
             dqkv = A.merge_heads([dq, dk, dv], B, T, NH, HS)
-            dn1 = _lin_bwd(ops, cfg, params, f"{p}.attn.qkv", dqkv, ctx, B, T, grads)
+            dn1 = _lin_bwd(ops, cfg, params, f"{p}.attn.qkv", dqkv, ctx, B, T, grads, dx("attn.qkv", C))
             dh = r(_add(ops, dh, _norm_bwd(ops, cfg, params, f"{p}.ln1", dn1, ctx, f"{p}.ln1", grads)))
-        dwte = ops.embedding.embedding_backward(
-            dh.reshape(B, T, cfg.width), tokens, cfg.vocab, **(ws("dwte", (V, C)) if cfg.tied else {})
-        )
+        if self.spares is not None:  # a dead gradient of an earlier micro-batch (or a new array)
+            emb_out = {"out": self.spares.take("wte", (V, C))}
+        else:  # tied: a temporary until the sum below
+            emb_out = ws("dwte", (V, C)) if cfg.tied else {}
+        dwte = ops.embedding.embedding_backward(dh.reshape(B, T, cfg.width), tokens, cfg.vocab, **emb_out)
         if self.learned:  # [model.pos.c1] d wpe: [emb.bwd.c1] over the ids p[b, t] = t (b increasing)
             grads["wpe"] = ops.embedding.embedding_backward(dh.reshape(B, T, cfg.width), self.positions(B), cfg.seq_len)
-        if cfg.tied:  # parameter gradients stay binary32 ([bf16.tensors.c1])
+        if cfg.tied and self.spares is not None:  # add(dwte, dhead) over dwte, this pass's own array
+            grads["wte"] = ops.elementwise.add_into(dwte, dhead)
+        elif cfg.tied:  # parameter gradients stay binary32 ([bf16.tensors.c1])
             grads["wte"] = _add(ops, dwte, dhead)
         else:
             grads["wte"] = dwte

@@ -32,6 +32,7 @@ from .data import Stream, inputs_targets
 from .model import Model, init_params, linear_names, param_shapes, quant_steps
 from .presets import ModelConfig, TrainConfig
 from .tokens import token_bytes
+from .workspace import Spares
 
 LOSS = "loss"  # the leaf entry that carries a micro-batch's mean loss ([step.loss.c1])
 SCHEDULE = "cosine"  # [step.hparams.c1]
@@ -175,6 +176,10 @@ class Trainer:
         if not self.reuse:  # under a memory budget no buffer outlives its pass
             self.model.workspace = None
         self.cfg = train_cfg.validate()
+        # the embedding's dead gradients, for later micro-batches to write into: as many as
+        # the fold holds at once (floor(log2 M) + 1), so that after the first step none is new
+        self.spares = Spares(("wte",), self.cfg.micro_batches.bit_length()) if self.reuse else None
+        self.model.spares = self.spares
         self.stream = stream
         self.recipe_hash = recipe_hash
         self.adam = optim.AdamW(train_cfg.beta1, train_cfg.beta2, train_cfg.eps, train_cfg.weight_decay)
@@ -183,7 +188,9 @@ class Trainer:
         """[fold.tree.c1] The launcher's merge; under a mapped budget name by
         name, each sum moved to a file as soon as it exists."""
         if self.reuse:  # the trainer's leaves are new gradient sets, each consumed by one node
-            return self.ops.treefold.merge_into(left, right)
+            out = self.ops.treefold.merge_into(left, right)
+            self.spares.give(right)  # consumed: no one reads it again
+            return out
         merge = self.ops.treefold.merge
         if not self.memory.mapped or sorted(left) != sorted(right):
             return merge(left, right)
@@ -201,6 +208,7 @@ class Trainer:
         new array, as before issue #32 (benchmarks, tests)."""
         self.reuse = False
         self.model.workspace = None
+        self.spares = self.model.spares = None
 
     def data_position(self, step: int) -> tuple[int, int]:
         """[step.state.c1] (epoch, index) of the batch that step ``step + 1`` reads."""
@@ -253,6 +261,8 @@ class Trainer:
         ops = self.ops
         folded = launcher.fold(leaf, M, self._merge)  # [fold.tree.c1] [fold.ranks.c1]
         mean = self._scale(folded, M)  # [fold.scale.c1]
+        if self.spares is not None:
+            self.spares.give(folded)  # scaled into new arrays: no one reads it again
         del folded
         pace_threads(work)
         loss = np.float32(A.to_host(mean.pop(LOSS))[0])
