@@ -137,18 +137,27 @@ def test_shapes_cross_every_boundary():
         assert len(cblocks) >= 2 and max(cblocks) >= 3, desc
 
 
+def _three_forms(shape, seed):
+    """The operands of one I x K x J case in each form: [(API function,
+    kernel, one-output loops, a, b)] for A·B, A·Bᵀ, Aᵀ·B, and a C to
+    accumulate into."""
+    I, K, J = shape
+    rng = np.random.default_rng(seed)
+    A, B, D = edgy(rng, (I, K), 0.05), edgy(rng, (K, J), 0.05), rand(rng, (I, J))
+    At, Bt = np.ascontiguousarray(A.T), np.ascontiguousarray(B.T)
+    return [
+        (L.matmul, M.mm_nn, L.mm_nn_naive, A, B),
+        (L.matmul_nt, M.mm_nt, L.mm_nt_naive, A, Bt),
+        (L.matmul_tn, M.mm_tn, L.mm_tn_naive, At, B),
+    ], D
+
+
 @pytest.mark.parametrize("blocks,shape", _cases())
 def test_blocked_equals_naive(blocks, shape):
     """[mm.nn.c1] [mm.nt.c1] [mm.tn.c1] [mm.accumulate.c1] the same bits whatever the blocks."""
     I, K, J = shape
-    rng = np.random.default_rng(I * 7919 + K * 31 + J)
-    A, B, D = edgy(rng, (I, K), 0.05), edgy(rng, (K, J), 0.05), rand(rng, (I, J))
-    At, Bt = np.ascontiguousarray(A.T), np.ascontiguousarray(B.T)
-    for api, slow, a, b in [
-        (L.matmul, L.mm_nn_naive, A, B),
-        (L.matmul_nt, L.mm_nt_naive, A, Bt),
-        (L.matmul_tn, L.mm_tn_naive, At, B),
-    ]:
+    forms, D = _three_forms(shape, I * 7919 + K * 31 + J)
+    for api, _, slow, a, b in forms:
         for acc in (False, True):
             c_fast, c_slow = D.copy(), D.copy()
             api(a, b, out=c_fast, accumulate=acc, blocks=blocks)
@@ -191,14 +200,8 @@ def test_thread_parts_equal_naive(blocks, shape):
     into one part per thread (the ``threads`` argument; a part can get no
     panel, a group of one, or more parts than rows)."""
     I, K, J = shape
-    rng = np.random.default_rng(I * 13 + K * 7 + J)
-    A, B, D = edgy(rng, (I, K), 0.05), edgy(rng, (K, J), 0.05), rand(rng, (I, J))
-    At, Bt = np.ascontiguousarray(A.T), np.ascontiguousarray(B.T)
-    for fast, slow, a, b in [
-        (M.mm_nn, L.mm_nn_naive, A, B),
-        (M.mm_nt, L.mm_nt_naive, A, Bt),
-        (M.mm_tn, L.mm_tn_naive, At, B),
-    ]:
+    forms, D = _three_forms(shape, I * 13 + K * 7 + J)
+    for _, fast, slow, a, b in forms:
         for acc in (False, True):
             c_slow = D.copy()
             slow(a, b, c_slow, acc)
