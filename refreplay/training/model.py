@@ -214,7 +214,8 @@ def _lin_bwd(ops, cfg, params, prefix, dy, ctx, B, T, grads, dx_out=None):
         dx, dw, db = ops.quant.qlinear_backward(dy.reshape(B, T, -1), x.reshape(B, T, -1), w, cfg.bias)
         dx = dx.reshape(B * T, -1)
     else:
-        dx, dw, db = ops.linear.linear_backward(dy, x, w, cfg.bias, out=(dx_out, None, None))
+        out = {} if dx_out is None else {"out": (dx_out, None, None)}  # a device's twin takes no out=
+        dx, dw, db = ops.linear.linear_backward(dy, x, w, cfg.bias, **out)
     grads[f"{prefix}.w"] = dw
     if cfg.bias:
         grads[f"{prefix}.b"] = db
