@@ -1,5 +1,6 @@
 """What the compiler does not find on its own: the 8 x 8 transpose, lane
-arrays it can keep in registers, and a prefetch hint.
+arrays it can keep in registers, whole-lane vector arithmetic, and a
+prefetch hint.
 
 The row kernels (``ops/rowblock.py``) copy a block of rows into a tile with
 rows and columns swapped, so that the sequential sums of 32 rows can run
@@ -22,6 +23,18 @@ loops are unrolled it keeps the lanes in vector registers.  In a heap array
 load between two adds, which made a 32-lane chain about twice as slow.  It
 changes where a value is kept, never an operation.  ``stack_keys`` is the
 same for uint32 (per-lane minima of bit patterns).
+
+``lanes_add``, ``lanes_sub`` and ``lanes_mul`` apply one IEEE binary32
+operation to n lanes at once, as one LLVM vector operation (no fast-math
+flag: each lane rounded once, to nearest, never contracted), and flush
+nothing.  They serve a row kernel's flush-free form, where the kernel has
+proved every flush an identity ([mm.flush.r1], ``ops/norms.py``).  The same
+chains written as loops over stack lanes are unrolled by LLVM into n scalar
+operations a step.  A stack array that both such loops and these vectors
+touch is left in memory by LLVM: give each form lanes of its own.
+``lanes_key_min`` takes per-lane minima of |x|'s bit patterns (integer
+operations only) in the same pass.  tests/test_lanes.py checks them
+against NumPy's float32 arithmetic on random bit patterns.
 
 ``prefetch(X, i, j)`` asks the cache for the line that holds X[i, j]: a hint
 that moves no value.
@@ -112,6 +125,104 @@ def stack_lanes(typingctx, n):
 def stack_keys(typingctx, n):
     """stack_lanes for uint32 elements (per-lane minima of bit patterns)."""
     return _stack_array(n, types.uint32, ir.IntType(32))
+
+
+def _f32_row(t):
+    return isinstance(t, types.Array) and t.ndim == 1 and t.dtype == types.float32 and t.layout == "C"
+
+
+def _lanes_op(op, out, a, b, n):
+    """Typing and code of out[i] = a[i] <op> b[i] for i < n (see lanes_add):
+    one LLVM vector operation of n float32 lanes, without fast-math flags."""
+    if not (isinstance(n, types.IntegerLiteral) and 0 < n.literal_value <= 1024):
+        return None
+    if not (_f32_row(out) and _f32_row(a) and (_f32_row(b) or b == types.float32)):
+        return None
+    vec = ir.VectorType(ir.FloatType(), n.literal_value)
+
+    def codegen(context, builder, signature, args):
+        def pointer(arrty, arr):
+            return builder.bitcast(context.make_array(arrty)(context, builder, arr).data, vec.as_pointer())
+
+        def load(arrty, arr):
+            v = builder.load(pointer(arrty, arr))
+            v.align = 4  # element alignment only
+            return v
+
+        va = load(a, args[1])
+        if isinstance(b, types.Array):
+            vb = load(b, args[2])
+        else:  # one value in every lane
+            one = builder.insert_element(ir.Constant(vec, ir.Undefined), args[2], ir.Constant(ir.IntType(32), 0))
+            vb = builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(ir.IntType(32), n.literal_value), None))
+        store = builder.store(getattr(builder, op)(va, vb), pointer(out, args[0]))
+        store.align = 4
+        return context.get_dummy_value()
+
+    return types.void(out, a, b, n), codegen
+
+
+@intrinsic
+def lanes_add(typingctx, out, a, b, n):
+    """out[i] = a[i] + b[i] for i < n: IEEE binary32, rounded to nearest,
+    NOT flushed, NaN not canonicalised.  out, a: float32 rows (1-D,
+    C-contiguous) of at least n elements; b: such a row, or one float32 for
+    every lane; n: a literal int.  out may be a or b.  Nothing is checked.
+
+    Written as loops over stack lanes, a chain of plain adds in every lane
+    (a row sum whose flushes are proved identities) is unrolled by LLVM into
+    n scalar adds a step, about 5x slower than the one vector add this
+    emits.  For the row kernels' flush-free forms only: a caller that uses
+    it where a flush could change a bit breaks [num.flush.c1]."""
+    return _lanes_op("fadd", out, a, b, n)
+
+
+@intrinsic
+def lanes_sub(typingctx, out, a, b, n):
+    """out[i] = a[i] - b[i] for i < n (as lanes_add)."""
+    return _lanes_op("fsub", out, a, b, n)
+
+
+@intrinsic
+def lanes_mul(typingctx, out, a, b, n):
+    """out[i] = a[i] * b[i] for i < n (as lanes_add)."""
+    return _lanes_op("fmul", out, a, b, n)
+
+
+@intrinsic
+def lanes_key_min(typingctx, k, x, n):
+    """k[i] = min(k[i], (bits(x[i]) & 0x7FFFFFFF) - 1) for i < n, unsigned
+    32-bit (the minus wraps for +-0): per lane, the least key of |x| seen,
+    ordered as |x| for finite nonzero x and largest for +-0, inf and NaN (the
+    bound of ``ops/norms.py``).  k: a uint32 row, x: a float32 row (1-D,
+    C-contiguous, at least n elements); n: a literal int.  Integer
+    operations only: no value is rounded.  Beside lanes_add in one loop, a
+    loop over the lanes for the same keys was unrolled into scalars."""
+    if not (isinstance(n, types.IntegerLiteral) and 0 < n.literal_value <= 1024):
+        return None
+    u32_row = isinstance(k, types.Array) and k.ndim == 1 and k.dtype == types.uint32 and k.layout == "C"
+    if not (u32_row and _f32_row(x)):
+        return None
+    ivec = ir.VectorType(ir.IntType(32), n.literal_value)
+
+    def codegen(context, builder, signature, args):
+        def pointer(arrty, arr):
+            return builder.bitcast(context.make_array(arrty)(context, builder, arr).data, ivec.as_pointer())
+
+        pk = pointer(k, args[0])
+        vk = builder.load(pk)
+        vk.align = 4
+        vx = builder.load(pointer(x, args[1]))  # the float bits, as integers
+        vx.align = 4
+        key = builder.sub(
+            builder.and_(vx, ir.Constant(ivec, [0x7FFFFFFF] * n.literal_value)),
+            ir.Constant(ivec, [1] * n.literal_value),
+        )
+        smaller = builder.icmp_unsigned("<", key, vk)
+        builder.store(builder.select(smaller, key, vk), pk).align = 4
+        return context.get_dummy_value()
+
+    return types.void(k, x, n), codegen
 
 
 @intrinsic

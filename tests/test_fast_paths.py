@@ -16,7 +16,7 @@ import pytest
 from conftest import many_threads
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from numba import prange
+from numba import njit, prange
 
 from refreplay._jit import kernel, parallel_kernel
 from refreplay.linalg.common import NEG_ZERO, sum_start
@@ -27,7 +27,7 @@ from refreplay.numerics.transcendental import log as tr_log
 from refreplay.numerics.transcendental import sigmoid as tr_sigmoid
 from refreplay.numerics.transcendental import tanh
 from refreplay.ops import activations, loss, norms, softmax
-from refreplay.ops.rowblock import RB
+from refreplay.ops.rowblock import RB, load_block
 from refreplay.ops.softmax import row_max
 
 F32 = np.float32
@@ -694,6 +694,49 @@ def layernorm_scale_cases(rng):
     x, w, b, d = gen()
     x[33:40] = (1.0 + rng.integers(-3, 4, size=(7, C)) * 2.0**-23).astype(F32)  # x - mean a few ulp
     yield x, w, b, d
+    yield sum_flush_case(rng)
+    yield dwdb_flush_case(rng)
+
+
+def _flush_matters_in_sum(v):
+    """v = (1.5 * 2^-126, -2^-126, u): the second partial sum is the
+    subnormal 2^-127 (flushed, 0); u's last bit is odd and 2^-127 is half
+    its ulp, so the third sum rounds to u flushed and to u + 2^-126 unflushed."""
+    v[:3] = [1.5 * 2.0**-126, -(2.0**-126), 2.0**-103 * (1 + 2.0**-23)]
+
+
+def sum_flush_case(rng):
+    """(x, w, b, dout) at [70, 77] whose row sums and column chains meet a
+    subnormal partial result that a flush changes, one of each kind among
+    ordinary rows: the forward's mean sum (row 2), its sum of squared
+    deviations (row 35: d*d subnormal, +-2^-70 beside +-2^-60, mean exactly
+    0) and the backward's sum of dnorm (dout's row 66)."""
+    N, C = 70, 77
+    x = rng.standard_normal((N, C)).astype(F32)
+    d = rng.standard_normal((N, C)).astype(F32)
+    w, b = np.ones(C, F32), rng.standard_normal(C).astype(F32)
+    x[2] = 0.0
+    _flush_matters_in_sum(x[2])
+    x[35] = 0.0
+    x[35, :4] = [2.0**-60 * (1 + 3 * 2.0**-23), -(2.0**-60) * (1 + 3 * 2.0**-23), 2.0**-70 * 1.25, -(2.0**-70) * 1.25]
+    d[66] = 0.0
+    _flush_matters_in_sum(d[66])
+    return x, w, b, d
+
+
+def dwdb_flush_case(rng):
+    """(x, w, b, dout) at [70, 77] whose db chain down column 5 meets a
+    subnormal partial sum that a flush changes (rows 40-42, dout tiny
+    there), while every other bound of that block holds: w = 2^30 keeps
+    dnorm and dx normal, so only step 5's own bound can send the block to
+    the flushed form."""
+    N, C = 70, 77
+    x = rng.standard_normal((N, C)).astype(F32)
+    d = rng.standard_normal((N, C)).astype(F32)
+    w, b = np.full(C, 2.0**30, F32), rng.standard_normal(C).astype(F32)
+    d[:, 5] = 0.0
+    _flush_matters_in_sum(d[40:43, 5])
+    return x, w, b, d
 
 
 def _layernorm_both(x, w, b, d, eps, threads):
@@ -754,7 +797,7 @@ def test_layernorm_without_its_flush_bounds_fails():
         layernorm_backward_block=_without_flush_bounds(norms.layernorm_backward_block),
     )
     e = F32(1e-5)
-    fwd_differs = bwd_differs = 0
+    fwd_differs = bwd_differs = stats_differ = 0
     for i, (x, w, b, d) in enumerate(cases):
         N, C = x.shape
         want = [np.empty_like(x), np.empty(N, F32), np.empty(N, F32)]
@@ -770,7 +813,69 @@ def test_layernorm_without_its_flush_bounds_fails():
             assert f_same and b_same  # ordinary values: the flush-free form is right
         fwd_differs += not f_same
         bwd_differs += not b_same
+        stats_differ += not (
+            np.array_equal(bits(got[1]), bits(want[1])) and np.array_equal(bits(got[2]), bits(want[2]))
+        )
     assert fwd_differs >= 1 and bwd_differs >= 2, (fwd_differs, bwd_differs)
+    assert stats_differ >= 1  # the row sums' own bounds: mean, rstd come from them alone
+    # the backward in one pass: its dw/db chains take the flush-free form only where they are proved too
+    one_pass_mutant = _without_flush_bounds(
+        norms.layernorm_backward_one_pass_kernel,
+        layernorm_backward_block=_without_flush_bounds(norms.layernorm_backward_block),
+    )
+    x, w, b, d = cases[-1]  # dwdb_flush_case
+    N, C = x.shape
+    want = [np.empty_like(x), np.empty(N, F32), np.empty(N, F32)]
+    layernorm_forward_naive(*want, x, w, b, e)
+    db_want, dw_want = np.empty(C, F32), np.empty(C, F32)
+    layernorm_backward_dwdb_naive(dw_want, db_want, d, x, want[1], want[2])
+    got = [np.empty_like(x), np.empty(C, F32), np.empty(C, F32)]
+    one_pass_mutant(*got, d, x, w, want[1], want[2])
+    assert bits(got[2][5]) != bits(db_want[5])
+
+
+@njit
+def _ln_sum_forms(x, dout, w, rows):
+    """Both forms of each LayerNorm row sum on the first block of x, dout:
+    (means, squared-deviation sums, dnorm sums, dnorm*norm sums), each as
+    [2, RB] (the flush-free form, the flushed one)."""
+    C = x.shape[1]
+    inv_C = recip(F32(C))
+    start = sum_start(C)
+    X = load_block(x, 0, rows)
+    D = load_block(dout, 0, rows)
+    m = np.empty((2, RB), np.float32)
+    q = np.empty((2, RB), np.float32)
+    a = np.empty((2, RB), np.float32)
+    g = np.empty((2, RB), np.float32)
+    norms._ln_means_exact(X, m[0], rows, start, inv_C)
+    norms._ln_means_flushed(X, m[1], rows, start, inv_C)
+    norms._ln_dev_pass(X, m[1], q[0], start, False)
+    norms._ln_dev_pass(X, m[1], q[1], start, True)
+    rstd = np.empty(RB, np.float32)
+    for r in range(RB):
+        rstd[r] = recip(sqrt(add(mul(q[1, r], inv_C), F32(1e-5)))) if r < rows else ZERO
+    norms._ln_grad_exact(X, D, w, m[1], rstd, a[0], g[0], start)
+    norms._ln_grad_flushed(X, D, w, m[1], rstd, a[1], g[1], start)
+    return m, q, a, g
+
+
+def test_layernorm_sum_forms_differ_where_a_flush_matters():
+    """[norm.layer.fwd.c1] [norm.layer.bwd.c1] [mm.flush.r1] the row sums'
+    flush-free forms (vector lanes, ``_tiles.lanes_add``) equal the flushed
+    ones on ordinary rows and differ on the rows built so that a flush
+    changes a bit (sum_flush_case): so the bounds are what keeps the
+    kernels right there (test_layernorm_flush_free_forms_equal_naive holds
+    the kernels to the naive ones on that case)."""
+    x, w, b, d = sum_flush_case(np.random.default_rng(3))
+    rows = [2, 35, 66, 0, 1, 40]  # three built rows, three ordinary ones
+    xs, ds = np.ascontiguousarray(x[rows]), np.ascontiguousarray(d[rows])
+    m, q, a, g = _ln_sum_forms(xs, ds, w, len(rows))
+    differs = [not np.array_equal(bits(s[0, : len(rows)]), bits(s[1, : len(rows)])) for s in (m, q, a)]
+    assert differs == [True, True, True]
+    assert bits(m[0, 0]) != bits(m[1, 0]) and bits(q[0, 1]) != bits(q[1, 1]) and bits(a[0, 2]) != bits(a[1, 2])
+    for s in (m, q, a, g):
+        assert_same_bits(s[0, 3:6], s[1, 3:6])
 
 
 @pytest.mark.threads

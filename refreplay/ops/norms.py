@@ -20,7 +20,7 @@ import numpy as np
 from numba import prange
 
 from .._jit import kernel, parallel_kernel
-from .._tiles import prefetch, stack_keys, stack_lanes
+from .._tiles import lanes_add, lanes_key_min, lanes_mul, lanes_sub, prefetch, stack_keys, stack_lanes
 from ..linalg.common import sum_start
 from ..numerics._bits import f32_bits
 from ..numerics.core import F32, ZERO, add, canon, flush, mul, recip, sqrt, sub
@@ -38,31 +38,37 @@ _MAX_C = 1 << 24  # C converts to binary32 exactly up to 2**24
 
 # ---- LayerNorm -------------------------------------------------------------
 #
-# The row sums (steps 1-4 of each clause) run with every flush, one row per
-# lane.  The element-wise passes that follow (the forward's normalisation,
-# the backward's dx) leave out the flushes that are proved identities for a
-# block of rows, as [mm.flush.r1] allows: [num.flush.c1] turns a subnormal
-# result into a signed zero, and where no result of an operation can be
-# subnormal the flush changes nothing (the pass then uses plain IEEE ``+``,
-# ``-``, ``*``: rounded one at a time as before, never contracted).  The
-# proof uses two facts, with E(v) the least e such that |v| >= 2^e over the
-# values concerned (zeros, infinities and NaN never need a flush and are
-# left out; a subnormal input counts as below every bound):
+# Every pass over a block of RB rows leaves out the flushes that are proved
+# identities for the block, as [mm.flush.r1] allows: the row sums (steps
+# 1-4 of the forward, 1-2 of the backward, one row per lane) and the
+# element-wise passes that follow (the forward's normalisation, the
+# backward's dx).  [num.flush.c1] turns a subnormal result into a signed
+# zero, and where no result of an operation can be subnormal the flush
+# changes nothing (the pass then uses plain IEEE ``+``, ``-``, ``*``:
+# rounded one at a time as before, never contracted).  The proof uses two
+# facts, with E(v) the least e such that |v| >= 2^e over the values
+# concerned (zeros, infinities and NaN never need a flush and are left out;
+# a subnormal input counts as below every bound):
 #   * a product a*b is >= 2^(E(a) + E(b)) in magnitude; if that sum is at
 #     least -126 the product is normal (the power of two is a normal float
 #     and rounding is monotone);
 #   * a normal v is an integer multiple of 2^(E(v) - 23), and a sum or
 #     difference of multiples of 2^g is a multiple of 2^g after rounding
-#     too; if g >= -126, a nonzero such result is normal, >= 2^g.
+#     too; if g >= -126, a nonzero such result is normal, >= 2^g.  Every
+#     partial sum of a row sum whose terms lie on such a grid is one too.
 # Each block bounds E of its inputs (x and dout: the least |value| over the
-# tile, taken in the row sums' pass, ``_key``; w, b: once per call; the
-# statistics mean, rstd and the backward's means dm, dnm over the block's
-# rows) and follows the bounds through the clause's steps (the conditions
-# at each call of _ln_normalise_rows and _ln_dx_rows).  Where all hold, the
-# block takes the flush-free form, otherwise the flushed one: both give the
-# same bits.  tests/test_fast_paths.py holds both forms to the
-# one-row-at-a-time kernels at scales that take either, and a kernel that
-# skips the bounds fails there.
+# tile; w, b: once per call; the statistics mean, rstd and the backward's
+# means dm, dnm over the block's rows) and follows the bounds through the
+# clause's steps (the conditions beside each call of an _ln_* function).
+# Where all hold, the block takes the flush-free form, otherwise the
+# flushed one: both give the same bits.  The flush-free row sums run as
+# vectors of RB lanes (``_tiles``): each step of a chain then waits on one
+# add, not on an add and its flush.  The first sums over a tile run
+# flush-free and take the tile's bound in the same pass
+# (_ln_means_exact, _ln_grad_exact); where the bound then fails, the block
+# computes them again with every flush.  tests/test_fast_paths.py holds
+# both forms to the one-row-at-a-time kernels at scales that take either,
+# and a kernel that skips a bound fails there.
 
 _E_NONE = 1 << 20  # the bound of an empty set: no value to bound
 _MIN_NORMAL = -126  # 2^-126: the least normal binary32
@@ -91,15 +97,6 @@ def _e_of_key(k):
     return np.int64((k + np.uint32(1)) >> np.uint32(23)) - 127  # a subnormal: -127 (below any bound used)
 
 
-@kernel(inline="always")
-def _lanes_key_min(k):
-    """The least of the RB per-lane minima k (a stack_keys array)."""
-    m = _KEY_NONE
-    for r in range(RB):
-        m = min(m, k[r])
-    return m
-
-
 @kernel
 def _e_min(v):
     """E over the values of v [n] (zeros, infinities and NaN left out)."""
@@ -110,30 +107,85 @@ def _e_min(v):
 
 
 @kernel(inline="always")
-def _ln_row_sums(X, m, q, start, inv_C):
-    """[norm.layer.fwd.c1] steps 1-4 on a tile X [C, RB]: m[r] = mean of lane
-    r (step 2, flushed), q[r] = the sum of squared deviations (steps 3-4,
-    NaN not yet canonical).  Returns the least _key of X (the tile's bound)."""
+def _keys_e(k):
+    """E over the values whose per-lane least _key are k [RB] (stack_keys)."""
+    m = _KEY_NONE
+    for r in range(RB):
+        m = min(m, k[r])
+    return _e_of_key(m)
+
+
+@kernel(inline="always")
+def _ln_means_exact(X, mean_b, rows, start, inv_C):
+    """[norm.layer.fwd.c1] steps 1-2 on a tile X [C, RB] without step 1's
+    flushes: mean_b[r] = the mean of lane r for r < rows, +0 beyond.
+    Returns E over X: the result holds only if ex - _GRID >= _MIN_NORMAL
+    (every x is then a multiple of 2^g with g >= -126, so is every partial
+    sum, and a nonzero one is normal); otherwise the caller computes it
+    again with _ln_means_flushed.  The lanes add as one vector
+    (``_tiles.lanes_add``), each step waiting on one add alone; the bound
+    is taken in the same pass over the tile.  The NaN test is left to step
+    2's mul (rowblock.lane_sum_into)."""
     C = X.shape[0]
+    s = stack_lanes(RB)  # lanes of its own: see _tiles (vectors and loops)
     k = stack_keys(RB)
-    s = stack_lanes(RB)
     for r in range(RB):
         s[r] = start
         k[r] = _KEY_NONE
-    for c in range(C):  # step 1 (NaN test left to the mul below, rowblock.lane_sum_into)
+    for c in range(C):
         x_c = X[c]
-        for r in range(RB):
-            s[r] = add_flush(s[r], x_c[r])
-            k[r] = min(k[r], _key(x_c[r]))
+        lanes_add(s, s, x_c, RB)
+        lanes_key_min(k, x_c, RB)
     for r in range(RB):
-        m[r] = mul(s[r], inv_C)  # step 2
-        q[r] = start
+        mean_b[r] = mul(s[r], inv_C) if r < rows else ZERO
+    return _keys_e(k)
+
+
+@kernel(inline="always")
+def _ln_means_flushed(X, mean_b, rows, start, inv_C):
+    """_ln_means_exact with every flush of step 1 (for a tile whose bound
+    does not prove them identities)."""
+    C = X.shape[0]
+    s = stack_lanes(RB)
+    for r in range(RB):
+        s[r] = start
     for c in range(C):
         x_c = X[c]
         for r in range(RB):
-            d = sub_flush(x_c[r], m[r])  # step 3
-            q[r] = add_flush(q[r], mul_flush(d, d))  # step 4
-    return _lanes_key_min(k)
+            s[r] = add_flush(s[r], x_c[r])
+    for r in range(RB):
+        mean_b[r] = mul(s[r], inv_C) if r < rows else ZERO
+
+
+@kernel(inline="always")
+def _ln_dev_pass(X, mean_b, q_b, start, keep):
+    """[norm.layer.fwd.c1] steps 3-4 on a tile X [C, RB], mean_b [RB] the
+    lanes' means: q_b[r] = the sum of squared deviations of lane r (NaN not
+    yet canonical).  Lanes of its own, as _ln_means_exact.  Without ``keep``,
+    the caller has proved every flush an identity (d = x - mean is a
+    multiple of 2^gd; d*d, when nonzero, is at least 2^(2 gd); it and the
+    partial sums are multiples of 2^(2 gd); and 2 gd >= -126): the lanes
+    then run as vectors."""
+    C = X.shape[0]
+    m = stack_lanes(RB)
+    q = stack_lanes(RB)
+    for r in range(RB):
+        m[r] = mean_b[r]
+        q[r] = start
+    if keep:
+        for c in range(C):
+            x_c = X[c]
+            for r in range(RB):
+                d = sub_flush(x_c[r], m[r])  # step 3
+                q[r] = add_flush(q[r], mul_flush(d, d))  # step 4
+    else:
+        d = stack_lanes(RB)
+        for c in range(C):
+            lanes_sub(d, X[c], m, RB)  # step 3
+            lanes_mul(d, d, d, RB)
+            lanes_add(q, q, d, RB)  # step 4
+    for r in range(RB):
+        q_b[r] = q[r]
 
 
 @kernel(inline="always")
@@ -168,13 +220,16 @@ def layernorm_forward_kernel(out, mean, rstd, x, w, b, eps):
         X = load_block(x, i0, rows)  # X[c, r] = x[i0 + r, c]
         prefetch_block(x, i0 + RB)  # the next block, while this one computes
         prefetch_block(out, i0 + RB)  # (its lines are written whole: fetched for the stores)
-        m = stack_lanes(RB)
-        q = stack_lanes(RB)
-        ex = _e_of_key(_ln_row_sums(X, m, q, start, inv_C))
         mean_b = np.empty(RB, np.float32)
-        for r in range(RB):
-            mean_b[r] = m[r] if r < rows else ZERO
-        gd = min(ex, _e_min(mean_b)) - _GRID  # x - mean lies on the grid 2^gd
+        ex = _ln_means_exact(X, mean_b, rows, start, inv_C)  # x lies on the grid 2^(ex - _GRID)
+        if ex - _GRID < _MIN_NORMAL:  # a flush of step 1 may change a bit: the flushed sums
+            _ln_means_flushed(X, mean_b, rows, start, inv_C)
+        gd = min(ex, _e_min(mean_b)) - _GRID  # x - mean lies on the grid 2^gd (pad lanes: 0 - 0)
+        q = np.empty(RB, np.float32)
+        if gd + gd >= _MIN_NORMAL:
+            _ln_dev_pass(X, mean_b, q, start, False)
+        else:
+            _ln_dev_pass(X, mean_b, q, start, True)
         rstd_b = np.empty(RB, np.float32)
         for r in range(RB):
             rstd_b[r] = recip(sqrt(add(mul(q[r], inv_C), eps))) if r < rows else ZERO  # steps 5, 6
@@ -189,37 +244,82 @@ def layernorm_forward_kernel(out, mean, rstd, x, w, b, eps):
 
 
 @kernel(inline="always")
-def _ln_grad_sums(X, D, w, mean_l, rstd_l, a, g, start):
-    """[norm.layer.bwd.c1] steps 1-2 on tiles X, D [C, RB]: a[r] = sum of
-    dnorm, g[r] = sum of dnorm*norm over lane r's row (NaN not yet
-    canonical).  Returns the least _key of X and of D."""
+def _ln_grad_exact(X, D, w, mean_b, rstd_b, a_b, g_b, start):
+    """[norm.layer.bwd.c1] steps 1-2 on tiles X, D [C, RB] without flushes,
+    with mean_b, rstd_b [RB] the lanes' statistics: a_b[r] = the sum of
+    dnorm, g_b[r] = the sum of dnorm*norm over lane r's row (NaN not yet
+    canonical).  Returns (ex, ed), E over X and over D: the result holds
+    only where the caller's conditions on them hold (otherwise it computes
+    it again with _ln_grad_flushed).  The lanes run as vectors
+    (``_tiles``), w[c] in every lane, and the bounds are taken in the same
+    pass."""
     C = X.shape[0]
+    m = stack_lanes(RB)  # lanes of their own: see _tiles (vectors and loops)
+    rs = stack_lanes(RB)
+    a = stack_lanes(RB)
+    g = stack_lanes(RB)
     kx = stack_keys(RB)
     kd = stack_keys(RB)
     for r in range(RB):
+        m[r] = mean_b[r]
+        rs[r] = rstd_b[r]
         a[r] = start
         g[r] = start
         kx[r] = _KEY_NONE
         kd[r] = _KEY_NONE
+    norm = stack_lanes(RB)
+    dnorm = stack_lanes(RB)
+    for c in range(C):
+        x_c = X[c]
+        dout_c = D[c]
+        lanes_sub(norm, x_c, m, RB)
+        lanes_mul(norm, norm, rs, RB)  # forward: norm
+        lanes_mul(dnorm, dout_c, w[c], RB)  # out = norm*w + b
+        lanes_add(a, a, dnorm, RB)
+        lanes_mul(norm, dnorm, norm, RB)  # dnorm*norm
+        lanes_add(g, g, norm, RB)
+        lanes_key_min(kx, x_c, RB)
+        lanes_key_min(kd, dout_c, RB)
+    for r in range(RB):
+        a_b[r] = a[r]
+        g_b[r] = g[r]
+    return _keys_e(kx), _keys_e(kd)
+
+
+@kernel(inline="always")
+def _ln_grad_flushed(X, D, w, mean_b, rstd_b, a_b, g_b, start):
+    """_ln_grad_exact with every flush (for tiles whose bounds do not prove
+    them identities); returns nothing."""
+    C = X.shape[0]
+    m = stack_lanes(RB)
+    rs = stack_lanes(RB)
+    a = stack_lanes(RB)
+    g = stack_lanes(RB)
+    for r in range(RB):
+        m[r] = mean_b[r]
+        rs[r] = rstd_b[r]
+        a[r] = start
+        g[r] = start
     for c in range(C):
         x_c = X[c]
         dout_c = D[c]
         w_c = w[c]
         for r in range(RB):
-            norm = mul_flush(sub_flush(x_c[r], mean_l[r]), rstd_l[r])  # forward: norm
+            norm = mul_flush(sub_flush(x_c[r], m[r]), rs[r])  # forward: norm
             dnorm = mul_flush(dout_c[r], w_c)  # out = norm*w + b
             a[r] = add_flush(a[r], dnorm)
             g[r] = add_flush(g[r], mul_flush(dnorm, norm))
-            kx[r] = min(kx[r], _key(x_c[r]))
-            kd[r] = min(kd[r], _key(dout_c[r]))
-    return _lanes_key_min(kx), _lanes_key_min(kd)
+    for r in range(RB):
+        a_b[r] = a[r]
+        g_b[r] = g[r]
 
 
 @kernel(inline="always")
 def _ln_dx_rows(dx, dout, x, w, mean, rstd, dm, dnm, i0, rows, dw, db, with_dwdb, keep):
     """[norm.layer.bwd.c1] steps 3-4 for rows i0 .. i0+rows-1, with dm, dnm
     [RB] the block's two means; with ``with_dwdb``, step 5's chains go on
-    through these rows, always flushed (they span all blocks)."""
+    through these rows (NaN not yet canonical; flush-free when ``keep`` is
+    False, which the caller then has proved for them too)."""
     C = x.shape[1]
     for r in range(rows):
         n = i0 + r
@@ -236,8 +336,8 @@ def _ln_dx_rows(dx, dout, x, w, mean, rstd, dm, dnm, i0, rows, dw, db, with_dwdb
             t = _fl(_fl(dnorm_c - dm_n, keep) - _fl(norm_c * dnm_n, keep), keep)
             dx_n[c] = canon(_fl(t * rstd_n, keep))
             if with_dwdb:
-                dw[c] = add_flush(dw[c], mul_flush(dout_n[c], norm_c))  # step 5
-                db[c] = add_flush(db[c], dout_n[c])
+                dw[c] = _fl(dw[c] + _fl(dout_n[c] * norm_c, keep), keep)  # step 5
+                db[c] = _fl(db[c] + dout_n[c], keep)
 
 
 @kernel
@@ -264,17 +364,16 @@ def layernorm_backward_block(dx, dout, x, w, ew, mean, rstd, i0, rows, dw, db, w
     for r in range(RB):
         mean_b[r] = mean[i0 + r] if r < rows else ZERO
         rstd_b[r] = rstd[i0 + r] if r < rows else ZERO
-    mean_l = stack_lanes(RB)
-    rstd_l = stack_lanes(RB)
-    for r in range(RB):
-        mean_l[r] = mean_b[r]
-        rstd_l[r] = rstd_b[r]
-    a = stack_lanes(RB)
-    g = stack_lanes(RB)
-    kx, kd = _ln_grad_sums(X, D, w, mean_l, rstd_l, a, g, start)
-    gd = min(_e_of_key(kx), _e_min(mean_b)) - _GRID  # x - mean: on the grid 2^gd
+    # the pad lanes hold +0 in X, D, mean_b and rstd_b: their d, norm, dnorm are 0 (or NaN, for an infinite w)
+    a = np.empty(RB, np.float32)
+    g = np.empty(RB, np.float32)
+    ex, ed = _ln_grad_exact(X, D, w, mean_b, rstd_b, a, g, start)
+    gd = min(ex, _e_min(mean_b)) - _GRID  # x - mean: on the grid 2^gd
     en = gd + _e_min(rstd_b)  # norm >= 2^en
-    edn = _e_of_key(kd) + ew  # dnorm >= 2^edn
+    edn = ed + ew  # dnorm >= 2^edn, a multiple of 2^(edn - _GRID)
+    # dnorm*norm >= 2^(edn + en), a multiple of 2^(edn + en - _GRID): so are the partial sums of a and g
+    if not (gd >= _MIN_NORMAL and en >= _MIN_NORMAL and edn - _GRID >= _MIN_NORMAL and edn + en - _GRID >= _MIN_NORMAL):
+        _ln_grad_flushed(X, D, w, mean_b, rstd_b, a, g, start)  # a flush may change a bit
     dm = np.empty(RB, np.float32)
     dnm = np.empty(RB, np.float32)
     for r in range(RB):
@@ -282,12 +381,20 @@ def layernorm_backward_block(dx, dout, x, w, ew, mean, rstd, i0, rows, dw, db, w
         dnm[r] = mul(g[r], inv_C) if r < rows else ZERO
     # t = (dnorm - dm) - norm*dnm lies on the grid 2^gt; dx = t * rstd
     gt = min(edn, _e_min(dm), en + _e_min(dnm)) - _GRID
+    # step 5 over these rows: dout*norm >= 2^(ed + en); the chains dw and db
+    # lie on the grids of their terms and of their values so far
+    sums_exact = not with_dwdb or (
+        ed + en >= _MIN_NORMAL
+        and min(ed + en, _e_min(dw)) - _GRID >= _MIN_NORMAL
+        and min(ed, _e_min(db)) - _GRID >= _MIN_NORMAL
+    )
     if (
         gd >= _MIN_NORMAL
         and en >= _MIN_NORMAL
         and edn >= _MIN_NORMAL
         and gt >= _MIN_NORMAL
         and gt + _e_min(rstd_b) >= _MIN_NORMAL
+        and sums_exact
     ):
         _ln_dx_rows(dx, dout, x, w, mean, rstd, dm, dnm, i0, rows, dw, db, with_dwdb, False)
     else:
