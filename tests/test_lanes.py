@@ -33,25 +33,22 @@ def patterns(n, seed):
     return u.view(np.float32)
 
 
-@njit
-def _run32(op, out, a, b):
-    """One lane operation on 32 lanes, b a row or a scalar."""
-    if op == 0:
-        lanes_add(out, a, b, 32)
-    elif op == 1:
-        lanes_sub(out, a, b, 32)
-    else:
-        lanes_mul(out, a, b, 32)
+def _runner(n):
+    """One lane operation (0 add, 1 sub, 2 mul) on n lanes, b a row or a scalar."""
+
+    @njit
+    def run(op, out, a, b):
+        if op == 0:
+            lanes_add(out, a, b, n)
+        elif op == 1:
+            lanes_sub(out, a, b, n)
+        else:
+            lanes_mul(out, a, b, n)
+
+    return run
 
 
-@njit
-def _run7(op, out, a, b):
-    if op == 0:
-        lanes_add(out, a, b, 7)
-    elif op == 1:
-        lanes_sub(out, a, b, 7)
-    else:
-        lanes_mul(out, a, b, 7)
+_run32, _run7 = _runner(32), _runner(7)
 
 
 def _check(got, a, b, name):

@@ -244,6 +244,17 @@ def layernorm_forward_kernel(out, mean, rstd, x, w, b, eps):
 
 
 @kernel(inline="always")
+def _ln_grad_lanes(m, rs, a, g, mean_b, rstd_b, start):
+    """The backward sums' lanes at their start: the statistics, and a and g
+    at the sums' start value."""
+    for r in range(RB):
+        m[r] = mean_b[r]
+        rs[r] = rstd_b[r]
+        a[r] = start
+        g[r] = start
+
+
+@kernel(inline="always")
 def _ln_grad_exact(X, D, w, mean_b, rstd_b, a_b, g_b, start):
     """[norm.layer.bwd.c1] steps 1-2 on tiles X, D [C, RB] without flushes,
     with mean_b, rstd_b [RB] the lanes' statistics: a_b[r] = the sum of
@@ -258,13 +269,10 @@ def _ln_grad_exact(X, D, w, mean_b, rstd_b, a_b, g_b, start):
     rs = stack_lanes(RB)
     a = stack_lanes(RB)
     g = stack_lanes(RB)
+    _ln_grad_lanes(m, rs, a, g, mean_b, rstd_b, start)
     kx = stack_keys(RB)
     kd = stack_keys(RB)
     for r in range(RB):
-        m[r] = mean_b[r]
-        rs[r] = rstd_b[r]
-        a[r] = start
-        g[r] = start
         kx[r] = _KEY_NONE
         kd[r] = _KEY_NONE
     norm = stack_lanes(RB)
@@ -295,11 +303,7 @@ def _ln_grad_flushed(X, D, w, mean_b, rstd_b, a_b, g_b, start):
     rs = stack_lanes(RB)
     a = stack_lanes(RB)
     g = stack_lanes(RB)
-    for r in range(RB):
-        m[r] = mean_b[r]
-        rs[r] = rstd_b[r]
-        a[r] = start
-        g[r] = start
+    _ln_grad_lanes(m, rs, a, g, mean_b, rstd_b, start)
     for c in range(C):
         x_c = X[c]
         dout_c = D[c]
