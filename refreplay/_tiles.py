@@ -1,6 +1,6 @@
 """What the compiler does not find on its own: the 8 x 8 transpose, lane
-arrays it can keep in registers, whole-lane vector arithmetic, and a
-prefetch hint.
+arrays it can keep in registers, whole-lane vector arithmetic and copies,
+and a prefetch hint.
 
 The row kernels (``ops/rowblock.py``) copy a block of rows into a tile with
 rows and columns swapped, so that the sequential sums of 32 rows can run
@@ -35,6 +35,8 @@ touch is left in memory by LLVM: give each form lanes of its own.
 ``lanes_key_min`` takes per-lane minima of |x|'s bit patterns (integer
 operations only) in the same pass.  tests/test_lanes.py checks them
 against NumPy's float32 arithmetic on random bit patterns.
+
+``lanes_copy`` moves n lanes' bits as one vector (the matmul's packs).
 
 ``prefetch(X, i, j)`` asks the cache for the line that holds X[i, j]: a hint
 that moves no value.
@@ -187,6 +189,33 @@ def lanes_sub(typingctx, out, a, b, n):
 def lanes_mul(typingctx, out, a, b, n):
     """out[i] = a[i] * b[i] for i < n (as lanes_add)."""
     return _lanes_op("fmul", out, a, b, n)
+
+
+@intrinsic
+def lanes_copy(typingctx, out, a, n):
+    """out[i] = a[i] for i < n, bits moved as one vector load and one
+    vector store (no value is read as a number: NaN payloads and subnormals
+    arrive unchanged).  out, a: float32 rows (1-D, C-contiguous) of at least
+    n elements; n: a literal int.  Nothing is checked.  The matmul's packs
+    copy a panel row (48 floats) or a strip row (8) per k with it: written as
+    a loop of constant trip count, LLVM unrolls it into n scalar moves (SLP
+    vectorisation is off in Numba's pipeline), 4-5x slower per pack."""
+    if not (isinstance(n, types.IntegerLiteral) and 0 < n.literal_value <= 1024):
+        return None
+    if not (_f32_row(out) and _f32_row(a)):
+        return None
+    ivec = ir.VectorType(ir.IntType(32), n.literal_value)  # bits, never a float operation
+
+    def codegen(context, builder, signature, args):
+        def pointer(arrty, arr):
+            return builder.bitcast(context.make_array(arrty)(context, builder, arr).data, ivec.as_pointer())
+
+        v = builder.load(pointer(a, args[1]))
+        v.align = 4  # element alignment only
+        builder.store(v, pointer(out, args[0])).align = 4
+        return context.get_dummy_value()
+
+    return types.void(out, a, n), codegen
 
 
 @intrinsic

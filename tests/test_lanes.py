@@ -1,6 +1,6 @@
 """Whole-lane vector arithmetic (``refreplay/_tiles.py``: lanes_add,
 lanes_sub, lanes_mul, lanes_key_min), the flush-free row sums of
-``ops/norms.py`` are built on.  Each lane must be one IEEE binary32
+``ops/norms.py`` are built on, and lanes_copy, the matmul's packs.  Each lane must be one IEEE binary32
 operation, rounded to nearest and NOT flushed: checked against NumPy's
 float32 arithmetic (an independent IEEE implementation, which keeps
 subnormals) on random bit patterns, and against the element-by-element
@@ -13,7 +13,7 @@ import pytest
 from numba import njit
 from numba.core.errors import TypingError
 
-from refreplay._tiles import lanes_add, lanes_key_min, lanes_mul, lanes_sub, stack_keys
+from refreplay._tiles import lanes_add, lanes_copy, lanes_key_min, lanes_mul, lanes_sub, stack_keys
 
 OPS = {"add": np.add, "sub": np.subtract, "mul": np.multiply}
 
@@ -122,6 +122,33 @@ def test_lanes_key_min_is_the_least_key_of_abs():
     assert np.all(_keys(rows) == np.uint32(0xFFFFFFFF))
 
 
+@njit
+def _copy(out, o, a, i):
+    lanes_copy(out[o:], a[i:], 48)
+
+
+@njit
+def _copy8(out, a):
+    lanes_copy(out, a, 8)
+
+
+def test_lanes_copy_moves_bits_only():
+    """Every bit pattern arrives unchanged (NaN payloads, signalling NaNs,
+    subnormals, -0), at any element offset, and nothing past n lanes."""
+    for seed in range(20):
+        a = patterns(64, seed)
+        a.view(np.uint32)[::7] = np.uint32(0x7F800001 + seed)  # signalling NaNs with payloads
+        for o, i in ((0, 0), (3, 5), (16, 1)):
+            out = np.full(70, np.float32(3.0))
+            _copy(out, o, a, i)
+            assert np.array_equal(out[o : o + 48].view(np.uint32), a[i : i + 48].view(np.uint32))
+            assert np.all(out[:o] == 3.0) and np.all(out[o + 48 :] == 3.0)
+    out = np.full(12, np.float32(3.0))
+    _copy8(out, patterns(12, 3))
+    assert np.array_equal(out[:8].view(np.uint32), patterns(12, 3)[:8].view(np.uint32))
+    assert np.all(out[8:] == 3.0)
+
+
 def test_lanes_refuse_what_they_cannot_do():
     """A run-time lane count, float64 rows or a strided view: a typing error."""
 
@@ -139,3 +166,18 @@ def test_lanes_refuse_what_they_cannot_do():
         fixed(np.zeros(4), np.zeros(4))
     with pytest.raises(TypingError):
         fixed(np.zeros(8, np.float32)[::2], np.zeros(4, np.float32))
+
+    @njit
+    def copy_dynamic(out, a, n):
+        lanes_copy(out, a, n)
+
+    @njit
+    def copy_fixed(out, a):
+        lanes_copy(out, a, 4)
+
+    with pytest.raises(TypingError):
+        copy_dynamic(np.zeros(4, np.float32), np.zeros(4, np.float32), 4)
+    with pytest.raises(TypingError):
+        copy_fixed(np.zeros(4, np.float32), np.zeros(4))
+    with pytest.raises(TypingError):
+        copy_fixed(np.zeros(4, np.float32), np.zeros(8, np.float32)[::2])

@@ -15,7 +15,8 @@ Structure (the classic packed GEMM, with nothing reassociated):
   contiguous along j) and A into row blocks of MM_MR rows (``Ap[k, r]``).
   Packing copies bits (and zero-pads the edges, which feed only lanes that
   are never stored); where it transposes, whole 8 x 8 blocks move by vector
-  shuffles (``_tiles.transpose8``).
+  shuffles (``_tiles.transpose8``), and where it does not, whole rows of a
+  panel or strip move as vectors (``_tiles.lanes_copy``).
 * Where packed B fits in cache (``b_cached`` floats), each row block runs over
   all the panels.  Where it does not, the panels are taken ``b_block`` floats
   at a time (a column block that stays in L2) and every row block runs its
@@ -48,7 +49,7 @@ import numba
 from numba import prange
 
 from .._jit import kernel, parallel_kernel
-from .._tiles import transpose8
+from .._tiles import lanes_copy, stack_lanes, transpose8
 from ..numerics._bits import f32_bits
 from ..numerics.core import ZERO, add
 from ._tile import LANES, MM_MR, MM_NR, MM_NV, MR, NV, tile_variants
@@ -69,6 +70,13 @@ A_ROWS = 4096  # rows of A packed at once where column blocks are used (blocking
 # process can run.  A run-time argument (a compiled kernel that asked Numba for
 # the count itself could not be cached); no bit depends on it.
 THREADS = numba.config.NUMBA_NUM_THREADS
+# Strips of a transposed A packed per pass over k (``_pack_part``): a pass
+# writes that many strips, kc * MM_MR floats apart, which a cache maps to one
+# set; 4 lines in a set fit any L1 of 8 ways or more, and a pass reads whole
+# lines of A (2 of 16 floats).  Measured on Zen 5 (48 KiB, 12 ways): 1 strip
+# a pass 14-17 GB/s, 4 strips 20-26, all strips of the chunk 4 GB/s.
+A_GROUP = 4
+EDGE_TILE = MM_MR * MM_NR  # floats of an edge tile's scratch copy (a literal to Numba: a module constant)
 
 # ---- proving the flushes of a tile are identities ([mm.flush.r1]) -------------------
 #
@@ -259,7 +267,10 @@ def pack_a(A, a_trans, i0, k0, kc, Ap, mr):
     """Ap[k*mr + r] = A[i0+r, k0+k] (or A[k0+k, i0+r] when a_trans), 0 past the last row."""
     I = A.shape[1] if a_trans else A.shape[0]
     rows = min(mr, I - i0)
-    if a_trans:
+    if a_trans and rows == MM_MR and mr == MM_MR:  # a row of the strip per k, as one vector
+        for k in range(kc):
+            lanes_copy(Ap[k * MM_MR :], A[k0 + k, i0:], MM_MR)
+    elif a_trans:
         for k in range(kc):
             src = A[k0 + k]
             dst = Ap[k * mr : (k + 1) * mr]
@@ -289,6 +300,12 @@ def pack_b_panel(B, b_trans, j0, k0, kc, Bp, off, nr):
     panel = Bp[off : off + kc * nr]
     if cols < nr:
         panel[:] = ZERO
+    if not b_trans and cols == nr and nr % LANES == 0:  # whole panel rows, a vector at a time
+        for k in range(kc):
+            src, dst = B[k0 + k, j0:], panel[k * nr :]
+            for v in range(0, nr, LANES):
+                lanes_copy(dst[v:], src[v:], LANES)
+        return
     if not b_trans:
         for k in range(kc):
             src = B[k0 + k]
@@ -300,8 +317,8 @@ def pack_b_panel(B, b_trans, j0, k0, kc, Bp, off, nr):
     if cols == nr and nr % 8 == 0:  # whole 8 x 8 blocks by vector shuffles
         done = kc - kc % 8
         Pt = panel.reshape(kc, nr)
-        for k in range(0, done, 8):
-            for j in range(0, nr, 8):
+        for j in range(0, nr, 8):  # 8 rows of B at a time along k: 8 lines in a cache set, not nr
+            for k in range(0, done, 8):
                 transpose8(B, j0 + j, k0 + k, Pt, k, j)
     for j in range(cols):
         src = B[j0 + j]
@@ -343,7 +360,8 @@ def _mm_packed(
     kc_max: the k block; b_cached: the floats of packed B above which column
     blocks are used; b_block: the floats of packed B per column block;
     a_rows: the rows of A packed at once where column blocks are used;
-    threads: the parts a row chunk is cut into there (one per thread)."""
+    threads: the parts the row blocks (or a row chunk of them, with column
+    blocks) are cut into, one per thread."""
     I, J = C.shape
     K = A.shape[0] if a_trans else A.shape[1]
     if K == 0:
@@ -361,10 +379,12 @@ def _mm_packed(
             kc = min(KB, K - k0)
             for jp in prange(nj):
                 pack_b_panel(B, b_trans, jp * MM_NR, k0, kc, Bp, jp * kc * MM_NR, panel_width(J, jp))
-            for ib in prange(ni):
+            parts = max(1, min(threads, ni))
+            for t in prange(parts):  # a run of row blocks per thread, one strip buffer for the run
                 Ai = np.empty(kc * MM_MR, dtype=np.float32)
-                pack_a(A, a_trans, ib * MM_MR, k0, kc, Ai, MM_MR)
-                _row_block_tiles(Ai, 0, ib, Bp, 0, 0, nj, kc, C, Cf, ea[ib], eb, k0 > 0)
+                for ib in range(share(ni, parts, t), share(ni, parts, t + 1)):
+                    pack_a(A, a_trans, ib * MM_MR, k0, kc, Ai, MM_MR)
+                    _row_block_tiles(Ai, 0, ib, Bp, 0, 0, nj, kc, C, Cf, ea[ib], eb, k0 > 0)
         return
     # Column blocks of nb panels (b_block floats, in L2) that every row block
     # of a row chunk runs over before the next: B is read from memory once
@@ -412,6 +432,14 @@ def _pack_part(A, B, a_trans, b_trans, J, k0, kc, Ap, c0, a_lo, a_hi, Bp, g0, b_
     """For the k block at k0: row blocks a_lo .. a_hi-1 of A (block ib packed
     at Ap[(ib - c0) * kc * MM_MR:]) and panels b_lo .. b_hi-1 of B (panel jp
     at Bp[(jp - g0) * kc * MM_NR:])."""
+    if a_trans:  # a row of A holds the strips' k-th rows side by side: A_GROUP strips per pass over k
+        whole = max(a_lo, min(a_hi, A.shape[1] // MM_MR))  # blocks of MM_MR rows of op(A)
+        for s0 in range(a_lo, whole, A_GROUP):
+            for k in range(kc):
+                src = A[k0 + k]
+                for ib in range(s0, min(whole, s0 + A_GROUP)):
+                    lanes_copy(Ap[((ib - c0) * kc + k) * MM_MR :], src[ib * MM_MR :], MM_MR)
+        a_lo = whole  # what is left: the last, partial block
     for ib in range(a_lo, a_hi):
         o = (ib - c0) * kc * MM_MR
         pack_a(A, a_trans, ib * MM_MR, k0, kc, Ap[o : o + kc * MM_MR], MM_MR)
@@ -453,7 +481,7 @@ def _row_block_tiles(Ap, ap_off, ib, Bp, bp_first, jp0, jp1, kc, C, Cf, ea_i, eb
     I, J = C.shape
     i0 = ib * MM_MR
     rows = min(MM_MR, I - i0)
-    edge = np.empty(MM_MR * MM_NR, dtype=np.float32)
+    edge = stack_lanes(EDGE_TILE)  # on the stack: a heap array here was an allocation per call
     for jp in range(jp0, jp1):
         j0 = jp * MM_NR
         cols = min(MM_NR, J - j0)
