@@ -131,3 +131,27 @@ def test_threads_change_no_result():
     for r in results[1:]:
         assert all(np.array_equal(a, b) for a, b in zip(r, results[0]))
     assert results[0][0].min() == M._E_SUBNORMAL and results[0][1].min() == M._E_SUBNORMAL
+
+
+@settings(max_examples=60, deadline=None)
+@given(X=matrices(), Y=matrices(), a_trans=st.booleans(), b_trans=st.booleans(), threads=st.sampled_from([1, 2, 3, 7]))
+def test_driver_prologue_scans_and_packs(X, Y, a_trans, b_trans, threads):
+    """The matmul driver's one-region prologue: the bounds of op(A)'s row
+    blocks and op(B)'s panels are the element floors' minima whatever the
+    share of each thread, and B's first k block is packed as pack_b_panel
+    packs it."""
+    MMR, MNR = M.MM_MR, M.MM_NR
+    e_a, e_b = _exp_floors(X), _exp_floors(Y)
+    I = X.shape[1] if a_trans else X.shape[0]
+    J, K = (Y.shape[0], Y.shape[1]) if b_trans else (Y.shape[1], Y.shape[0])
+    ni, nj = _blocks(I, MMR), _blocks(J, MNR)
+    want_a = _block_mins(e_a.min(axis=0 if a_trans else 1, initial=M.E_IGNORED), MMR)
+    want_b = _block_mins(e_b.min(axis=1 if b_trans else 0, initial=M.E_IGNORED), MNR)
+    kc = min(K, 5)
+    Bp = np.full(nj * kc * MNR + 3, np.float32(np.nan))
+    ea, eb = M._prologue(X, a_trans, Y, b_trans, ni, nj, threads, Bp, kc, J, kc > 0)
+    assert np.array_equal(ea, want_a) and np.array_equal(eb, want_b)
+    want_p = np.full_like(Bp, np.float32(np.nan))
+    for jp in range(nj if kc else 0):
+        M.pack_b_panel(Y, b_trans, jp * MNR, 0, kc, want_p, jp * kc * MNR, M.panel_width(J, jp))
+    assert np.array_equal(Bp.view(np.uint32), want_p.view(np.uint32))

@@ -126,12 +126,14 @@ def exp_floor(x):
 # arithmetic, zero wraps to 0xFFFFFFFF and infinities and NaNs give
 # KEY_FINITE_END or more, so the smallest key is below KEY_FINITE_END exactly
 # when some element is nonzero and finite.  rows_exp_min / cols_exp_min run
-# inside a caller's parallel loop (ops/attention.py's heads), the _par forms
-# are the driver's own, threaded; tests/test_exp_scan.py checks all four
-# against exp_floor taken element by element.
+# inside a caller's parallel loop (ops/attention.py's heads); the _par forms
+# thread them, and the driver's ``_prologue`` runs both of its scans in one
+# parallel region from the same pieces (block_exp_min, col_keys_chunk,
+# cols_exp_finish); tests/test_exp_scan.py checks all of them against
+# exp_floor taken element by element.
 KEY_FINITE_END = np.uint32(0x7F7FFFFF)  # key of +inf
 NO_KEY = np.uint32(0xFFFFFFFF)  # above every magnitude key (zero's): no nonzero element yet
-ROW_CHUNK = 64  # rows per iteration of cols_exp_min_par
+ROW_CHUNK = 64  # rows per piece of a column scan (cols_exp_min_par, _prologue)
 
 
 @kernel
@@ -194,20 +196,28 @@ def rows_exp_min_par(X, n_blocks, block):
     return out
 
 
-@parallel_kernel
-def cols_exp_min_par(X, n_blocks, block):
-    """cols_exp_min, ROW_CHUNK rows per iteration in parallel (each a row of
-    column minima, read along X's rows), then the minima of those rows (a
+@kernel
+def col_keys_chunk(X, c, acc):
+    """acc[j] = min(acc[j], mag_key(X[k, j])) over the rows k of chunk c
+    (ROW_CHUNK rows), read along X's rows."""
+    for k in range(c * ROW_CHUNK, min((c + 1) * ROW_CHUNK, X.shape[0])):
+        x = X[k]
+        for j in range(X.shape[1]):
+            acc[j] = min(acc[j], mag_key(x[j]))
+
+
+@kernel
+def col_chunks(X):
+    """Chunks of ROW_CHUNK rows in X (the pieces of a column scan)."""
+    return (X.shape[0] + ROW_CHUNK - 1) // ROW_CHUNK
+
+
+@kernel
+def cols_exp_finish(part, n_blocks, block):
+    """The column scan's result from its chunks' minima part[c, j]: the
+    minimum over c of every column, then over each block's columns (a
     minimum is the same in any order)."""
-    rows, ncols = X.shape
-    nc = (rows + ROW_CHUNK - 1) // ROW_CHUNK
-    part = np.full((nc, ncols), NO_KEY, dtype=np.uint32)
-    for c in prange(nc):
-        acc = part[c]
-        for k in range(c * ROW_CHUNK, min((c + 1) * ROW_CHUNK, rows)):
-            x = X[k]
-            for j in range(ncols):
-                acc[j] = min(acc[j], mag_key(x[j]))
+    nc, ncols = part.shape
     out = np.full(n_blocks, E_IGNORED, dtype=np.int64)
     for j in range(ncols):
         m = NO_KEY
@@ -216,6 +226,16 @@ def cols_exp_min_par(X, n_blocks, block):
         q = j // block
         out[q] = min(out[q], key_exp(m))
     return out
+
+
+@parallel_kernel
+def cols_exp_min_par(X, n_blocks, block):
+    """cols_exp_min, ROW_CHUNK rows per iteration in parallel (each a row of
+    column minima), then cols_exp_finish."""
+    part = np.full((col_chunks(X), X.shape[1]), NO_KEY, dtype=np.uint32)
+    for c in prange(part.shape[0]):
+        col_keys_chunk(X, c, part[c])
+    return cols_exp_finish(part, n_blocks, block)
 
 
 def _proved(name, mr, nv, doc):
@@ -351,6 +371,47 @@ def panels_per_block(kc, b_block):
     return max(1, b_block // (kc * MM_NR))
 
 
+@kernel
+def scan_share(X, by_cols, block, out, part, lo, hi):
+    """Pieces lo .. hi-1 of X's exponent scan: blocks of ``block`` rows
+    (out[q] = block_exp_min), or with by_cols chunks of ROW_CHUNK rows
+    (part[c] = their column minima, finished by cols_exp_finish)."""
+    for i in range(lo, hi):
+        if by_cols:
+            col_keys_chunk(X, i, part[i])
+        else:
+            out[i] = block_exp_min(X, i, block)
+
+
+@parallel_kernel
+def _prologue(A, a_trans, B, b_trans, ni, nj, threads, Bp, kc, J, pack_b):
+    """(ea, eb): the exponent bounds of A's row blocks and B's panels (as
+    cols_exp_min_par / rows_exp_min_par of op(A), op(B)), and with pack_b
+    the panels of B's first k block (kc long) packed into Bp as the driver
+    packs them, all in one parallel region: each region wakes the sleeping
+    workers, which costs 40-140 us under a hypervisor (benchmarks/README.md),
+    as long as a 256 x 256 x 256 product takes on two threads.  Each part
+    takes an even share of each kind of work."""
+    pa = col_chunks(A) if a_trans else ni
+    pb = nj if b_trans else col_chunks(B)
+    ea = np.full(ni, E_IGNORED, dtype=np.int64)
+    eb = np.full(nj, E_IGNORED, dtype=np.int64)
+    part_a = np.full((pa if a_trans else 0, A.shape[1]), NO_KEY, dtype=np.uint32)
+    part_b = np.full((0 if b_trans else pb, B.shape[1]), NO_KEY, dtype=np.uint32)
+    parts = max(1, threads)
+    for t in prange(parts):
+        scan_share(A, a_trans, MM_MR, ea, part_a, share(pa, parts, t), share(pa, parts, t + 1))
+        scan_share(B, not b_trans, MM_NR, eb, part_b, share(pb, parts, t), share(pb, parts, t + 1))
+        if pack_b:
+            for jp in range(share(nj, parts, t), share(nj, parts, t + 1)):
+                pack_b_panel(B, b_trans, jp * MM_NR, 0, kc, Bp, jp * kc * MM_NR, panel_width(J, jp))
+    if a_trans:
+        ea = cols_exp_finish(part_a, ni, MM_MR)
+    if not b_trans:
+        eb = cols_exp_finish(part_b, nj, MM_NR)
+    return ea, eb
+
+
 @parallel_kernel
 def _mm_packed(
     A, B, C, a_trans, b_trans, kc_max=KC, b_cached=B_CACHED, b_block=B_BLOCK, a_rows=A_ROWS, threads=THREADS
@@ -369,16 +430,16 @@ def _mm_packed(
         return
     ni = (I + MM_MR - 1) // MM_MR
     nj = (J + MM_NR - 1) // MM_NR
-    ea = cols_exp_min_par(A, ni, MM_MR) if a_trans else rows_exp_min_par(A, ni, MM_MR)
-    eb = rows_exp_min_par(B, nj, MM_NR) if b_trans else cols_exp_min_par(B, nj, MM_NR)
     Cf = C.reshape(-1)
     KB, blocked = plan(nj, K, kc_max, b_cached)
     if not blocked:  # B stays in cache: packed whole; each row block packs its A (in L1) and runs every panel
         Bp = np.empty(nj * min(KB, K) * MM_NR, dtype=np.float32)
+        ea, eb = _prologue(A, a_trans, B, b_trans, ni, nj, threads, Bp, min(KB, K), J, True)  # B's first k block too
         for k0 in range(0, K, KB):  # k blocks in increasing order, never in parallel
             kc = min(KB, K - k0)
-            for jp in prange(nj):
-                pack_b_panel(B, b_trans, jp * MM_NR, k0, kc, Bp, jp * kc * MM_NR, panel_width(J, jp))
+            if k0 > 0:
+                for jp in prange(nj):
+                    pack_b_panel(B, b_trans, jp * MM_NR, k0, kc, Bp, jp * kc * MM_NR, panel_width(J, jp))
             parts = max(1, min(threads, ni))
             for t in prange(parts):  # a run of row blocks per thread, one strip buffer for the run
                 Ai = np.empty(kc * MM_MR, dtype=np.float32)
@@ -386,6 +447,7 @@ def _mm_packed(
                     pack_a(A, a_trans, ib * MM_MR, k0, kc, Ai, MM_MR)
                     _row_block_tiles(Ai, 0, ib, Bp, 0, 0, nj, kc, C, Cf, ea[ib], eb, k0 > 0)
         return
+    ea, eb = _prologue(A, a_trans, B, b_trans, ni, nj, threads, Cf[:0], 0, J, False)
     # Column blocks of nb panels (b_block floats, in L2) that every row block
     # of a row chunk runs over before the next: B is read from memory once
     # per k block and row chunk instead of once per row block.  A row chunk
