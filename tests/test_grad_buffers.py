@@ -201,6 +201,109 @@ def test_linear_forward_refuses_out_in_its_input():
         linear.linear_forward(xx, W, b, out=buf[x.size - 5 : x.size - 5 + 19 * 33].reshape(19, 33))
 
 
+# ---- activation backward ([act.gelu.bwd.c1], [act.swiglu.bwd.c1]) ------------------------
+
+
+def test_activation_backward_out_is_bit_identical_on_garbage_and_reuse():
+    from refreplay.ops import activations as act
+
+    dx, da, db = nan_like((7, 45)), nan_like((7, 45)), nan_like((7, 45))
+    for seed in (0, 1):
+        rs = np.random.RandomState(seed)
+        dout, x, b = rand(rs, 7, 45), rand(rs, 7, 45), rand(rs, 7, 45)
+        got = act.gelu_backward(dout, x, out=dx)
+        assert got is dx
+        same(got, act.gelu_backward(dout, x))
+        ref = act.swiglu_backward(dout, x, b)
+        got = act.swiglu_backward(dout, x, b, out=(da, db))
+        assert got[0] is da and got[1] is db
+        same(got[0], ref[0]), same(got[1], ref[1])
+        got = act.swiglu_backward(dout, x, b, out=(None, db))  # one of the pair new
+        same(got[0], ref[0]), same(got[1], ref[1])
+
+
+def test_activation_backward_out_is_checked():
+    from refreplay.ops import activations as act
+
+    rs = np.random.RandomState(2)
+    dout, x = rand(rs, 7, 45), rand(rs, 7, 45)
+    with pytest.raises(ValueError, match=r"\(dx\) must have shape"):
+        act.gelu_backward(dout, x, out=nan_like((45, 7)))
+    with pytest.raises(TypeError, match="float32"):
+        act.gelu_backward(dout, x, out=np.zeros((7, 45)))
+    with pytest.raises(ValueError, match="overlap"):  # dx in dout: read while written
+        act.gelu_backward(dout, x, out=dout)
+    with pytest.raises(TypeError, match="tuple"):
+        act.swiglu_backward(dout, x, x, out=nan_like((7, 45)))
+    both = nan_like((7, 45))
+    with pytest.raises(ValueError, match="overlap"):
+        act.swiglu_backward(dout, x, x, out=(both, both))
+
+
+# ---- AdamW into new arrays ([optim.adamw.c1]) --------------------------------------------
+
+
+def _adam_state(seed):
+    from refreplay.numerics.elementwise import BLOCK, PARALLEL_MIN
+
+    rs = np.random.RandomState(seed)
+    shapes = {"a.w": (5, 7), "b": (PARALLEL_MIN + 3 * BLOCK + 5,), "c": (0,), "z": (2, 2)}  # b: parallel blocks
+    p, g, m, v = ({k: rand(rs, *s) for k, s in shapes.items()} for _ in range(4))
+    v = {k: np.abs(x) for k, x in v.items()}
+    return p, g, m, v
+
+
+def test_adamw_into_new_arrays_has_the_in_place_bits_and_reads_only():
+    from refreplay.ops import optim
+
+    for seed in (0, 1):
+        p, g, m, v = _adam_state(seed)
+        before = [{k: x.copy() for k, x in d.items()} for d in (p, g, m, v)]
+        outs = tuple({k: nan_like(x.shape) for k, x in d.items()} for d in (p, m, v))
+        kw = dict(step=3 + seed, lr=np.float32(1e-3), no_decay={"b"})
+        optim.adamw_step(p, g, m, v, **kw, out=outs)
+        for d, b in zip((p, g, m, v), before):  # the inputs are only read
+            for k in d:
+                same(d[k], b[k])
+        optim.adamw_step(p, g, m, v, **kw)  # in place
+        for got, want in zip(outs, (p, m, v)):
+            for k in want:
+                same(got[k], want[k])
+
+
+def test_adamw_out_is_checked():
+    from refreplay.ops import optim
+
+    p, g, m, v = _adam_state(2)
+    kw = dict(step=1, lr=np.float32(1e-3))
+
+    def outs():
+        return tuple({k: nan_like(x.shape) for k, x in d.items()} for d in (p, m, v))
+
+    with pytest.raises(TypeError, match="tuple"):
+        optim.adamw_step(p, g, m, v, **kw, out=list(outs()))
+    bad = outs()
+    bad[1]["a.w"] = nan_like((7, 5))
+    with pytest.raises(ValueError, match="shape"):
+        optim.adamw_step(p, g, m, v, **kw, out=bad)
+    bad = outs()
+    del bad[2]["z"]
+    with pytest.raises(ValueError, match="names"):
+        optim.adamw_step(p, g, m, v, **kw, out=bad)
+    for where in ("same", "grad", "other tensor", "two outputs"):
+        bad = outs()
+        if where == "same":  # in place belongs to out=None
+            bad[0]["a.w"] = p["a.w"]
+        elif where == "grad":
+            bad[1]["z"] = g["z"]
+        elif where == "other tensor":  # the update of "z" would clobber b's input
+            bad[2]["z"] = v["b"][10:14].reshape(2, 2)
+        else:
+            bad[2]["b"] = bad[1]["b"]
+        with pytest.raises(ValueError, match="overlaps"):
+            optim.adamw_step(p, g, m, v, **kw, out=bad)
+
+
 # ---- the model and the step ------------------------------------------------------------
 
 # two layers or more, so that each layer's buffer (att) is told apart from the
@@ -304,9 +407,10 @@ def test_a_step_with_reused_buffers_has_the_same_state_root():
         if reuse:
             # tied: logits, dlogits, dnf, dhead, and each layer's attention probabilities
             # (the embedding's gradient half is written into a spare, not a buffer), and
-            # the four roles' linear input gradients (GELU MLP), shared by the layers
+            # the four roles' linear input gradients (GELU MLP) and GELU's input
+            # gradient, shared by the layers
             assert mc.mlp == "gelu" and mc.linear != "int8"
-            assert tr.model.workspace.allocations == 4 + mc.layers + 4
+            assert tr.model.workspace.allocations == 4 + mc.layers + 4 + 1
     assert roots[0] == roots[1]
 
 

@@ -18,7 +18,7 @@ from ..numerics.elementwise import add_flush as add  # [num.add.c1], canon once 
 from ..numerics.elementwise import mul_flush as mul  # [num.mul.c1], canon once per chain
 from ..numerics.elementwise import sigmoid_lane, tanh_lane  # [num.sigmoid.c1] [num.tanh.c1]
 from ..numerics.elementwise import sub_flush as sub  # [num.add.c1], canon once per chain
-from . import check_array
+from . import check_array, check_outs
 
 GELU_SCALE = np.array([0x3F4C422A], dtype=np.uint32).view(np.float32)[0]  # sqrt(2/pi)
 GELU_CUBE = np.array([0x3D372713], dtype=np.uint32).view(np.float32)[0]  # 0.044715
@@ -188,41 +188,47 @@ def _same_shape(**arrays):
     return shape
 
 
-def _apply(kernel, n_out, **inputs):
-    """Validate that every input has one shape, allocate ``n_out`` new
-    outputs of that shape, and run the element-wise kernel on flat views
-    (outputs first, then the inputs in the order given)."""
+def _apply(kernel, names, out=None, **inputs):
+    """Validate that every input has one shape, take one output of that
+    shape per name in ``names`` (``out``: None, all new; with one output an
+    array, with more a tuple whose entries are arrays or None, as
+    ``check_outs``; the kernels overwrite every element), and run the
+    element-wise kernel on flat views (outputs first, then the inputs in the
+    order given)."""
     shape = _same_shape(**inputs)
-    outs = [np.empty(shape, dtype=np.float32) for _ in range(n_out)]
+    n_out = len(names)
+    given = check_outs(None if out is None else (out,) if n_out == 1 else out, names, (shape,) * n_out, inputs.values())
+    outs = [np.empty(shape, dtype=np.float32) if o is None else o for o in given]
     kernel(*(o.reshape(-1) for o in outs), *(a.reshape(-1) for a in inputs.values()))
     return outs[0] if n_out == 1 else tuple(outs)
 
 
 def gelu_forward(x):
     """[act.gelu.fwd.c1] x (any shape) -> out, same shape (new)."""
-    return _apply(gelu_forward_kernel, 1, x=x)
+    return _apply(gelu_forward_kernel, ("out",), x=x)
 
 
-def gelu_backward(dout, x):
-    """[act.gelu.bwd.c1] (dout, x) -> dx, same shape (new)."""
-    return _apply(gelu_backward_kernel, 1, dout=dout, x=x)
+def gelu_backward(dout, x, out=None):
+    """[act.gelu.bwd.c1] (dout, x) -> dx, same shape (new, or ``out``)."""
+    return _apply(gelu_backward_kernel, ("dx",), out, dout=dout, x=x)
 
 
 def silu_forward(x):
     """[act.silu.fwd.c1] x (any shape) -> out, same shape (new)."""
-    return _apply(silu_forward_kernel, 1, x=x)
+    return _apply(silu_forward_kernel, ("out",), x=x)
 
 
 def silu_backward(dout, x):
     """[act.silu.bwd.c1] (dout, x) -> dx, same shape (new)."""
-    return _apply(silu_backward_kernel, 1, dout=dout, x=x)
+    return _apply(silu_backward_kernel, ("dx",), dout=dout, x=x)
 
 
 def swiglu_forward(a, b):
     """[act.swiglu.fwd.c1] gate a and value b (same shape) -> out (new)."""
-    return _apply(swiglu_forward_kernel, 1, a=a, b=b)
+    return _apply(swiglu_forward_kernel, ("out",), a=a, b=b)
 
 
-def swiglu_backward(dout, a, b):
-    """[act.swiglu.bwd.c1] (dout, a, b) -> (da, db), same shape (new)."""
-    return _apply(swiglu_backward_kernel, 2, dout=dout, a=a, b=b)
+def swiglu_backward(dout, a, b, out=None):
+    """[act.swiglu.bwd.c1] (dout, a, b) -> (da, db), same shape (new, or
+    the arrays of the pair ``out``)."""
+    return _apply(swiglu_backward_kernel, ("da", "db"), out, dout=dout, a=a, b=b)

@@ -8,8 +8,8 @@ same names and shapes.  Anything that depends on the order of tensors walks
 the names in sorted order (Python ``sorted`` on ``str``: by code point).
 
 ``adamw_step`` and ``clip_grad_norm`` update their arrays in place (as a
-training loop does); every other function, ``adamw_update`` included,
-returns new values.
+training loop does; ``adamw_step`` writes into given arrays with ``out``);
+every other function, ``adamw_update`` included, returns new values.
 """
 
 from __future__ import annotations
@@ -67,6 +67,17 @@ def adamw_bias_corrections(beta1, beta2, t):
     return recip(sub(ONE, pow1)), recip(sub(ONE, pow2))
 
 
+@kernel(inline="always")
+def adamw_element(p_i, g_i, m_i, v_i, lr, beta1, beta2, eps, wd, rbc1, rbc2, one_minus_beta1, one_minus_beta2):
+    """[optim.adamw.c1] The update of one element: (p', m', v')."""
+    m_i = add(mul(beta1, m_i), mul(one_minus_beta1, g_i))
+    v_i = add(mul(beta2, v_i), mul(mul(one_minus_beta2, g_i), g_i))
+    m_hat = mul(m_i, rbc1)
+    v_hat = mul(v_i, rbc2)
+    update = mul(m_hat, recip(add(sqrt(v_hat), eps)))
+    return sub(p_i, mul(lr, add(update, mul(wd, p_i)))), m_i, v_i
+
+
 @kernel
 def adamw_kernel(p, g, m, v, lr, beta1, beta2, eps, wd, rbc1, rbc2):
     """[optim.adamw.c1] One AdamW update of one tensor, elementwise.
@@ -78,16 +89,23 @@ def adamw_kernel(p, g, m, v, lr, beta1, beta2, eps, wd, rbc1, rbc2):
     one_minus_beta1 = sub(ONE, beta1)
     one_minus_beta2 = sub(ONE, beta2)
     for i in range(p.shape[0]):
-        g_i = g[i]
-        m_i = add(mul(beta1, m[i]), mul(one_minus_beta1, g_i))
-        v_i = add(mul(beta2, v[i]), mul(mul(one_minus_beta2, g_i), g_i))
-        m_hat = mul(m_i, rbc1)
-        v_hat = mul(v_i, rbc2)
-        update = mul(m_hat, recip(add(sqrt(v_hat), eps)))
-        p_i = p[i]
-        p[i] = sub(p_i, mul(lr, add(update, mul(wd, p_i))))
-        m[i] = m_i
-        v[i] = v_i
+        p[i], m[i], v[i] = adamw_element(
+            p[i], g[i], m[i], v[i], lr, beta1, beta2, eps, wd, rbc1, rbc2, one_minus_beta1, one_minus_beta2
+        )
+
+
+@kernel
+def adamw_into_kernel(p, g, m, v, lr, beta1, beta2, eps, wd, rbc1, rbc2, p_out, m_out, v_out):
+    """adamw_kernel with p, m, v only read and the updated values written to
+    p_out, m_out, v_out (which must not overlap any input).  A separate loop:
+    with out = p the compiler's run-time overlap test fails and the loop runs
+    one element at a time (measured: 30x slower than in place)."""
+    one_minus_beta1 = sub(ONE, beta1)
+    one_minus_beta2 = sub(ONE, beta2)
+    for i in range(p.shape[0]):
+        p_out[i], m_out[i], v_out[i] = adamw_element(
+            p[i], g[i], m[i], v[i], lr, beta1, beta2, eps, wd, rbc1, rbc2, one_minus_beta1, one_minus_beta2
+        )
 
 
 @parallel_kernel
@@ -97,6 +115,15 @@ def adamw_blocks(p, g, m, v, lr, beta1, beta2, eps, wd, rbc1, rbc2):
     for k in prange(n_blocks(p.shape[0])):
         i0, i1 = block_range(k, p.shape[0])
         adamw_kernel(p[i0:i1], g[i0:i1], m[i0:i1], v[i0:i1], lr, beta1, beta2, eps, wd, rbc1, rbc2)
+
+
+@parallel_kernel
+def adamw_into_blocks(p, g, m, v, lr, beta1, beta2, eps, wd, rbc1, rbc2, p_out, m_out, v_out):
+    """[optim.adamw.c1] adamw_into_kernel in parallel over blocks; same arguments."""
+    for k in prange(n_blocks(p.shape[0])):
+        i0, i1 = block_range(k, p.shape[0])
+        ins = (p[i0:i1], g[i0:i1], m[i0:i1], v[i0:i1])
+        adamw_into_kernel(*ins, lr, beta1, beta2, eps, wd, rbc1, rbc2, p_out[i0:i1], m_out[i0:i1], v_out[i0:i1])
 
 
 def adamw_init(params: dict) -> tuple[dict, dict]:
@@ -135,24 +162,38 @@ def adamw_update(p, g, m, v, step: int, lr, hp: AdamW = AdamW(), decay: bool = T
     """[optim.adamw.c1] One tensor's AdamW update as new arrays:
     (p, g, m, v of one shape) -> (p', m', v').  ``decay=False`` uses weight
     decay +0.  The arithmetic of ``adamw_step``, without the in-place write."""
-    p2, m2, v2 = p.copy(), m.copy(), v.copy()
+    p2, m2, v2 = (np.empty(np.shape(a), np.float32) for a in (p, m, v))
     adamw_step(
-        {"t": p2},
+        {"t": p},
         {"t": g},
-        {"t": m2},
-        {"t": v2},
+        {"t": m},
+        {"t": v},
         step=step,
         lr=lr,
         hp=hp,
         no_decay=frozenset() if decay else frozenset({"t"}),
+        out=({"t": p2}, {"t": m2}, {"t": v2}),
     )
     return p2, m2, v2
 
 
 def adamw_step(
-    params: dict, grads: dict, m: dict, v: dict, *, step: int, lr, hp: AdamW = AdamW(), no_decay=frozenset()
+    params: dict,
+    grads: dict,
+    m: dict,
+    v: dict,
+    *,
+    step: int,
+    lr,
+    hp: AdamW = AdamW(),
+    no_decay=frozenset(),
+    out: tuple | None = None,
 ) -> None:
-    """[optim.adamw.c1] Update ``params``, ``m``, ``v`` in place from ``grads``.
+    """[optim.adamw.c1] Update ``params``, ``m``, ``v`` in place from ``grads``,
+    or with ``out`` = (params', m', v') write the updated state there (dicts
+    of the same names and shapes, every element overwritten) and leave the
+    inputs as they are: one pass where a copy and then an update in place
+    would be two (a trainer that keeps the old state).
 
     ``step`` is the 1-based number of this update (t of the bias corrections,
     [optim.adamw.bias.c1]); ``lr`` the binary32 learning rate of this step
@@ -160,6 +201,11 @@ def adamw_step(
     Tensors are updated in sorted name order ([optim.state.c1]).
     """
     _check_state(params, grads=grads, m=m, v=v)
+    if out is not None:
+        if not isinstance(out, tuple) or len(out) != 3:
+            raise TypeError("out must be a tuple (params, m, v) of dicts or None")
+        _check_state(params, **dict(zip(("out params", "out m", "out v"), out)))
+        _disjoint(out, (params, grads, m, v))
     t = _check_step(step)
     lr = check_scalar_f32("lr", lr)
     if not isinstance(hp, AdamW):
@@ -171,22 +217,36 @@ def adamw_step(
     rbc1, rbc2 = np.float32(rbc1), np.float32(rbc2)  # Numba returns Python floats (exact)
     for k in sorted(params):
         wd = np.float32(0.0) if k in no_decay else hp.weight_decay
-        run_elementwise(
-            adamw_kernel,
-            adamw_blocks,
-            params[k].size,
-            params[k].reshape(-1),
-            grads[k].reshape(-1),
-            m[k].reshape(-1),
-            v[k].reshape(-1),
-            lr,
-            hp.beta1,
-            hp.beta2,
-            hp.eps,
-            wd,
-            rbc1,
-            rbc2,
-        )
+        args = [d[k].reshape(-1) for d in (params, grads, m, v)] + [lr, hp.beta1, hp.beta2, hp.eps, wd, rbc1, rbc2]
+        if out is None:
+            run_elementwise(adamw_kernel, adamw_blocks, params[k].size, *args)
+        else:
+            outs = [d[k].reshape(-1) for d in out]
+            run_elementwise(adamw_into_kernel, adamw_into_blocks, params[k].size, *args, *outs)
+
+
+def _disjoint(outs, ins) -> None:
+    """Refuse output arrays that share memory with an input or with each
+    other (the kernel reads its inputs while it writes; an output in another
+    tensor's input would change that tensor's update).  The arrays are
+    C-contiguous, so each is the byte range [address, address + nbytes);
+    the ranges are sorted once and neighbours compared."""
+    spans = []
+    for kind, group in ((1, outs), (0, ins)):
+        for d in group:
+            for k in sorted(d):
+                a = d[k]
+                if a.nbytes:
+                    start = a.__array_interface__["data"][0]
+                    spans.append((start, start + a.nbytes, kind, k))
+    spans.sort()
+    reach = None  # the span reaching furthest so far
+    for span in spans:
+        if reach is not None and span[0] < reach[1] and (span[2] or reach[2]):
+            out_k = span[3] if span[2] else reach[3]
+            raise ValueError(f"out: the array for {out_k!r} overlaps another input or output array")
+        if reach is None or span[1] > reach[1]:
+            reach = span
 
 
 # ---- global gradient-norm clipping -------------------------------------------

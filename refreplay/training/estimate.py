@@ -47,15 +47,17 @@ def workspace_bytes(cfg: ModelConfig, b: int, spares: bool = False) -> int:
     their gradient [N, V], the head's activation gradient [N, C], each
     layer's attention probabilities [B, NH, T, T], the binary32 linears'
     input gradients (one [N, width] a role, shared by the layers: the MLP
-    projection's [N, F], and [N, C] for each other linear), and for a tied
-    weight its two gradient halves [V, C] -- one with ``spares`` (the
-    trainer's: the embedding's half is then written into a spare,
-    ``spare_bytes``)."""
+    projection's [N, F], and [N, C] for each other linear), the MLP
+    activation's input gradients [N, F] (GELU's one, SwiGLU's two, shared by
+    the layers), and for a tied weight its two gradient halves [V, C] -- one
+    with ``spares`` (the trainer's: the embedding's half is then written
+    into a spare, ``spare_bytes``)."""
     n, c, v, t = b * cfg.seq_len, cfg.width, cfg.vocab, cfg.seq_len
     att = cfg.layers * b * cfg.heads * t * t
     halves = (1 if spares else 2) if cfg.tied else 0
     dx = 0 if cfg.linear == "int8" else n * (cfg.mlp_hidden + (3 if cfg.mlp == "gelu" else 4) * c)
-    return F32_BYTES * (2 * n * v + n * c + att + dx + halves * v * c)
+    dact = n * cfg.mlp_hidden * (1 if cfg.mlp == "gelu" else 2)
+    return F32_BYTES * (2 * n * v + n * c + att + dx + dact + halves * v * c)
 
 
 def spare_bytes(cfg: ModelConfig, m: int) -> int:

@@ -387,11 +387,13 @@ class Model:
             dg = _lin_bwd(ops, cfg, params, f"{p}.mlp.proj", dh, ctx, B, T, grads, dx("mlp.proj", cfg.mlp_hidden))
             if cfg.mlp == "gelu":
                 (u,) = ctx.saved[f"{p}.act"]
-                du = r(ops.activations.gelu_backward(dg, u))
+                du = r(ops.activations.gelu_backward(dg, u, **ws("du", dg.shape)))  # consumed by the fc's backward
                 dn2 = _lin_bwd(ops, cfg, params, f"{p}.mlp.fc", du, ctx, B, T, grads, dx("mlp.fc", C))
             else:
                 ga, up = ctx.saved[f"{p}.act"]
-                dga, dup = (r(d) for d in ops.activations.swiglu_backward(dg, ga, up))
+                o_da, o_db = (ws(name, dg.shape).get("out") for name in ("dga", "dup"))  # consumed in this layer
+                outs = {"out": (o_da, o_db)} if o_da is not None else {}
+                dga, dup = (r(d) for d in ops.activations.swiglu_backward(dg, ga, up, **outs))
                 dn2 = r(
                     _add(
                         ops,

@@ -269,7 +269,21 @@ class Trainer:
         ops.optim.clip_grad_norm(mean, cfg.clip_norm)  # [optim.clip.c1]
         lr = ops.optim.lr_at(n, cfg.warmup_steps, cfg.schedule_steps, cfg.lr, cfg.min_lr, SCHEDULE)
         # AdamW updates the masters, never the working copies ([bf16.optim.c1])
-        if not mem.mapped:  # copied where the tensors live (st stays unmodified)
+        if not mem.mapped and ops.name == "cpu":  # st read, the new state written in one pass
+            fresh = lambda d: {k: np.empty_like(d[k]) for k in sorted(d)}  # noqa: E731
+            new = TrainState(n, fresh(masters), fresh(st.m), fresh(st.v), {}, st.data_position)
+            ops.optim.adamw_step(
+                masters,
+                mean,
+                st.m,
+                st.v,
+                step=n,
+                lr=lr,
+                hp=self.adam,
+                no_decay=no_decay_names(masters),
+                out=(new.params, new.m, new.v),
+            )  # [optim.adamw.c1]
+        elif not mem.mapped:  # copied where the tensors live (st stays unmodified)
             cp = lambda d: {k: A.copy(d[k]) for k in sorted(d)}  # noqa: E731
             new = TrainState(n, cp(masters), cp(on_dev(st.m)), cp(on_dev(st.v)), {}, st.data_position)
             ops.optim.adamw_step(
