@@ -271,6 +271,20 @@ def test_adamw_into_new_arrays_has_the_in_place_bits_and_reads_only():
                 same(got[k], want[k])
 
 
+def test_adamw_update_reads_any_layout_and_shared_inputs():
+    """adamw_update (new arrays) reads p, m, v of any layout, and inputs that
+    share memory, as the copies it made before did."""
+    from refreplay.ops import optim
+
+    rs = np.random.RandomState(3)
+    wide, g = rand(rs, 6, 8), rand(rs, 6, 4)
+    m = np.abs(rand(rs, 6, 4))
+    want = optim.adamw_update(np.ascontiguousarray(wide[:, ::2]), g, m, m.copy(), 2, np.float32(1e-3))
+    got = optim.adamw_update(wide[:, ::2], g, m, m, 2, np.float32(1e-3))  # strided p; m is v
+    for a, b in zip(got, want):
+        same(a, b)
+
+
 def test_adamw_out_is_checked():
     from refreplay.ops import optim
 

@@ -162,7 +162,8 @@ def adamw_update(p, g, m, v, step: int, lr, hp: AdamW = AdamW(), decay: bool = T
     """[optim.adamw.c1] One tensor's AdamW update as new arrays:
     (p, g, m, v of one shape) -> (p', m', v').  ``decay=False`` uses weight
     decay +0.  The arithmetic of ``adamw_step``, without the in-place write."""
-    p2, m2, v2 = (np.empty(np.shape(a), np.float32) for a in (p, m, v))
+    p, m, v = (np.ascontiguousarray(a) for a in (p, m, v))  # read only: any layout, as a copy took them
+    p2, m2, v2 = (np.empty(a.shape, np.float32) for a in (p, m, v))
     adamw_step(
         {"t": p},
         {"t": g},
