@@ -271,6 +271,34 @@ def test_att_above_the_diagonal_is_never_read():
             assert_same_bits(d, c, name)
 
 
+def test_scale_product_rounds_to_binary32_before_its_flush():
+    """[attn.bwd.c1] [num.mul.c1] [num.flush.c1] dz = mul(ds, scale) in
+    binary32: rounded, then flushed.  With HS = 64 (scale 2^-3), q = 0 (so
+    att[1] = [1/2, 1/2] exactly), dout[1, 0] = X = (2^24 - 1) * 2^-145,
+    v[0, 0] = 1 and every other entry of v 0, row t = 1 has dp = [X, 0],
+    d = X/2, ds[0] = (X - X/2)/2 = (2^24 - 1) * 2^-147 (all exact and
+    normal), and the exact dz[0] = (2^24 - 1) * 2^-150 lies half a subnormal
+    ulp below 2^-126: binary32 rounds it (to even) up to the smallest
+    normal, 2^-126, which the flush keeps.  With k[0, 5] = 2^20 and k[1] = 0,
+    dq[1, 5] = dz[0] * 2^20 = 2^-106 exactly.  The API once passed the scale
+    as a Python float: the kernels multiplied in binary64 and flushed before
+    rounding, and dq[1, 5] came out 0."""
+    T, HS = 2, 64
+    q = np.zeros((1, 1, T, HS), F32)
+    k, v, dout = np.zeros_like(q), np.zeros_like(q), np.zeros_like(q)
+    k[0, 0, 0, 5] = 2.0**20
+    v[0, 0, 0, 0] = 1.0
+    x = (2**24 - 1) * 2.0**-145
+    dout[0, 0, 1, 0] = x
+    assert float(F32(x)) == x
+    out, att, dq, dk, dv = check(q, k, v, dout)
+    assert_same_bits(att[0, 0, 1], np.array([0.5, 0.5], F32), "att[1]")
+    assert dq[0, 0, 1, 5] == F32(2.0**-106)
+    # every other entry of dq is a signed zero (k is 0 outside [0, 5])
+    rest = np.delete(dq.reshape(-1), 1 * HS + 5)
+    assert not rest.any()
+
+
 @pytest.mark.parametrize("T", [MR - 1, NR + 6])
 def test_tiles_equal_rows_on_the_flush_path(T):
     """[mm.flush.r1] [num.flush.c1] inputs near 2^-64 make products and

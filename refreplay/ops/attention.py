@@ -69,6 +69,15 @@ def attention_scale(HS):
     return recip(sqrt(F32(HS)))
 
 
+def _scale(HS):
+    """attention_scale as the binary32 the kernels must multiply by.  Numba
+    hands a compiled float32 result to Python as a float; passed on as one, it
+    made the kernels' mul(z, scale) a binary64 product flushed before its
+    rounding to binary32: (2^24 - 1) * 2^-150, which rounds up to the smallest
+    normal, became 0 ([num.flush.c1] flushes after rounding)."""
+    return np.float32(attention_scale(HS))
+
+
 # ---- operands packed once per head ------------------------------------------------
 
 
@@ -371,7 +380,7 @@ def attention_forward(q, k, v, out=None):
     o_out, o_att = check_outs(out, ("out", "att"), ((B, NH, T, HS), (B, NH, T, T)), (q, k, v))
     o = np.empty_like(q) if o_out is None else o_out
     att = np.empty((B, NH, T, T), np.float32) if o_att is None else o_att
-    attention_forward_kernel(q, k, v, attention_scale(HS), o, att)
+    attention_forward_kernel(q, k, v, _scale(HS), o, att)
     return o, att
 
 
@@ -380,5 +389,5 @@ def attention_backward(dout, q, k, v, att):
     B, NH, T, HS = _check([("dout", dout), ("q", q), ("k", k), ("v", v)])
     _check([("att", att)], (B, NH, T, T))
     dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v)
-    attention_backward_kernel(dout, q, k, v, att, attention_scale(HS), dq, dk, dv)
+    attention_backward_kernel(dout, q, k, v, att, _scale(HS), dq, dk, dv)
     return dq, dk, dv
