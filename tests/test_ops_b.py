@@ -341,6 +341,23 @@ def test_cross_entropy_bits_are_the_stated_composition():
         assert same_bits(dx[n], [naive.mul(v, c) for v in g])
 
 
+def test_cross_entropy_gradient_coefficient_rounds_before_its_flush():
+    """[loss.bwd.c1] [num.mul.c1] [num.flush.c1] c = mul(dloss, recip(f32(count)))
+    in binary32.  dloss = (2^24 - 1) * 2^-149 (normal) and count 2: the exact
+    product (2^24 - 1) * 2^-150 lies half a subnormal ulp below 2^-126 and
+    rounds (to even) up to the smallest normal, which the flush keeps.  With
+    softmax [1, 0] and target 1 the gradient is [c, -c] = [2^-126, -2^-126].
+    The API once multiplied by recip's result as a Python float (binary64,
+    flushed before rounding) and gave [+0, -0]."""
+    x = np.array([[100.0, -100.0]], F)
+    dloss = F((2**24 - 1) * 2.0**-149)
+    assert float(dloss) == (2**24 - 1) * 2.0**-149
+    c = naive.mul(dloss, F(0.5))
+    assert naive.bits(c) == 0x00800000  # the oracle's own reading: 2^-126
+    dx = L.cross_entropy_backward(x, np.array([1], np.int32), dloss=dloss, count=2)
+    assert dx.view(np.uint32).tolist() == [[0x00800000, 0x80800000]]
+
+
 def test_cross_entropy_no_counted_token_and_bad_targets():
     """[loss.mean.c1] count 0 gives mean +0 and +0 gradients; a target outside
     [0, V) that is not -1 is an input error."""

@@ -133,7 +133,7 @@ def cross_entropy_backward(logits, targets, dloss=ONE, count=None, ignore_index=
     if count < counted or count > MAX_COUNT:
         raise ValueError(f"count {count} must lie in [{counted}, 2^24]")
     dloss = np.float32(dloss)
-    c = mul(dloss, recip(F32(count))) if count else ZERO
+    c = mul(dloss, F32(recip(F32(count)))) if count else ZERO  # both binary32 (see model.init_scale)
     if out is None:
         dlogits = np.empty_like(logits)
     else:

@@ -136,7 +136,7 @@ def _f32(name, a, ndim=None):
 def step_size(x) -> np.float32:
     """[quant.step.c1] The re-pinned step size of a whole tensor (any shape)."""
     _f32("x", x)
-    return F32(step_from_absmax(absmax(x.reshape(-1))))
+    return F32(step_from_absmax(F32(absmax(x.reshape(-1)))))  # binary32 in, as the kernels do
 
 
 def step_size_rows(x) -> np.ndarray:

@@ -97,8 +97,11 @@ def param_count(cfg: ModelConfig) -> int:
 
 def init_scale(init_std) -> np.float32:
     """[model.init.c1] a = mul(init_std, sqrt(f32(3))): the half-width of a
-    uniform distribution whose standard deviation is init_std."""
-    return F32(mul(F32(init_std), sqrt(F32(3.0))))
+    uniform distribution whose standard deviation is init_std.  Both operands
+    binary32: a compiled kernel's float32 result reaches Python as a float,
+    and mul of a float32 and a float would be a binary64 product flushed
+    before its rounding ([num.flush.c1] flushes after it)."""
+    return F32(mul(F32(init_std), F32(sqrt(F32(3.0)))))
 
 
 def init_weight(seed: int, name: str, count: int, init_std) -> np.ndarray:
