@@ -1,5 +1,6 @@
-"""What the compiler does not find on its own: the 8 x 8 transpose, lane
-arrays it can keep in registers, whole-lane vector arithmetic and copies,
+"""What the compiler does not find on its own: the 8 x 8 transpose and the
+4 x 16 interleave, lane arrays it can keep in registers, whole-lane vector
+arithmetic and copies,
 and a prefetch hint.
 
 The row kernels (``ops/rowblock.py``) copy a block of rows into a tile with
@@ -37,6 +38,9 @@ operations only) in the same pass.  tests/test_lanes.py checks them
 against NumPy's float32 arithmetic on random bit patterns.
 
 ``lanes_copy`` moves n lanes' bits as one vector (the matmul's packs).
+``interleave4`` moves a 4 x 16 block into 16 groups of 4 (4 vector loads,
+8 shuffles, 4 stores): attention packs its 4-row A strips with it, which
+element by element took as long as the tiles that read them.
 
 ``prefetch(X, i, j)`` asks the cache for the line that holds X[i, j]: a hint
 that moves no value.
@@ -331,3 +335,79 @@ def _transpose8_impl(X, xi, xj, T, ti, tj):
     if X.layout == "C" and T.layout == "C":  # rows of 8 adjacent elements: vector loads and stores
         return lambda X, xi, xj, T, ti, tj: _transpose8_vectors(X, xi, xj, T, ti, tj)
     return lambda X, xi, xj, T, ti, tj: _transpose8_elements(X, xi, xj, T, ti, tj)
+
+
+# interleave4's two shuffle stages: rows 0 and 1 (and 2 and 3) lane by lane,
+# then the pairs two lanes at a time; indices into the concatenation of two
+# 16-lane vectors.
+_I16 = ir.VectorType(ir.IntType(32), 16)
+_V16 = ir.VectorType(ir.FloatType(), 16)
+_PAIRS_LO = [i // 2 + 16 * (i % 2) for i in range(16)]  # a0 b0 a1 b1 .. a7 b7
+_PAIRS_HI = [8 + i // 2 + 16 * (i % 2) for i in range(16)]  # a8 b8 .. a15 b15
+_QUADS_LO = [2 * (i // 4) + i % 2 + 16 * ((i // 2) % 2) for i in range(16)]  # p0 p1 q0 q1 p2 p3 q2 q3 ..
+_QUADS_HI = [8 + q for q in _QUADS_LO]
+
+
+def interleave4(X, xi, xj, out, off):
+    """out[off + 4*c + r] = X[xi + r, xj + c] for r < 4, c < 16: a 4 x 16
+    block of X transposed into 16 groups of 4 (attention's packed A strips,
+    MR = 4 rows a k).  X: 2-D float32, out: 1-D float32; the caller keeps
+    every index in bounds.  Callable from compiled code only; this body is
+    the definition the compiled form must agree with."""
+    for r in range(4):
+        for c in range(16):
+            out[off + 4 * c + r] = X[xi + r, xj + c]
+
+
+@intrinsic
+def _interleave4_vectors(typingctx, X, xi, xj, out, off):
+    """interleave4 on C-contiguous arrays: 4 row vectors, 8 shuffles, 4 stores."""
+    sig = types.void(X, xi, xj, out, off)
+
+    def codegen(context, builder, signature, args):
+        Xt, xit, xjt, Ot, offt = signature.args
+        X_, xi_, xj_, O_, off_ = args
+        xi_, xj_, off_ = (context.cast(builder, v, t, types.intp) for v, t in ((xi_, xit), (xj_, xjt), (off_, offt)))
+        rows = []
+        for r in range(4):
+            p = _element_pointer(context, builder, Xt, X_, builder.add(xi_, ir.Constant(xi_.type, r)), xj_)
+            load = builder.load(builder.bitcast(p, _V16.as_pointer()))
+            load.align = 4  # element alignment only
+            rows.append(load)
+        a0, b0, c0, d0 = rows
+        ab_lo = builder.shuffle_vector(a0, b0, ir.Constant(_I16, _PAIRS_LO))
+        ab_hi = builder.shuffle_vector(a0, b0, ir.Constant(_I16, _PAIRS_HI))
+        cd_lo = builder.shuffle_vector(c0, d0, ir.Constant(_I16, _PAIRS_LO))
+        cd_hi = builder.shuffle_vector(c0, d0, ir.Constant(_I16, _PAIRS_HI))
+        outs = (
+            builder.shuffle_vector(ab_lo, cd_lo, ir.Constant(_I16, _QUADS_LO)),  # columns 0-3
+            builder.shuffle_vector(ab_lo, cd_lo, ir.Constant(_I16, _QUADS_HI)),  # 4-7
+            builder.shuffle_vector(ab_hi, cd_hi, ir.Constant(_I16, _QUADS_LO)),  # 8-11
+            builder.shuffle_vector(ab_hi, cd_hi, ir.Constant(_I16, _QUADS_HI)),  # 12-15
+        )
+        base = context.make_array(Ot)(context, builder, O_).data
+        for q, v in enumerate(outs):
+            p = builder.gep(base, [builder.add(off_, ir.Constant(off_.type, 16 * q))])
+            builder.store(v, builder.bitcast(p, _V16.as_pointer())).align = 4
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+_interleave4_elements = kernel(interleave4)  # any layout: element by element
+
+
+@overload(interleave4, jit_options=dict(cache=True))
+def _interleave4_impl(X, xi, xj, out, off):
+    if not (
+        isinstance(X, types.Array)
+        and isinstance(out, types.Array)
+        and X.ndim == 2
+        and out.ndim == 1
+        and X.dtype == types.float32
+        and out.dtype == types.float32
+    ):
+        return None
+    if X.layout == "C" and out.layout == "C":  # rows of 16 adjacent elements: vector loads and stores
+        return lambda X, xi, xj, out, off: _interleave4_vectors(X, xi, xj, out, off)
+    return lambda X, xi, xj, out, off: _interleave4_elements(X, xi, xj, out, off)

@@ -1,4 +1,5 @@
-"""The data movement under the row kernels: the 8 x 8 transpose, the tile
+"""The data movement under the row kernels: the 8 x 8 transpose, the 4 x 16
+interleave of attention's packs, the tile
 copies built on it, stack lanes and the prefetch hint (``refreplay/_tiles.py``,
 ``refreplay/ops/rowblock.py``).  None of them computes, so each must move
 every element to its place and nothing else: compared here with numpy's
@@ -11,7 +12,8 @@ import pytest
 from numba import njit
 from numba.core.errors import TypingError
 
-from refreplay._tiles import stack_lanes, transpose8
+from refreplay._tiles import interleave4, stack_lanes, transpose8
+from refreplay.linalg.mm_fp32 import pack_a
 from refreplay.ops.rowblock import RB, load_block, load_chunk, prefetch_block, store_chunk
 
 
@@ -51,6 +53,43 @@ def test_transpose8_on_strided_views_moves_element_by_element():
     want = np.zeros((16, 40), np.float32)
     want[:, ::2][4:12, 5:13] = Xs[2:10, 3:11].T
     assert same(T, want)
+
+
+@njit
+def _interleave4_at(X, xi, xj, out, off):
+    interleave4(X, xi, xj, out, off)
+
+
+def test_interleave4_moves_each_element_once():
+    """out[off + 4c + r] = X[xi + r, xj + c] for r < 4, c < 16; the rest of
+    out untouched; strided arrays take the element-wise form, same result."""
+    X = patterns((11, 40), 4)
+    for xi, xj, off in ((0, 0, 0), (7, 24, 5), (3, 9, 130)):
+        out = patterns(200, 5)
+        want = out.copy()
+        want[off : off + 64] = X[xi : xi + 4, xj : xj + 16].T.reshape(-1)
+        _interleave4_at(X, xi, xj, out, off)
+        assert same(out, want)
+    Xs, outs = X[:, ::2], np.zeros(300, np.float32)[::2]
+    _interleave4_at(Xs, 2, 3, outs, 7)
+    want = np.zeros(150, np.float32)
+    want[7:71] = Xs[2:6, 3:19].T.reshape(-1)
+    assert same(outs, want)
+
+
+@pytest.mark.parametrize("kc", [1, 15, 16, 17, 33, 64, 100])
+@pytest.mark.parametrize("rows", [1, 3, 4])
+def test_pack_a_of_four_rows(kc, rows):
+    """mm_fp32.pack_a with MR = 4 (attention's strips; 16 k at a time by
+    interleave4, then element by element): Ap[k*4 + r] = A[i0 + r, k0 + k],
+    +0 past the last row, at every k length and for a short last block."""
+    A = patterns((9, 130), 6)
+    i0, k0 = 9 - rows if rows < 4 else 2, 5
+    Ap = patterns(kc * 4, 7)
+    pack_a(A, False, i0, k0, kc, Ap, 4)
+    want = np.zeros((kc, 4), np.float32)
+    want[:, :rows] = A[i0 : i0 + rows, k0 : k0 + kc].T
+    assert same(Ap, want.reshape(-1))
 
 
 @pytest.mark.parametrize("width", [1, 7, 8, 9, 16, 23, 64, 77, 256])

@@ -49,7 +49,7 @@ import numba
 from numba import prange
 
 from .._jit import kernel, parallel_kernel
-from .._tiles import lanes_copy, stack_lanes, transpose8
+from .._tiles import interleave4, lanes_copy, stack_lanes, transpose8
 from ..numerics._bits import f32_bits
 from ..numerics.core import ZERO, add
 from ._tile import LANES, MM_MR, MM_NR, MM_NV, MR, NV, tile_variants
@@ -126,14 +126,14 @@ def exp_floor(x):
 # arithmetic, zero wraps to 0xFFFFFFFF and infinities and NaNs give
 # KEY_FINITE_END or more, so the smallest key is below KEY_FINITE_END exactly
 # when some element is nonzero and finite.  rows_exp_min / cols_exp_min run
-# inside a caller's parallel loop (ops/attention.py's heads); the _par forms
-# thread them, and the driver's ``_prologue`` runs both of its scans in one
-# parallel region from the same pieces (block_exp_min, col_keys_chunk,
-# cols_exp_finish); tests/test_exp_scan.py checks all of them against
-# exp_floor taken element by element.
+# inside a caller's parallel loop (ops/attention.py's heads); the driver's
+# ``_prologue`` runs both of its scans in one parallel region from pieces
+# (block_exp_min, col_keys_chunk, cols_exp_finish, through scan_share);
+# tests/test_exp_scan.py checks all of them against exp_floor taken element
+# by element.
 KEY_FINITE_END = np.uint32(0x7F7FFFFF)  # key of +inf
 NO_KEY = np.uint32(0xFFFFFFFF)  # above every magnitude key (zero's): no nonzero element yet
-ROW_CHUNK = 64  # rows per piece of a column scan (cols_exp_min_par, _prologue)
+ROW_CHUNK = 64  # rows per piece of a column scan (_prologue)
 
 
 @kernel
@@ -187,15 +187,6 @@ def cols_exp_min(X, n_blocks, block):
     return out
 
 
-@parallel_kernel
-def rows_exp_min_par(X, n_blocks, block):
-    """rows_exp_min, one block of rows per iteration, in parallel."""
-    out = np.empty(n_blocks, dtype=np.int64)
-    for q in prange(n_blocks):
-        out[q] = block_exp_min(X, q, block)
-    return out
-
-
 @kernel
 def col_keys_chunk(X, c, acc):
     """acc[j] = min(acc[j], mag_key(X[k, j])) over the rows k of chunk c
@@ -226,16 +217,6 @@ def cols_exp_finish(part, n_blocks, block):
         q = j // block
         out[q] = min(out[q], key_exp(m))
     return out
-
-
-@parallel_kernel
-def cols_exp_min_par(X, n_blocks, block):
-    """cols_exp_min, ROW_CHUNK rows per iteration in parallel (each a row of
-    column minima), then cols_exp_finish."""
-    part = np.full((col_chunks(X), X.shape[1]), NO_KEY, dtype=np.uint32)
-    for c in prange(part.shape[0]):
-        col_keys_chunk(X, c, part[c])
-    return cols_exp_finish(part, n_blocks, block)
 
 
 def _proved(name, mr, nv, doc):
@@ -303,6 +284,10 @@ def pack_a(A, a_trans, i0, k0, kc, Ap, mr):
             At = Ap[: kc * 8].reshape(kc, 8)
             for k in range(0, done, 8):
                 transpose8(A, i0, k0 + k, At, k, 0)
+        elif rows == 4 and mr == 4:  # attention's strips (MR = 4): 16 k at a time by vector shuffles
+            done = kc - kc % 16
+            for k in range(0, done, 16):
+                interleave4(A, i0, k0 + k, Ap, k * 4)
         for k in range(done, kc):
             dst = Ap[k * mr : (k + 1) * mr]
             for r in range(rows):
@@ -386,7 +371,7 @@ def scan_share(X, by_cols, block, out, part, lo, hi):
 @parallel_kernel
 def _prologue(A, a_trans, B, b_trans, ni, nj, threads, Bp, kc, J, pack_b):
     """(ea, eb): the exponent bounds of A's row blocks and B's panels (as
-    cols_exp_min_par / rows_exp_min_par of op(A), op(B)), and with pack_b
+    rows_exp_min / cols_exp_min of op(A), op(B)), and with pack_b
     the panels of B's first k block (kc long) packed into Bp as the driver
     packs them, all in one parallel region: each region wakes the sleeping
     workers, which costs 40-140 us under a hypervisor (benchmarks/README.md),
