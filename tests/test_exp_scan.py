@@ -1,5 +1,6 @@
-"""The exponent scans (rows_exp_min, cols_exp_min and the driver's threaded
-rows_exp_min_par, cols_exp_min_par in refreplay/linalg/mm_fp32.py) give
+"""The exponent scans (rows_exp_min, cols_exp_min, and the pieces the
+driver's threaded prologue runs them from: scan_share over block_exp_min or
+col_keys_chunk, then cols_exp_finish; refreplay/linalg/mm_fp32.py) give
 exactly what exp_floor taken element by element gives: the minimum exponents that decide which
 flushes a tile may skip ([mm.flush.r1]).  A wrong minimum would let a tile
 skip a flush it needs, so every kind of element is drawn: signed zeros,
@@ -9,7 +10,6 @@ and shapes around them."""
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -82,18 +82,29 @@ def _block_mins(e, block):
     )
 
 
+def _pieces(X, by_cols, block, lo_hi=None):
+    """A scan made of the prologue's pieces: scan_share over all pieces (or
+    over the given (lo, hi) shares in turn), then cols_exp_finish for columns."""
+    n = M.col_chunks(X) if by_cols else _blocks(X.shape[0], block)
+    out = np.full(n, M.E_IGNORED, np.int64)
+    part = np.full((n if by_cols else 0, X.shape[1]), M.NO_KEY, np.uint32)
+    for lo, hi in lo_hi or [(0, n)]:
+        M.scan_share(X, by_cols, block, out, part, lo, hi)
+    return M.cols_exp_finish(part, _blocks(X.shape[1], block), block) if by_cols else out
+
+
 def _same(X, block):
-    """Serial and threaded scans, rows and columns, against the element-wise
-    floors (and exp_floor itself on every element)."""
+    """Serial scans and the prologue's pieces, rows and columns, against the
+    element-wise floors (and exp_floor itself on every element)."""
     rows, cols = X.shape
     e = _exp_floors(X)
     if X.size:
         assert [M.exp_floor(x) for x in X.ravel()[:64]] == list(e.ravel()[:64])
     want_rows = _block_mins(e.min(axis=1, initial=M.E_IGNORED), block)
     want_cols = _block_mins(e.min(axis=0, initial=M.E_IGNORED), block)
-    for got in (M.rows_exp_min_par(X, _blocks(rows, block), block), M.rows_exp_min(X, _blocks(rows, block), block)):
+    for got in (_pieces(X, False, block), M.rows_exp_min(X, _blocks(rows, block), block)):
         assert np.array_equal(got, want_rows)
-    for got in (M.cols_exp_min_par(X, _blocks(cols, block), block), M.cols_exp_min(X, _blocks(cols, block), block)):
+    for got in (_pieces(X, True, block), M.cols_exp_min(X, _blocks(cols, block), block)):
         assert np.array_equal(got, want_cols)
 
 
@@ -116,21 +127,19 @@ def test_one_edge_value_among_ones_and_among_nans(bits, shape):
             _same(X.view(np.float32), block)
 
 
-def test_threads_change_no_result():
+def test_shares_change_no_result():
+    """Cut into any number of shares (one per thread in the prologue), the
+    pieces give the one-piece result."""
     rng = np.random.default_rng(5)
     X = (rng.standard_normal((3 * M.ROW_CHUNK + 5, 2 * NR + 7)) * 1e-20).astype(np.float32)
     X[7, 9] = np.uint32(0x00000003).view(np.float32)
-    keep = numba.get_num_threads()
-    results = []
-    for n in sorted({1, numba.config.NUMBA_NUM_THREADS}):
-        numba.set_num_threads(n)
-        results.append(
-            (M.rows_exp_min_par(X, _blocks(X.shape[0], MR), MR), M.cols_exp_min_par(X, _blocks(X.shape[1], NR), NR))
-        )
-    numba.set_num_threads(keep)
-    for r in results[1:]:
-        assert all(np.array_equal(a, b) for a, b in zip(r, results[0]))
-    assert results[0][0].min() == M._E_SUBNORMAL and results[0][1].min() == M._E_SUBNORMAL
+    for by_cols, block in ((False, MR), (True, NR)):
+        n = M.col_chunks(X) if by_cols else _blocks(X.shape[0], block)
+        whole = _pieces(X, by_cols, block)
+        assert whole.min() == M._E_SUBNORMAL
+        for parts in (2, 3, 7):
+            shares = [(M.share(n, parts, t), M.share(n, parts, t + 1)) for t in range(parts)]
+            assert np.array_equal(_pieces(X, by_cols, block, shares), whole)
 
 
 @settings(max_examples=60, deadline=None)
