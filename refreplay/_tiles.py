@@ -1,7 +1,6 @@
 """What the compiler does not find on its own: the 8 x 8 transpose and the
 4 x 16 interleave, lane arrays it can keep in registers, whole-lane vector
-arithmetic and copies,
-and a prefetch hint.
+arithmetic and copies, and a prefetch hint.
 
 The row kernels (``ops/rowblock.py``) copy a block of rows into a tile with
 rows and columns swapped, so that the sequential sums of 32 rows can run
