@@ -319,17 +319,13 @@ def _transpose8_vectors(typingctx, X, xi, xj, T, ti, tj):
 _transpose8_elements = kernel(transpose8)  # any layout: element by element
 
 
+def _f32_array(t, ndim):
+    return isinstance(t, types.Array) and t.ndim == ndim and t.dtype == types.float32
+
+
 @overload(transpose8, jit_options=dict(cache=True))
 def _transpose8_impl(X, xi, xj, T, ti, tj):
-    f32_2d = (
-        isinstance(X, types.Array)
-        and isinstance(T, types.Array)
-        and X.ndim == 2
-        and T.ndim == 2
-        and X.dtype == types.float32
-        and T.dtype == types.float32
-    )
-    if not f32_2d:
+    if not (_f32_array(X, 2) and _f32_array(T, 2)):
         return None
     if X.layout == "C" and T.layout == "C":  # rows of 8 adjacent elements: vector loads and stores
         return lambda X, xi, xj, T, ti, tj: _transpose8_vectors(X, xi, xj, T, ti, tj)
@@ -398,14 +394,7 @@ _interleave4_elements = kernel(interleave4)  # any layout: element by element
 
 @overload(interleave4, jit_options=dict(cache=True))
 def _interleave4_impl(X, xi, xj, out, off):
-    if not (
-        isinstance(X, types.Array)
-        and isinstance(out, types.Array)
-        and X.ndim == 2
-        and out.ndim == 1
-        and X.dtype == types.float32
-        and out.dtype == types.float32
-    ):
+    if not (_f32_array(X, 2) and _f32_array(out, 1)):
         return None
     if X.layout == "C" and out.layout == "C":  # rows of 16 adjacent elements: vector loads and stores
         return lambda X, xi, xj, out, off: _interleave4_vectors(X, xi, xj, out, off)
