@@ -10,8 +10,9 @@ smallest normal became 0 (attention's scale and cross-entropy's gradient
 coefficient did this; test_attention_tiles and test_ops_b hold the
 constructed inputs).  Here a fresh process calls every public op and the
 training-step helpers that compute a scalar in one kernel and use it in
-another, then lists every compiled signature of every refreplay kernel: none
-may take a float64 scalar.  A fresh process, because signatures are global
+another (and, in the slow test, the reference on every golden vector: every
+op of the suite, the bf16 profile's included), then lists every compiled
+signature of every refreplay kernel: none may take a float64 scalar.  A fresh process, because signatures are global
 to a process and tests call the primitives with binary64 on purpose.
 """
 
@@ -21,6 +22,8 @@ import json
 import os
 import subprocess
 import sys
+
+import pytest
 
 SCRIPT = r"""
 import json, sys
@@ -64,6 +67,12 @@ O.adamw_update(params["a"], grads["a"], m["a"], vv["a"], 1, np.float32(1e-3))
 O.adamw_step(params, grads, m, vv, step=2, lr=O.lr_at(2, 1, 10, np.float32(1e-3), np.float32(1e-4)))
 TF.scale(f(5), 3)
 init_scale(np.float32(0.02))
+if "--vectors" in sys.argv:  # every op of the golden vectors (the bf16 profile's too) through the reference
+    from refreplay.conformance.golden import store
+    from refreplay.conformance.running import adapters, compare
+    manifest, cases = store.load_cases(store.VECTOR_DIR)
+    compare.run(adapters.resolve("reference"), cases)
+    assert len(cases) > 1000, len(cases)
 
 bad = []
 for name, mod in list(sys.modules.items()):
@@ -78,9 +87,20 @@ print(json.dumps(sorted(set(bad))))
 """
 
 
-def test_no_kernel_takes_a_binary64_scalar():
+def _binary64_signatures(*args):
     env = dict(os.environ, NUMBA_NUM_THREADS="1")
-    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    cmd = [sys.executable, "-c", SCRIPT, *args]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
-    bad = json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_no_kernel_takes_a_binary64_scalar():
+    bad = _binary64_signatures()
+    assert bad == [], "kernels compiled with a binary64 scalar:\n" + "\n".join(bad)
+
+
+@pytest.mark.slow
+def test_no_kernel_takes_a_binary64_scalar_on_the_golden_vectors():
+    bad = _binary64_signatures("--vectors")
     assert bad == [], "kernels compiled with a binary64 scalar:\n" + "\n".join(bad)
