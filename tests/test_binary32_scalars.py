@@ -12,8 +12,9 @@ constructed inputs).  Here a fresh process calls every public op and the
 training-step helpers that compute a scalar in one kernel and use it in
 another (and, in the slow test, the reference on every golden vector: every
 op of the suite, the bf16 profile's included), then lists every compiled
-signature of every refreplay kernel: none may take a float64 scalar.  A fresh process, because signatures are global
-to a process and tests call the primitives with binary64 on purpose.
+signature of every refreplay kernel: none may take a float64 scalar.  A
+fresh process, because signatures are global to a process and tests call
+the primitives with binary64 on purpose.
 """
 
 from __future__ import annotations
