@@ -1451,6 +1451,20 @@ def k_attention_backward_recomputed(dout, q, k, v, att, mask_fill=None):
     return attention.attention_backward(dout, q, k, v, k_attention_forward(q, k, v, mask_fill=mask_fill)[1])
 
 
+def k_attention_backward_binary64_scale(dout, q, k, v, att):
+    """[attn.bwd.c1] [num.flush.c1] misread: dz = ds * scale formed in binary64 (the scale
+    passed as a double), flushed while still below 2^-126 and only then rounded to
+    binary32; refreplay's own kernel before session 27 did this.  Not in MUTANTS: its
+    bf16 twin has no vector (test_mutants.test_binary64_scale_fails_one_edge_case)."""
+    from refreplay.ops import attention
+
+    dout, q, k, v, att = (load(x) for x in (dout, q, k, v, att))
+    dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v)
+    scale = float(attention.attention_scale(q.shape[3]))
+    attention.attention_backward_kernel(dout, q, k, v, att, scale, dq, dk, dv)
+    return dq, dk, dv
+
+
 def k_cross_entropy_plus_zero_terms(logits, targets):
     """[loss.mean.c1] misread: every ignored token adds a +0 term to the total."""
     lg = load(logits)

@@ -73,6 +73,19 @@ def test_mutant_fails_the_vectors(by_op, name):
     assert failing, f"{name} ({what}, [{clause}]) passes every case of {op}"
 
 
+def test_binary64_scale_fails_one_edge_case(by_op):
+    """[attn.bwd.c1] [num.flush.c1] attention's backward with dz = ds * scale formed in
+    binary64 and flushed before its rounding (refreplay's own kernel did this until
+    session 27) passed every vector until attention_backward-edge-07, which puts the
+    exact dz half a subnormal ulp below 2^-126; it fails that case alone.  It has no
+    bf16 twin in MUTANTS: with bf16 inputs (8-bit significands) and terms that must stay
+    normal, dp is a multiple of 2^-141 near 2^-122, and no bf16 vector yet makes ds the
+    one binary32 value, (2^24 - 1) * 2^-147, whose product with 2^-3 lies in the window."""
+    results = _results(M.k_attention_backward_binary64_scale, _cases(by_op, "attention_backward", False))
+    failing = {r.case.id for r in results if r.status != "pass"}
+    assert failing == {"attention_backward-edge-07"}
+
+
 # An equivalent reading is written in plain NumPy, a minute or more on each 2^22 + 1-element case
 # (exp, tanh, sigmoid): the default run gives it every case up to this many input elements, the
 # slow run every case.

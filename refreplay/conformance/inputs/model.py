@@ -405,7 +405,23 @@ def attention_backward_edges(rng):
         dout = _r(rng, s["q"].shape)
         dout.reshape(-1)[0] = F32(-0.0)
         out.append(("edge", {"dout": dout, **s, "att": att}, "the forward's edge inputs"))
+    out.append(("edge", _dz_rounds_up_to_normal(), "dz rounds up to 2^-126 before its flush: dq = 2^-106"))
     return out
+
+
+def _dz_rounds_up_to_normal():
+    """[attn.bwd.c1] [num.flush.c1] HS = 64 (scale 2^-3), q = 0 (att[1] = [1/2, 1/2]),
+    dout[1, 0] = (2^24 - 1) * 2^-145, v[0, 0] = 1: ds[1, 0] = (2^24 - 1) * 2^-147, and the
+    exact dz = (2^24 - 1) * 2^-150 rounds (to even) up to 2^-126, which the flush keeps;
+    k[0, 5] = 2^20 makes dq[1, 5] = 2^-106.  A kernel that forms ds * scale in binary64 and
+    flushes it before rounding gives 0 there."""
+    q = np.zeros((1, 1, 2, 64), F32)
+    k, v, dout = np.zeros_like(q), np.zeros_like(q), np.zeros_like(q)
+    k[0, 0, 0, 5] = F32(2.0**20)
+    v[0, 0, 0, 0] = F32(1.0)
+    dout[0, 0, 1, 0] = F32((2**24 - 1) * 2.0**-145)
+    _, att = _ops("attention").attention_forward(q, k, v)
+    return {"dout": dout, "q": q, "k": k, "v": v, "att": att}
 
 
 def attention_sweeps(rng, backward=False):
