@@ -22,6 +22,7 @@ from refreplay._jit import kernel, parallel_kernel
 from refreplay.linalg._tile import MR, NR
 from refreplay.linalg.common import NEG_ZERO
 from refreplay.numerics.core import ZERO, canon, flush, mul
+from refreplay.conformance.inputs.model import dz_rounds_up_to_normal
 from refreplay.ops import attention
 from refreplay.ops.rowblock import CB, RB
 from refreplay.ops.softmax import (
@@ -283,14 +284,10 @@ def test_scale_product_rounds_to_binary32_before_its_flush():
     dq[1, 5] = dz[0] * 2^20 = 2^-106 exactly.  The API once passed the scale
     as a Python float: the kernels multiplied in binary64 and flushed before
     rounding, and dq[1, 5] came out 0."""
-    T, HS = 2, 64
-    q = np.zeros((1, 1, T, HS), F32)
-    k, v, dout = np.zeros_like(q), np.zeros_like(q), np.zeros_like(q)
-    k[0, 0, 0, 5] = 2.0**20
-    v[0, 0, 0, 0] = 1.0
-    x = (2**24 - 1) * 2.0**-145
-    dout[0, 0, 1, 0] = x
-    assert float(F32(x)) == x
+    s = dz_rounds_up_to_normal()  # the same input is attention_backward-edge-07 of the vectors
+    q, k, v, dout = s["q"], s["k"], s["v"], s["dout"]
+    HS = q.shape[3]
+    assert HS == 64 and float(dout[0, 0, 1, 0]) == (2**24 - 1) * 2.0**-145 and k[0, 0, 0, 5] == 2.0**20
     out, att, dq, dk, dv = check(q, k, v, dout)
     assert_same_bits(att[0, 0, 1], np.array([0.5, 0.5], F32), "att[1]")
     assert dq[0, 0, 1, 5] == F32(2.0**-106)

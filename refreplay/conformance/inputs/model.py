@@ -405,11 +405,11 @@ def attention_backward_edges(rng):
         dout = _r(rng, s["q"].shape)
         dout.reshape(-1)[0] = F32(-0.0)
         out.append(("edge", {"dout": dout, **s, "att": att}, "the forward's edge inputs"))
-    out.append(("edge", _dz_rounds_up_to_normal(), "dz rounds up to 2^-126 before its flush: dq = 2^-106"))
+    out.append(("edge", dz_rounds_up_to_normal(), "dz rounds up to 2^-126 before its flush: dq = 2^-106"))
     return out
 
 
-def _dz_rounds_up_to_normal():
+def dz_rounds_up_to_normal():
     """[attn.bwd.c1] [num.flush.c1] HS = 64 (scale 2^-3), q = 0 (att[1] = [1/2, 1/2]),
     dout[1, 0] = (2^24 - 1) * 2^-145, v[0, 0] = 1: ds[1, 0] = (2^24 - 1) * 2^-147, and the
     exact dz = (2^24 - 1) * 2^-150 rounds (to even) up to 2^-126, which the flush keeps;
