@@ -1454,8 +1454,9 @@ def k_attention_backward_recomputed(dout, q, k, v, att, mask_fill=None):
 def k_attention_backward_binary64_scale(dout, q, k, v, att):
     """[attn.bwd.c1] [num.flush.c1] misread: dz = ds * scale formed in binary64 (the scale
     passed as a double), flushed while still below 2^-126 and only then rounded to
-    binary32; refreplay's own kernel before session 27 did this.  Not in MUTANTS: its
-    bf16 twin has no vector (test_mutants.test_binary64_scale_fails_one_edge_case)."""
+    binary32; refreplay's own kernel before session 27 did this.  It fails
+    attention_backward-edge-07 alone (test_mutants.test_binary64_scale_fails_one_edge_case),
+    its bf16 twin the bf16 case built by inputs.model.dz_rounds_up_to_normal_bf16."""
     from refreplay.ops import attention
 
     dout, q, k, v, att = (load(x) for x in (dout, q, k, v, att))
@@ -1546,6 +1547,12 @@ EDGE_MUTANTS = {
     ),
 }
 MUTANTS.update(EDGE_MUTANTS)
+MUTANTS["attention backward scale in binary64"] = (
+    "attention_backward",
+    k_attention_backward_binary64_scale,
+    "num.flush.c1",
+    "dz = ds * scale formed in binary64, flushed before its rounding",
+)
 EQUIVALENT.update(
     {
         "loss ignored tokens as +0 terms": (

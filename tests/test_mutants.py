@@ -77,10 +77,10 @@ def test_binary64_scale_fails_one_edge_case(by_op):
     """[attn.bwd.c1] [num.flush.c1] attention's backward with dz = ds * scale formed in
     binary64 and flushed before its rounding (refreplay's own kernel did this until
     session 27) passed every vector until attention_backward-edge-07, which puts the
-    exact dz half a subnormal ulp below 2^-126; it fails that case alone.  It has no
-    bf16 twin in MUTANTS: with bf16 inputs (8-bit significands) and terms that must stay
-    normal, dp is a multiple of 2^-141 near 2^-122, and no bf16 vector yet makes ds the
-    one binary32 value, (2^24 - 1) * 2^-147, whose product with 2^-3 lies in the window."""
+    exact dz half a subnormal ulp below 2^-126; it fails that case alone.  Its bf16
+    twin (test_edge_vectors) fails the bf16 case where att times a bf16 dp rounds to
+    the one binary32 ds, (2^24 - 1) * 2^-147, whose product with 2^-3 lies in the
+    window (inputs.model.dz_rounds_up_to_normal_bf16)."""
     results = _results(M.k_attention_backward_binary64_scale, _cases(by_op, "attention_backward", False))
     failing = {r.case.id for r in results if r.status != "pass"}
     assert failing == {"attention_backward-edge-07"}

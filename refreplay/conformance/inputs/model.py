@@ -424,6 +424,25 @@ def dz_rounds_up_to_normal():
     return {"dout": dout, "q": q, "k": k, "v": v, "att": att}
 
 
+def dz_rounds_up_to_normal_bf16():
+    """The same edge with bf16 inputs (8-bit significands), as the bf16 profile's
+    binary32 inputs before encoding: HS = 64, q[1, 0] = 1, k[0, 0] = -1/8 (scores
+    [-2^-6, 0], att[1, 0] = 0x3EFE0003 from the forward), dout[1, 1] = 226 * 2^-68 and
+    v[0, 1] = 145 * 2^-68, every product normal.  Then dp[0] = 32770 * 2^-136 and
+    ds[1, 0] = (2^24 - 1) * 2^-147 (found by search: a bf16 dp times att must
+    round to the one binary32 ds whose product with 2^-3 lies in the window), so dz
+    rounds up to 2^-126 and k[0, 2] = 2^20 makes dq[1, 2] = 2^-106.  The forward's
+    att is added by the caller (the bf16 forward's)."""
+    q = np.zeros((1, 1, 2, 64), F32)
+    k, v, dout = np.zeros_like(q), np.zeros_like(q), np.zeros_like(q)
+    q[0, 0, 1, 0] = F32(1.0)
+    k[0, 0, 0, 0] = F32(-0.125)
+    k[0, 0, 0, 2] = F32(2.0**20)
+    v[0, 0, 0, 1] = F32(145 * 2.0**-68)
+    dout[0, 0, 1, 1] = F32(226 * 2.0**-68)
+    return {"dout": dout, "q": q, "k": k, "v": v}
+
+
 def attention_sweeps(rng, backward=False):
     out = []
     for t in sweeps.T_BACKWARD if backward else sweeps.T_SWEEP:

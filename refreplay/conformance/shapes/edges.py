@@ -477,7 +477,12 @@ def bf16_attention(op, rng):
         **{n: _enc(far[n]) for n in ("q", "k", "v")},
         "att": att,
     }
-    return [("edge", d, "scores below -1e9 (a backward that recomputes att with a -1e9 mask fails); rounded to bf16")]
+    e = {n: _enc(x) for n, x in _mp().dz_rounds_up_to_normal_bf16().items()}
+    e["att"] = _bo()._ops().apply("attention_forward", e["q"], e["k"], e["v"])[1]
+    return [
+        ("edge", d, "scores below -1e9 (a backward that recomputes att with a -1e9 mask fails); rounded to bf16"),
+        ("edge", e, "dz rounds up to 2^-126 before its flush: dq = 2^-106; bf16 inputs"),
+    ]
 
 
 def bf16_cross_entropy(op, rng):
