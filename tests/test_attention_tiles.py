@@ -338,6 +338,35 @@ def test_bits_do_not_depend_on_the_thread_count():
         assert_same_bits(g, w, name)
 
 
+@pytest.mark.parametrize("parts", [1, 2, 4, 7])
+def test_heads_sharing_a_scratch_keep_their_bits(parts):
+    """The backward's heads are cut into ``parts``, each part reusing one scratch
+    of dz's and att's rows for its heads (whatever an earlier head left past
+    the diagonal is never read): every part count gives the oracle's bits,
+    with heads of different scales beside each other and a T that is not a
+    whole number of MR-key blocks."""
+    rng = np.random.default_rng(40 + parts)
+    T, HS = 2 * MR + 3, NR + 1
+    q, k, v, dout = (planted(rng, (2, 3, T, HS), 1.0, 0.01) for _ in range(4))
+    with np.errstate(over="ignore"):  # a planted FLT_MAX becomes inf
+        for x in (q, k, dout):
+            x[0, 1] *= F32(64.0)  # a head with larger dz and att follows a small one
+    _, att = attention.attention_forward(q, k, v)
+    got = [np.empty_like(q) for _ in range(3)]
+    attention.attention_backward_kernel(dout, q, k, v, att, attention._scale(HS), *got, parts)
+    for name, g, w in zip(NAMES[2:], got, oracle(q, k, v, dout, att)[2:]):
+        assert_same_bits(g, w, name)
+
+
+def test_row_stride_is_an_odd_count_of_lines():
+    """row_stride(n): at least n floats, whole 64-byte lines, an odd count of
+    them (so rows read down a column never share one cache set), at most two
+    lines more than n needs."""
+    for n in range(1, 5000):
+        L = attention.row_stride(n)
+        assert n <= L < n + 32 and L % 16 == 0 and (L // 16) % 2 == 1, (n, L)
+
+
 def test_causal_row_softmax_equals_row_kernels():
     """[softmax.fwd.c1] [softmax.bwd.c1] softmax_rows_causal(_backward) give
     softmax_row(_backward)'s bits row by row, for any number of rows."""

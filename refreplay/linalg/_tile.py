@@ -47,7 +47,12 @@ Either variant stores its accumulators back to C with NaNs canonicalised
 stored and reloaded between k blocks, which keeps every bit).
 
 Layout (packed by ``mm_fp32.py``): ``Ap[ap_off + k*mr + r]``,
-``Bp[bp_off + k*nr + j]``, ``C[c_off + r*ldc + j]``; all 1-D float32.
+``Bp[bp_off + k*nr + j]``, ``C[c_off + r*ldc + j]``; all 1-D float32.  A
+strided tile (``tile_variants(..., strided=True)``) takes one more argument,
+``lda`` after ``ap_off``, and reads ``Ap[ap_off + k*lda + r]``: mr
+consecutive floats of each of kc rows lda apart, so an operand whose rows
+already hold the tile's mr values side by side (attention's att and dz for
+the key sums) needs no packed copy.
 """
 
 from __future__ import annotations
@@ -92,21 +97,23 @@ def _vec_ptr(builder, base, offset):
     return builder.bitcast(builder.gep(base, [offset]), _VF.as_pointer())
 
 
-def _make_tile(mr: int, nv: int, flush_products: bool, flush_sums: bool):
-    """The tile intrinsic for an mr x (nv * LANES) tile."""
+def _make_tile(mr: int, nv: int, flush_products: bool, flush_sums: bool, strided: bool):
+    """The tile intrinsic for an mr x (nv * LANES) tile; with ``strided`` it
+    takes ``lda`` after ``ap_off`` (A's rows lda floats apart, not mr)."""
     nr = nv * LANES
+    x = 1 if strided else 0  # the arguments after ap_off move by one
 
-    @intrinsic
-    def tile(typingctx, Ap, ap_off, Bp, bp_off, kc, C, c_off, ldc, load_c):
+    def typer(typingctx, *args):
+        Ap, Bp, C, load_c = args[0], args[2 + x], args[5 + x], args[8 + x]
         for arr in (Ap, Bp, C):
             if arr != _F32_1D:
                 return None
-        for n in (ap_off, bp_off, kc, c_off, ldc):
-            if not isinstance(n, types.Integer):
+        for i in (1, 3 + x, 4 + x, 6 + x, 7 + x) + ((2,) if strided else ()):
+            if not isinstance(args[i], types.Integer):
                 return None
         if not isinstance(load_c, types.Boolean):
             return None
-        sig = types.void(Ap, ap_off, Bp, bp_off, kc, C, c_off, ldc, load_c)
+        sig = types.void(*args)
 
         def codegen(context, builder, signature, args):
             tys = signature.args
@@ -118,9 +125,10 @@ def _make_tile(mr: int, nv: int, flush_products: bool, flush_sums: bool):
             def as_intp(i):
                 return context.cast(builder, args[i], tys[i], types.intp)
 
-            ap, bp, c = data(0), data(2), data(5)
-            ap_off, bp_off, kc, c_off, ldc = (as_intp(i) for i in (1, 3, 4, 6, 7))
-            load_c = context.cast(builder, args[8], tys[8], types.boolean)
+            ap, bp, c = data(0), data(2 + x), data(5 + x)
+            ap_off, bp_off, kc, c_off, ldc = (as_intp(i) for i in (1, 3 + x, 4 + x, 6 + x, 7 + x))
+            lda = as_intp(2) if strided else ir.Constant(intp, mr)
+            load_c = context.cast(builder, args[8 + x], tys[8 + x], types.boolean)
             ap = builder.gep(ap, [ap_off])
             bp = builder.gep(bp, [bp_off])
             c = builder.gep(c, [c_off])
@@ -151,7 +159,7 @@ def _make_tile(mr: int, nv: int, flush_products: bool, flush_sums: bool):
                     )
                     for v in range(nv)
                 ]
-                a_row = builder.gep(ap, [builder.mul(k, ir.Constant(intp, mr))])
+                a_row = builder.gep(ap, [builder.mul(k, lda)])
                 for r in range(mr):
                     a = builder.load(builder.gep(a_row, [ir.Constant(intp, r)]), align=4)
                     a_vec = builder.shuffle_vector(
@@ -177,13 +185,25 @@ def _make_tile(mr: int, nv: int, flush_products: bool, flush_sums: bool):
 
         return sig, codegen
 
-    return tile
+    # Numba's intrinsic reads the typer's parameter names: spell them out
+    if strided:
+
+        def tile(typingctx, Ap, ap_off, lda, Bp, bp_off, kc, C, c_off, ldc, load_c):
+            return typer(typingctx, Ap, ap_off, lda, Bp, bp_off, kc, C, c_off, ldc, load_c)
+
+    else:
+
+        def tile(typingctx, Ap, ap_off, Bp, bp_off, kc, C, c_off, ldc, load_c):
+            return typer(typingctx, Ap, ap_off, Bp, bp_off, kc, C, c_off, ldc, load_c)
+
+    return intrinsic(tile)
 
 
-def tile_variants(mr: int, nv: int):
+def tile_variants(mr: int, nv: int, strided: bool = False):
     """(plain, flush_sums, flush): the three variants of the mr x (nv * LANES)
-    tile.  Built for attention's MR x NR tile and the matmul's MM_MR x MM_NR,
-    and for the matmul's last panel when fewer than MM_NR columns are left:
-    MM_MR x 32 and MM_MR x 16 (a width of 256 is 5 whole panels and 16
-    columns, which a full-width tile would compute 3 times over)."""
-    return _make_tile(mr, nv, False, False), _make_tile(mr, nv, False, True), _make_tile(mr, nv, True, True)
+    tile.  Built for attention's MR x NR tile (packed and strided) and the
+    matmul's MM_MR x MM_NR, and for the matmul's last panel when fewer than
+    MM_NR columns are left: MM_MR x 32 and MM_MR x 16 (a width of 256 is 5
+    whole panels and 16 columns, which a full-width tile would compute 3
+    times over)."""
+    return tuple(_make_tile(mr, nv, fp, fs, strided) for fp, fs in ((False, False), (False, True), (True, True)))

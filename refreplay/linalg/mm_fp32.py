@@ -219,7 +219,7 @@ def cols_exp_finish(part, n_blocks, block):
     return out
 
 
-def _proved(name, mr, nv, doc):
+def _proved(name, mr, nv, doc, strided=False):
     """The mr x (nv * LANES) tile that runs only the flushes e does not prove
     identities, compiled under its own ``name``.  Each tile's function must
     have a name of its own: Numba names compiled code by the function's
@@ -231,16 +231,29 @@ def _proved(name, mr, nv, doc):
     bits).  ``tests/test_cache_symbols.py`` holds the names unique.  Not
     cached on its own: its closure's tile intrinsics differ in every process,
     so its entries would never be found again, only pile up; its callers
-    carry its code in their own cache entries."""
-    plain, flush_sums, flush_all = tile_variants(mr, nv)
+    carry its code in their own cache entries.  With ``strided`` the tile
+    takes ``lda`` after ``ap_off`` (``_tile``)."""
+    plain, flush_sums, flush_all = tile_variants(mr, nv, strided)
 
-    def proved(e, Ap, ap_off, Bp, bp_off, kc, C, c_off, ldc, load_c):
-        if e >= _FLUSH_FREE_MIN:
-            plain(Ap, ap_off, Bp, bp_off, kc, C, c_off, ldc, load_c)
-        elif e >= _PRODUCTS_NORMAL_MIN:
-            flush_sums(Ap, ap_off, Bp, bp_off, kc, C, c_off, ldc, load_c)
-        else:
-            flush_all(Ap, ap_off, Bp, bp_off, kc, C, c_off, ldc, load_c)
+    if strided:
+
+        def proved(e, Ap, ap_off, lda, Bp, bp_off, kc, C, c_off, ldc, load_c):
+            if e >= _FLUSH_FREE_MIN:
+                plain(Ap, ap_off, lda, Bp, bp_off, kc, C, c_off, ldc, load_c)
+            elif e >= _PRODUCTS_NORMAL_MIN:
+                flush_sums(Ap, ap_off, lda, Bp, bp_off, kc, C, c_off, ldc, load_c)
+            else:
+                flush_all(Ap, ap_off, lda, Bp, bp_off, kc, C, c_off, ldc, load_c)
+
+    else:
+
+        def proved(e, Ap, ap_off, Bp, bp_off, kc, C, c_off, ldc, load_c):
+            if e >= _FLUSH_FREE_MIN:
+                plain(Ap, ap_off, Bp, bp_off, kc, C, c_off, ldc, load_c)
+            elif e >= _PRODUCTS_NORMAL_MIN:
+                flush_sums(Ap, ap_off, Bp, bp_off, kc, C, c_off, ldc, load_c)
+            else:
+                flush_all(Ap, ap_off, Bp, bp_off, kc, C, c_off, ldc, load_c)
 
     proved.__name__ = proved.__qualname__ = name
     proved.__doc__ = doc
@@ -254,6 +267,14 @@ tile_proved = _proved(
     """One MR × NR tile (``_tile``, same arguments) with only the flushes that
 e = Ea + Eb does not prove identities; e must bound, as above, every
 product of the tile's outputs over their whole k range ([mm.flush.r1]).""",
+)
+tile_strided_proved = _proved(
+    "tile_strided_proved",
+    MR,
+    NV,
+    """tile_proved with A read as Ap[ap_off + k*lda + r]: MR floats from each
+of kc rows lda apart (attention's key sums read att and dz in place).""",
+    True,
 )
 mm_tile_proved = _proved("mm_tile_proved", MM_MR, MM_NV, "tile_proved on the matmul's MM_MR × MM_NR tile.")
 mm2_tile_proved = _proved("mm2_tile_proved", MM_MR, 2, "tile_proved on an MM_MR × 32 last panel.")

@@ -31,15 +31,19 @@ output's whole chain.  The softmax of each row and its backward keep
 softmax_row's steps; the sums of RB rows run side by side in SIMD lanes
 (``softmax.softmax_rows_causal``).  The backward keeps the dz of a whole
 head (T² floats per running head) because dk's chains need every row of it,
-and packs att's columns the same way while its rows are in cache (T² more;
-packing them later, per block of MR keys, read a few bytes from each of T
-rows far apart and took 0.18 of the backward).
+and copies att's rows beside it while they are in cache (T² more).  The key
+sums read both down their columns in place (``tile_strided_proved``: MR
+floats from each row), with rows padded to an odd count of cache lines
+(``row_stride``): att's own rows, 4 KiB apart at T = 1024, fall in one
+cache set, and packing its columns from them per block of keys took 0.18
+of the backward.
 ``tests/test_attention_tiles.py`` holds the row-at-a-time kernels these
 replaced and checks the bits against them.
 """
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 from numba import prange
 
@@ -55,7 +59,9 @@ from ..linalg.mm_fp32 import (
     pack_a,
     pack_b_panel,
     rows_exp_min,
+    share,
     tile_proved,
+    tile_strided_proved,
 )
 from ..numerics.core import F32, ZERO, canon, flush, mul, recip, sqrt
 from . import check_outs
@@ -154,17 +160,18 @@ def softmax_block(Z, scale, t0, att_bh):
 
 
 @kernel
-def dz_block(Z, att_bh, scale, t0, DZr, zcol, acol):
+def dz_block(Z, att_bh, scale, t0, DZr, ATr, zcol, acol):
     """[attn.bwd.c1] DZr[r, 0..t] = softmax_backward(dp = Z[r, 0..t], att[t]) * scale
-    for t = t0 + r; zcol[s] and acol[s] take the smallest magnitude keys of
-    dz[t, s] and att[t, s] (bounds of dk's and dv's chains, block_min), for
-    t = t0 .. t0+RB-1.  Returns the rows' exponent bound."""
+    and ATr[r, 0..t] = att[t, 0..t] (copied bits) for t = t0 + r; zcol[s] and
+    acol[s] take the smallest magnitude keys of dz[t, s] and att[t, s]
+    (bounds of dk's and dv's chains, block_min), for t = t0 .. t0+RB-1.
+    Returns the rows' exponent bound."""
     T = att_bh.shape[0]
     rows = min(Z.shape[0], T - t0)
     softmax_rows_causal_backward(Z, att_bh[t0 : t0 + rows], t0 + 1, DZr[:rows])
     m = NO_KEY
     for t in range(t0, t0 + rows):
-        att_t = att_bh[t]
+        att_t, at_r = att_bh[t], ATr[t - t0]
         dz = DZr[t - t0]
         for s in range(t + 1):
             dz[s] = mul(dz[s], scale)
@@ -173,7 +180,9 @@ def dz_block(Z, att_bh, scale, t0, DZr, zcol, acol):
             m = min(m, kz)
             zcol[s] = min(zcol[s], kz)
         for s in range(t + 1):
-            acol[s] = min(acol[s], mag_key(att_t[s]))
+            a = att_t[s]
+            at_r[s] = a
+            acol[s] = min(acol[s], mag_key(a))
     return key_exp(m)
 
 
@@ -208,30 +217,22 @@ def weighted_sum_block(P, e_p, t0, X, Xp, e_x, Ap, O, out_bh):
 
 
 @kernel
-def scatter_cols(P, t0, Dst, T):
-    """Dst[(sb*T + t)*MR + c] = P[t - t0, sb*MR + c] for the block's rows t
-    (dz or att): their columns packed as the A operand of dzᵀ·q or attᵀ·dout,
-    while the rows are in cache.  Entries with s > t are copied but never
-    read; columns past P's last are set to +0."""
-    rows = min(MR, T - t0)
-    ncols = P.shape[1]
-    for sb in range(t0 // MR + 1):  # the block's MR x MR entries lie together in Dst
-        at = (sb * T + t0) * MR
-        w = min(MR, ncols - sb * MR)
-        for r in range(rows):
-            if w == MR:  # all but att's last block: MR values, unrolled
-                for c in range(MR):
-                    Dst[at + r * MR + c] = P[r, sb * MR + c]
-            else:
-                for c in range(MR):
-                    Dst[at + r * MR + c] = P[r, sb * MR + c] if c < w else ZERO
+def row_stride(n):
+    """Floats between rows of a buffer of n-float rows read down its columns:
+    n rounded up to whole 64-byte lines, and to an odd count of them, so that
+    consecutive rows fall in different cache sets.  Rows 4 KiB apart (att's
+    at T = 1024) all fall in one set of L1 and in a sixteenth of L2's sets:
+    the key sums read 16 bytes of each of T rows per block of keys."""
+    lines = (n + 15) // 16
+    return (lines + 1 - lines % 2) * 16
 
 
 @kernel
-def key_sum_block(Ap, a_off, e_a, s0, X, Xp, e_x, O, out_bh):
+def key_sum_block(Ap, a_off, lda, e_a, s0, X, Xp, e_x, O, out_bh):
     """[attn.bwd.c1] out[s, d] = sum over t = s .. T-1, increasing, from -0,
     of A[t, s] * X[t, d], for s = s0 .. s0+rows-1 (overwritten, NaN
-    canonical), where Ap[a_off + (t-s0)*MR + r] = A[t, s0+r] for t >= s0.
+    canonical), where Ap[a_off + (t-s0)*lda + r] = A[t, s0+r] for t >= s0
+    (A's rows lda floats apart, read in place by the strided tile).
     Each row adds its ragged head t = s .. s0+MR-2, then the tile takes
     t = s0+MR-1 .. T-1 from those partial sums."""
     T, HS = X.shape
@@ -242,13 +243,14 @@ def key_sum_block(Ap, a_off, e_a, s0, X, Xp, e_x, O, out_bh):
     for r in range(rows):
         o = O[r * ld : r * ld + HS]
         for t in range(s0 + r, t1):  # the head, before the tile's t >= t1
-            a = Ap[a_off + (t - s0) * MR + r]
+            a = Ap[a_off + (t - s0) * lda + r]
             x = X[t]
             for d in range(HS):
                 o[d] = flush(o[d] + flush(a * x[d]))
     if t1 < T:
         for jp in range((HS + NR - 1) // NR):
-            tile_proved(e_a + e_x[jp], Ap, a_off + (t1 - s0) * MR, Xp, (jp * T + t1) * NR, T - t1, O, jp * NR, ld, True)
+            a_t1, xp_t1 = a_off + (t1 - s0) * lda, (jp * T + t1) * NR
+            tile_strided_proved(e_a + e_x[jp], Ap, a_t1, lda, Xp, xp_t1, T - t1, O, jp * NR, ld, True)
     for r in range(rows):
         out_s = out_bh[s0 + r]
         for d in range(HS):
@@ -300,7 +302,7 @@ def attention_forward_kernel(q, k, v, scale, out, att):
 
 
 @parallel_kernel
-def attention_backward_kernel(dout, q, k, v, att, scale, dq, dk, dv):
+def attention_backward_kernel(dout, q, k, v, att, scale, dq, dk, dv, threads):
     """dout, q, k, v [B, NH, T, HS], att [B, NH, T, T] -> dq, dk, dv
     [B, NH, T, HS] (overwritten).  For every (b, h), t = 0 .. T-1 in
     increasing order, s = 0 .. t  [attn.bwd.c1]:
@@ -312,41 +314,52 @@ def attention_backward_kernel(dout, q, k, v, att, scale, dq, dk, dv):
         dv[s,d] = dv[s,d] + att[t,s]*dout[t,d]  (so dv sums over t increasing)
     dk and dv start at -0 ([red.sum.c1]).  dp, dz and dq are computed MR rows
     t at a time, then dk and dv MR rows s at a time (module docstring).
+    ``threads``: the parts the (b, h) pairs are cut into, each with one
+    scratch of dz and att rows for all its heads (a fresh one per head cost
+    a page fault per 4 KiB written when the allocator returned it to the
+    system); no bit depends on it.
     """
-    B, NH, T, HS = q.shape
+    B, NH, T = q.shape[0], q.shape[1], q.shape[2]
+    L = row_stride((T + MR - 1) // MR * MR)  # rows of whole blocks of keys (+0 past T), padded
+    parts = max(1, min(threads, B * NH))
+    for part in prange(parts):
+        W = np.empty((2, T, L), np.float32)  # dz's and att's rows, read down their columns by the key sums
+        W[:, :, T:] = ZERO
+        for bh in range(share(B * NH, parts, part), share(B * NH, parts, part + 1)):
+            _backward_head(dout, q, k, v, att, scale, dq, dk, dv, bh // NH, bh % NH, W[0], W[1])
+
+
+@kernel
+def _backward_head(dout, q, k, v, att, scale, dq, dk, dv, b, h, DZ, AT):
+    """attention_backward_kernel's head (b, h); DZ and AT [T, L] scratch
+    whose columns T .. L-1 hold +0."""
+    T, HS = q.shape[2], q.shape[3]
     ni = (T + MR - 1) // MR
     ns = (T + NR - 1) // NR
     nd = (HS + NR - 1) // NR
-    for bh in prange(B * NH):
-        b = bh // NH
-        h = bh % NH
-        q_bh, k_bh, v_bh, do_bh, att_bh = q[b, h], k[b, h], v[b, h], dout[b, h], att[b, h]
-        vp, kp, qp, dop = pack_transposed(v_bh), pack_rows(k_bh), pack_rows(q_bh), pack_rows(do_bh)
-        e_do, e_v = rows_exp_min(do_bh, ni, MR), rows_exp_min(v_bh, ns, NR)
-        e_k, e_q, e_doc = cols_exp_min(k_bh, nd, NR), cols_exp_min(q_bh, nd, NR), cols_exp_min(do_bh, nd, NR)
-        zcol = np.full(T, NO_KEY, np.uint32)
-        acol = np.full(T, NO_KEY, np.uint32)
-        Ap = np.empty(max(HS, T) * MR, np.float32)
-        Z = np.empty((RB, ns * NR), np.float32)
-        O = np.empty(MR * nd * NR, np.float32)
-        DZr = np.zeros((RB, ni * MR), np.float32)
-        DZ = np.empty(ni * T * MR, np.float32)
-        ATp = np.empty(ni * T * MR, np.float32)  # att's columns, packed as DZ
-        for t00 in range(0, T, RB):  # as in the forward
-            ibs = range(t00 // MR, min(ni, (t00 + RB) // MR))
-            for ib in ibs:
-                dots_block(do_bh, e_do[ib], ib * MR, vp, e_v, Ap, Z.reshape(-1), (ib * MR - t00) * ns * NR, ns * NR)
-            e_dz = dz_block(Z, att_bh, scale, t00, DZr, zcol, acol)
-            for ib in ibs:
-                t0 = ib * MR
-                DZb = DZr[t0 - t00 : t0 - t00 + min(MR, T - t0)]
-                scatter_cols(DZb, t0, DZ, T)
-                scatter_cols(att_bh[t0 : t0 + MR], t0, ATp, T)
-                weighted_sum_block(DZb, e_dz, t0, k_bh, kp, e_k, Ap, O, dq[b, h])
-        for sb in range(ni):
-            s0 = sb * MR
-            key_sum_block(DZ, (sb * T + s0) * MR, block_min(zcol, s0, MR), s0, q_bh, qp, e_q, O, dk[b, h])
-            key_sum_block(ATp, (sb * T + s0) * MR, block_min(acol, s0, MR), s0, do_bh, dop, e_doc, O, dv[b, h])
+    L = DZ.shape[1]
+    q_bh, k_bh, v_bh, do_bh, att_bh = q[b, h], k[b, h], v[b, h], dout[b, h], att[b, h]
+    vp, kp, qp, dop = pack_transposed(v_bh), pack_rows(k_bh), pack_rows(q_bh), pack_rows(do_bh)
+    e_do, e_v = rows_exp_min(do_bh, ni, MR), rows_exp_min(v_bh, ns, NR)
+    e_k, e_q, e_doc = cols_exp_min(k_bh, nd, NR), cols_exp_min(q_bh, nd, NR), cols_exp_min(do_bh, nd, NR)
+    zcol = np.full(T, NO_KEY, np.uint32)
+    acol = np.full(T, NO_KEY, np.uint32)
+    Ap = np.empty(max(HS, T) * MR, np.float32)
+    Z = np.empty((RB, ns * NR), np.float32)
+    O = np.empty(MR * nd * NR, np.float32)
+    for t00 in range(0, T, RB):  # as in the forward
+        ibs = range(t00 // MR, min(ni, (t00 + RB) // MR))
+        for ib in ibs:
+            dots_block(do_bh, e_do[ib], ib * MR, vp, e_v, Ap, Z.reshape(-1), (ib * MR - t00) * ns * NR, ns * NR)
+        e_dz = dz_block(Z, att_bh, scale, t00, DZ[t00:], AT[t00:], zcol, acol)
+        for ib in ibs:
+            t0 = ib * MR
+            weighted_sum_block(DZ[t0 : min(t0 + MR, T)], e_dz, t0, k_bh, kp, e_k, Ap, O, dq[b, h])
+    dz_f, at_f = DZ.reshape(-1), AT.reshape(-1)
+    for sb in range(ni):  # the key sums read dz's and att's rows in place
+        s0 = sb * MR
+        key_sum_block(dz_f, s0 * L + s0, L, block_min(zcol, s0, MR), s0, q_bh, qp, e_q, O, dk[b, h])
+        key_sum_block(at_f, s0 * L + s0, L, block_min(acol, s0, MR), s0, do_bh, dop, e_doc, O, dv[b, h])
 
 
 # ---- public API ------------------------------------------------------------------
@@ -389,5 +402,5 @@ def attention_backward(dout, q, k, v, att):
     B, NH, T, HS = _check([("dout", dout), ("q", q), ("k", k), ("v", v)])
     _check([("att", att)], (B, NH, T, T))
     dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v)
-    attention_backward_kernel(dout, q, k, v, att, _scale(HS), dq, dk, dv)
+    attention_backward_kernel(dout, q, k, v, att, _scale(HS), dq, dk, dv, numba.get_num_threads())
     return dq, dk, dv
