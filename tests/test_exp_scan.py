@@ -142,13 +142,22 @@ def test_shares_change_no_result():
             assert np.array_equal(_pieces(X, by_cols, block, shares), whole)
 
 
-@settings(max_examples=60, deadline=None)
-@given(X=matrices(), Y=matrices(), a_trans=st.booleans(), b_trans=st.booleans(), threads=st.sampled_from([1, 2, 3, 7]))
-def test_driver_prologue_scans_and_packs(X, Y, a_trans, b_trans, threads):
+@settings(max_examples=80, deadline=None)
+@given(
+    X=matrices(),
+    Y=matrices(),
+    a_trans=st.booleans(),
+    b_trans=st.booleans(),
+    threads=st.sampled_from([1, 2, 3, 7]),
+    whole=st.booleans(),
+)
+def test_driver_prologue_scans_and_packs(X, Y, a_trans, b_trans, threads, whole):
     """The matmul driver's one-region prologue: the bounds of op(A)'s row
     blocks and op(B)'s panels are the element floors' minima whatever the
     share of each thread, and B's first k block is packed as pack_b_panel
-    packs it."""
+    packs it.  With ``whole`` (one k block holds all of K) B's bounds come
+    from its packed panels and A's from each packed strip, as the driver
+    takes them (packed_exp_min), and are the same minima."""
     MMR, MNR = M.MM_MR, M.MM_NR
     e_a, e_b = _exp_floors(X), _exp_floors(Y)
     I = X.shape[1] if a_trans else X.shape[0]
@@ -156,9 +165,14 @@ def test_driver_prologue_scans_and_packs(X, Y, a_trans, b_trans, threads):
     ni, nj = _blocks(I, MMR), _blocks(J, MNR)
     want_a = _block_mins(e_a.min(axis=0 if a_trans else 1, initial=M.E_IGNORED), MMR)
     want_b = _block_mins(e_b.min(axis=1 if b_trans else 0, initial=M.E_IGNORED), MNR)
-    kc = min(K, 5)
+    whole = whole and K > 0
+    kc = K if whole else min(K, 5)
     Bp = np.full(nj * kc * MNR + 3, np.float32(np.nan))
-    ea, eb = M._prologue(X, a_trans, Y, b_trans, ni, nj, threads, Bp, kc, J, kc > 0)
+    ea, eb = M._prologue(X, a_trans, Y, b_trans, ni, nj, threads, Bp, kc, J, kc > 0, whole)
+    if whole:  # the driver's bounds of A: one per strip packed over all of A's k
+        KA = X.shape[0] if a_trans else X.shape[1]
+        Ai = np.full(KA * MMR, np.float32(np.nan))
+        ea = [M.pack_a(X, a_trans, ib * MMR, 0, KA, Ai, MMR) or M.packed_exp_min(Ai, 0, KA * MMR) for ib in range(ni)]
     assert np.array_equal(ea, want_a) and np.array_equal(eb, want_b)
     want_p = np.full_like(Bp, np.float32(np.nan))
     for jp in range(nj if kc else 0):

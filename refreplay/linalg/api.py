@@ -8,6 +8,8 @@ typing traceback.
 
 from __future__ import annotations
 
+import threading
+
 import numba
 import numpy as np
 
@@ -55,6 +57,37 @@ def _blocks(blocks):
     return blocks.args()
 
 
+# One scratch per Python thread for the matmul's packs, reused from call to
+# call.  Packs allocated afresh cost a page fault per 4 KiB on every call
+# wherever the allocator maps them anew: 256 faults of a 384^3 product, which
+# then ran at 0.43 of the peak instead of 0.82 (AMD EPYC Zen 5 under KVM,
+# benchmarks/README.md, session 28).  A thread keeps its largest scratch up
+# to SCRATCH_MAX floats (a product needing more allocates its own);
+# ``release_scratch()`` frees the calling thread's.
+SCRATCH_MAX = 1 << 24  # floats (64 MiB)
+_local = threading.local()
+
+
+def _scratch(I, J, K, blocks):
+    n = int(_mm.scratch_floats(I, J, K, *blocks))
+    buf = getattr(_local, "mm", None)
+    if buf is None or buf.shape[0] < n:
+        if n > SCRATCH_MAX:
+            return np.empty(0, np.float32)
+        buf = _local.mm = np.empty(n, np.float32)
+    return buf
+
+
+def release_scratch():
+    """Free the matmul scratch this thread keeps between calls."""
+    _local.mm = None
+
+
+def _run(kernel, A, B, C, accumulate, blocks, K):
+    b = _blocks(blocks)
+    kernel(A, B, C, bool(accumulate), *b, numba.get_num_threads(), _scratch(C.shape[0], C.shape[1], K, b))
+
+
 def _contracted(what, ka, kb):
     if ka != kb:
         raise ValueError(f"{what}: contracted lengths differ (K = {ka} vs {kb})")
@@ -71,7 +104,7 @@ def matmul(A, B, out=None, accumulate=False, blocks=None):
     _matrix("A", A), _matrix("B", B)
     _contracted("matmul", A.shape[1], B.shape[0])
     C = _output(out, (A.shape[0], B.shape[1]), (A, B), accumulate=accumulate)
-    _mm.mm_nn(A, B, C, bool(accumulate), *_blocks(blocks), numba.get_num_threads())
+    _run(_mm.mm_nn, A, B, C, accumulate, blocks, A.shape[1])
     return C
 
 
@@ -80,7 +113,7 @@ def matmul_nt(A, B, out=None, accumulate=False, blocks=None):
     _matrix("A", A), _matrix("B", B)
     _contracted("matmul_nt", A.shape[1], B.shape[1])
     C = _output(out, (A.shape[0], B.shape[0]), (A, B), accumulate=accumulate)
-    _mm.mm_nt(A, B, C, bool(accumulate), *_blocks(blocks), numba.get_num_threads())
+    _run(_mm.mm_nt, A, B, C, accumulate, blocks, A.shape[1])
     return C
 
 
@@ -89,7 +122,7 @@ def matmul_tn(A, B, out=None, accumulate=False, blocks=None):
     _matrix("A", A), _matrix("B", B)
     _contracted("matmul_tn", A.shape[0], B.shape[0])
     C = _output(out, (A.shape[1], B.shape[1]), (A, B), accumulate=accumulate)
-    _mm.mm_tn(A, B, C, bool(accumulate), *_blocks(blocks), numba.get_num_threads())
+    _run(_mm.mm_tn, A, B, C, accumulate, blocks, A.shape[0])
     return C
 
 

@@ -102,7 +102,8 @@ EDGE_TILE = MM_MR * MM_NR  # floats of an edge tile's scratch copy (a literal to
 # whole k range of the output (a partial sum left by flushed k blocks need
 # not be a multiple of 2^-126), so it is checked once per row block of A and
 # column panel of B, over all k, before any k block runs.  The minimum
-# exponents come from ``rows_exp_min`` / ``cols_exp_min``.
+# exponents come from ``rows_exp_min`` / ``cols_exp_min``, or, where one k
+# block holds all of K, from the packed strips and panels (``packed_exp_min``).
 E_IGNORED = 255  # zeros, infinities and NaNs: their products never need the bound
 _E_SUBNORMAL = -22  # a subnormal input (never after [num.load.c1]) is >= 2^-149
 _FLUSH_FREE_MIN = 151  # Ea + Eb at or above: no flush needed at all
@@ -195,6 +196,18 @@ def col_keys_chunk(X, c, acc):
         x = X[k]
         for j in range(X.shape[1]):
             acc[j] = min(acc[j], mag_key(x[j]))
+
+
+@kernel
+def packed_exp_min(X, off, n):
+    """min of exp_floor over X[off .. off+n-1] (a packed strip or panel), as
+    the smallest magnitude key: the bound of a row block or panel whose pack
+    holds every k of the product (its +0 padding never decides it)."""
+    x = X[off : off + n]  # indices from 0 (a loop from off did not vectorise)
+    m = NO_KEY
+    for i in range(x.shape[0]):
+        m = min(m, mag_key(x[i]))
+    return key_exp(m)
 
 
 @kernel
@@ -390,16 +403,19 @@ def scan_share(X, by_cols, block, out, part, lo, hi):
 
 
 @parallel_kernel
-def _prologue(A, a_trans, B, b_trans, ni, nj, threads, Bp, kc, J, pack_b):
+def _prologue(A, a_trans, B, b_trans, ni, nj, threads, Bp, kc, J, pack_b, whole=False):
     """(ea, eb): the exponent bounds of A's row blocks and B's panels (as
     rows_exp_min / cols_exp_min of op(A), op(B)), and with pack_b
     the panels of B's first k block (kc long) packed into Bp as the driver
     packs them, all in one parallel region: each region wakes the sleeping
     workers, which costs 40-140 us under a hypervisor (benchmarks/README.md),
     as long as a 256 x 256 x 256 product takes on two threads.  Each part
-    takes an even share of each kind of work."""
-    pa = col_chunks(A) if a_trans else ni
-    pb = nj if b_trans else col_chunks(B)
+    takes an even share of each kind of work.  With ``whole`` (and pack_b:
+    the k block is all of K) nothing is scanned: eb comes from the packed
+    panels themselves, and ea is left E_IGNORED for the driver to take
+    from each packed strip of A (packed_exp_min), in cache either way."""
+    pa = 0 if whole else (col_chunks(A) if a_trans else ni)
+    pb = 0 if whole else (nj if b_trans else col_chunks(B))
     ea = np.full(ni, E_IGNORED, dtype=np.int64)
     eb = np.full(nj, E_IGNORED, dtype=np.int64)
     part_a = np.full((pa if a_trans else 0, A.shape[1]), NO_KEY, dtype=np.uint32)
@@ -411,16 +427,60 @@ def _prologue(A, a_trans, B, b_trans, ni, nj, threads, Bp, kc, J, pack_b):
         if pack_b:
             for jp in range(share(nj, parts, t), share(nj, parts, t + 1)):
                 pack_b_panel(B, b_trans, jp * MM_NR, 0, kc, Bp, jp * kc * MM_NR, panel_width(J, jp))
-    if a_trans:
+                if whole:
+                    eb[jp] = packed_exp_min(Bp, jp * kc * MM_NR, kc * panel_width(J, jp))
+    if a_trans and not whole:
         ea = cols_exp_finish(part_a, ni, MM_MR)
-    if not b_trans:
+    if not b_trans and not whole:
         eb = cols_exp_finish(part_b, nj, MM_NR)
     return ea, eb
 
 
+@kernel
+def pack_sizes(I, J, K, kc_max, b_cached, b_block, a_rows):
+    """(k block, column-blocked?, floats of packed B, floats of packed A) of
+    _mm_packed's packs for C: I×J over K (packed A only where column blocks
+    are used; elsewhere each thread packs one strip of its own)."""
+    ni = (I + MM_MR - 1) // MM_MR
+    nj = (J + MM_NR - 1) // MM_NR
+    KB, blocked = plan(nj, K, kc_max, b_cached)
+    KBK = min(KB, K)
+    if not blocked:
+        return KB, blocked, nj * KBK * MM_NR, 0
+    # Bp holds any k block's group: g * kc <= gp * KBK, or one column block (nb * kc <= b_block / MM_NR + kc)
+    gp = min(nj, max(panels_per_block(KBK, b_block), a_rows // MM_NR))  # panels per packed group
+    ci = max(1, a_rows // MM_MR)
+    return KB, blocked, min(nj * KBK, max(gp * KBK, b_block // MM_NR + KBK)) * MM_NR, min(ci, ni) * KBK * MM_MR
+
+
+@kernel
+def scratch_floats(I, J, K, kc_max, b_cached, b_block, a_rows):
+    """Floats of scratch that spare _mm_packed its allocations (its packs)."""
+    _, _, nbp, nap = pack_sizes(I, J, K, kc_max, b_cached, b_block, a_rows)
+    return nbp + nap
+
+
+@kernel
+def _take(scratch, off, n):
+    """scratch[off .. off+n-1] where the scratch holds it, else a new array."""
+    if scratch.shape[0] >= off + n:
+        return scratch[off : off + n]
+    return np.empty(n, dtype=np.float32)
+
+
 @parallel_kernel
 def _mm_packed(
-    A, B, C, a_trans, b_trans, kc_max=KC, b_cached=B_CACHED, b_block=B_BLOCK, a_rows=A_ROWS, threads=THREADS
+    A,
+    B,
+    C,
+    a_trans,
+    b_trans,
+    kc_max=KC,
+    b_cached=B_CACHED,
+    b_block=B_BLOCK,
+    a_rows=A_ROWS,
+    threads=THREADS,
+    scratch=None,
 ):
     """C = op(A)·op(B), overwriting C (I×J), NaNs canonical.  op transposes when
     the flag is set: A is I×K (K×I if a_trans), B is K×J (J×K if b_trans).
@@ -428,7 +488,10 @@ def _mm_packed(
     blocks are used; b_block: the floats of packed B per column block;
     a_rows: the rows of A packed at once where column blocks are used;
     threads: the parts the row blocks (or a row chunk of them, with column
-    blocks) are cut into, one per thread."""
+    blocks) are cut into, one per thread; scratch: a float32 array the packs
+    are taken from when it holds scratch_floats (else they are allocated:
+    fresh packs cost a page fault per 4 KiB written on every call wherever
+    the allocator maps them anew)."""
     I, J = C.shape
     K = A.shape[0] if a_trans else A.shape[1]
     if K == 0:
@@ -437,10 +500,13 @@ def _mm_packed(
     ni = (I + MM_MR - 1) // MM_MR
     nj = (J + MM_NR - 1) // MM_NR
     Cf = C.reshape(-1)
-    KB, blocked = plan(nj, K, kc_max, b_cached)
+    KB, blocked, nbp, nap = pack_sizes(I, J, K, kc_max, b_cached, b_block, a_rows)
+    sc = np.empty(0, dtype=np.float32) if scratch is None else scratch
+    Bp = _take(sc, 0, nbp)
     if not blocked:  # B stays in cache: packed whole; each row block packs its A (in L1) and runs every panel
-        Bp = np.empty(nj * min(KB, K) * MM_NR, dtype=np.float32)
-        ea, eb = _prologue(A, a_trans, B, b_trans, ni, nj, threads, Bp, min(KB, K), J, True)  # B's first k block too
+        whole = K <= KB  # one k block: the bounds come from the packs, no scan reads A or B
+        # B's first k block packed there too
+        ea, eb = _prologue(A, a_trans, B, b_trans, ni, nj, threads, Bp, min(KB, K), J, True, whole)
         for k0 in range(0, K, KB):  # k blocks in increasing order, never in parallel
             kc = min(KB, K - k0)
             if k0 > 0:
@@ -451,7 +517,8 @@ def _mm_packed(
                 Ai = np.empty(kc * MM_MR, dtype=np.float32)
                 for ib in range(share(ni, parts, t), share(ni, parts, t + 1)):
                     pack_a(A, a_trans, ib * MM_MR, k0, kc, Ai, MM_MR)
-                    _row_block_tiles(Ai, 0, ib, Bp, 0, 0, nj, kc, C, Cf, ea[ib], eb, k0 > 0)
+                    e_i = packed_exp_min(Ai, 0, kc * MM_MR) if whole else ea[ib]
+                    _row_block_tiles(Ai, 0, ib, Bp, 0, 0, nj, kc, C, Cf, e_i, eb, k0 > 0)
         return
     ea, eb = _prologue(A, a_trans, B, b_trans, ni, nj, threads, Cf[:0], 0, J, False)
     # Column blocks of nb panels (b_block floats, in L2) that every row block
@@ -466,10 +533,8 @@ def _mm_packed(
     # when changes no bit.
     ci = max(1, a_rows // MM_MR)
     KBK = min(KB, K)
-    gp = min(nj, max(panels_per_block(KBK, b_block), a_rows // MM_NR))  # panels per packed group
-    # Bp holds any k block's group: g * kc <= gp * KBK, or one column block (nb * kc <= b_block / MM_NR + kc)
-    Bp = np.empty(min(nj * KBK, max(gp * KBK, b_block // MM_NR + KBK)) * MM_NR, dtype=np.float32)
-    Ap = np.empty(min(ci, ni) * KBK * MM_MR, dtype=np.float32)
+    gp = min(nj, max(panels_per_block(KBK, b_block), a_rows // MM_NR))  # panels per packed group (pack_sizes)
+    Ap = _take(sc, nbp, nap)
     for k0 in range(0, K, KB):  # k blocks in increasing order, never in parallel
         kc = min(KB, K - k0)
         nb = panels_per_block(kc, b_block)
@@ -583,34 +648,68 @@ def _add_into(C, S):
 
 
 @kernel
-def _mm(A, B, C, accumulate, a_trans, b_trans, kc_max, b_cached, b_block, a_rows, threads):
+def _mm(A, B, C, accumulate, a_trans, b_trans, kc_max, b_cached, b_block, a_rows, threads, scratch):
     if accumulate:
         S = np.empty_like(C)
-        _mm_packed(A, B, S, a_trans, b_trans, kc_max, b_cached, b_block, a_rows, threads)
+        _mm_packed(A, B, S, a_trans, b_trans, kc_max, b_cached, b_block, a_rows, threads, scratch)
         _add_into(C, S)
     else:
-        _mm_packed(A, B, C, a_trans, b_trans, kc_max, b_cached, b_block, a_rows, threads)
+        _mm_packed(A, B, C, a_trans, b_trans, kc_max, b_cached, b_block, a_rows, threads, scratch)
 
 
 @kernel
-def mm_nn(A, B, C, accumulate=False, kc_max=KC, b_cached=B_CACHED, b_block=B_BLOCK, a_rows=A_ROWS, threads=THREADS):
+def mm_nn(
+    A,
+    B,
+    C,
+    accumulate=False,
+    kc_max=KC,
+    b_cached=B_CACHED,
+    b_block=B_BLOCK,
+    a_rows=A_ROWS,
+    threads=THREADS,
+    scratch=None,
+):
     """[mm.nn.c1] C = A·B.  A: I×K, B: K×J, C: I×J; overwritten, or accumulated
     into with ``accumulate`` ([mm.accumulate.c1]).  Threads over row blocks.
     The block sizes (``blocking.Blocks``; bits never depend on them) default
-    to the constants above."""
-    _mm(A, B, C, accumulate, False, False, kc_max, b_cached, b_block, a_rows, threads)
+    to the constants above.  ``scratch``: a float32 array of at least
+    scratch_floats that the packs are taken from (else they are allocated)."""
+    _mm(A, B, C, accumulate, False, False, kc_max, b_cached, b_block, a_rows, threads, scratch)
 
 
 @kernel
-def mm_nt(A, B, C, accumulate=False, kc_max=KC, b_cached=B_CACHED, b_block=B_BLOCK, a_rows=A_ROWS, threads=THREADS):
+def mm_nt(
+    A,
+    B,
+    C,
+    accumulate=False,
+    kc_max=KC,
+    b_cached=B_CACHED,
+    b_block=B_BLOCK,
+    a_rows=A_ROWS,
+    threads=THREADS,
+    scratch=None,
+):
     """[mm.nt.c1] C = A·Bᵀ.  A: I×K, B: J×K, C: I×J; overwritten or accumulated."""
-    _mm(A, B, C, accumulate, False, True, kc_max, b_cached, b_block, a_rows, threads)
+    _mm(A, B, C, accumulate, False, True, kc_max, b_cached, b_block, a_rows, threads, scratch)
 
 
 @kernel
-def mm_tn(A, B, C, accumulate=False, kc_max=KC, b_cached=B_CACHED, b_block=B_BLOCK, a_rows=A_ROWS, threads=THREADS):
+def mm_tn(
+    A,
+    B,
+    C,
+    accumulate=False,
+    kc_max=KC,
+    b_cached=B_CACHED,
+    b_block=B_BLOCK,
+    a_rows=A_ROWS,
+    threads=THREADS,
+    scratch=None,
+):
     """[mm.tn.c1] C = Aᵀ·B.  A: K×I, B: K×J, C: I×J; overwritten or accumulated."""
-    _mm(A, B, C, accumulate, True, False, kc_max, b_cached, b_block, a_rows, threads)
+    _mm(A, B, C, accumulate, True, False, kc_max, b_cached, b_block, a_rows, threads, scratch)
 
 
 @parallel_kernel
