@@ -1462,7 +1462,7 @@ def k_attention_backward_binary64_scale(dout, q, k, v, att):
     dout, q, k, v, att = (load(x) for x in (dout, q, k, v, att))
     dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v)
     scale = float(attention.attention_scale(q.shape[3]))
-    attention.attention_backward_kernel(dout, q, k, v, att, scale, dq, dk, dv, 1)
+    attention.attention_backward_kernel(dout, q, k, v, att, scale, dq, dk, dv, 1, np.empty(0, np.float32))
     return dq, dk, dv
 
 

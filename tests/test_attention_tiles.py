@@ -353,9 +353,29 @@ def test_heads_sharing_a_scratch_keep_their_bits(parts):
             x[0, 1] *= F32(64.0)  # a head with larger dz and att follows a small one
     _, att = attention.attention_forward(q, k, v)
     got = [np.empty_like(q) for _ in range(3)]
-    attention.attention_backward_kernel(dout, q, k, v, att, attention._scale(HS), *got, parts)
+    scratch = np.full(attention.backward_scratch_floats(2, 3, T, parts), np.nan, F32)  # what earlier calls left
+    attention.attention_backward_kernel(dout, q, k, v, att, attention._scale(HS), *got, parts, scratch)
     for name, g, w in zip(NAMES[2:], got, oracle(q, k, v, dout, att)[2:]):
         assert_same_bits(g, w, name)
+
+
+def test_backward_reuses_the_thread_scratch():
+    """The API's backward keeps its rows in this thread's scratch between calls
+    (refreplay/_scratch.py); NaN left in it by anything changes no bit."""
+    from refreplay import _scratch
+
+    rng = np.random.default_rng(12)
+    q, k, v, dout = (planted(rng, (1, 3, MR + 5, 7), 1.0, 0.01) for _ in range(4))
+    want = oracle(q, k, v, dout)
+    first = tiled(q, k, v, dout)
+    held = _scratch.held("attention")
+    assert held.shape[0] >= attention.backward_scratch_floats(1, 3, MR + 5, numba.get_num_threads())
+    held[:] = np.nan
+    again = tiled(q, k, v, dout)
+    assert _scratch.held("attention") is held
+    for name, a, b, w in zip(NAMES, first, again, want):
+        assert_same_bits(a, w, name)
+        assert_same_bits(b, w, name)
 
 
 def test_row_stride_is_an_odd_count_of_lines():

@@ -10,6 +10,7 @@ import threading
 import numpy as np
 import pytest
 
+from refreplay import _scratch
 from refreplay.linalg import api, mm_fp32 as M
 from refreplay.linalg.blocking import Blocks, machine_blocks
 from refreplay.linalg.mm_fp32_naive import mm_nn_naive, mm_nt_naive, mm_tn_naive
@@ -41,7 +42,7 @@ def test_scratch_left_full_of_nan_changes_no_bit(form, blocks):
     for I, K, J in ((37, 53, 101), (8, 16, 48), (1, 70, 3), (130, 33, 97)):
         A, B = (rng.standard_normal(s).astype(F32) for s in shapes(I, K, J))
         fn(A, B, blocks=blocks)
-        api._local.mm[:] = np.nan
+        _scratch.held("matmul")[:] = np.nan
         assert np.array_equal(fn(A, B, blocks=blocks).view(np.uint32), _want(naive, A, B, I, J))
 
 
@@ -53,27 +54,27 @@ def test_one_scratch_is_kept_and_grown():
     b = machine_blocks().args()
     A, B = rng.standard_normal((64, 96)).astype(F32), rng.standard_normal((96, 200)).astype(F32)
     api.matmul(A, B)
-    first = api._local.mm
+    first = _scratch.held("matmul")
     assert first.shape[0] >= M.scratch_floats(64, 200, 96, *b) > 0
     api.matmul(A[:8], np.ascontiguousarray(B[:, :40]))
-    assert api._local.mm is first
+    assert _scratch.held("matmul") is first
     A2, B2 = rng.standard_normal((64, 400)).astype(F32), rng.standard_normal((400, 300)).astype(F32)
     api.matmul(A2, B2)
-    assert api._local.mm.shape[0] >= M.scratch_floats(64, 300, 400, *b) > first.shape[0]
+    assert _scratch.held("matmul").shape[0] >= M.scratch_floats(64, 300, 400, *b) > first.shape[0]
     api.release_scratch()
-    assert api._local.mm is None
+    assert _scratch.held("matmul") is None
 
 
 def test_a_product_above_the_cap_keeps_no_scratch(monkeypatch):
-    """Past SCRATCH_MAX floats the driver allocates its own packs (the same
+    """Past MAX_FLOATS floats the driver allocates its own packs (the same
     bits) and the thread keeps nothing."""
     rng = np.random.default_rng(2)
     api.release_scratch()
-    monkeypatch.setattr(api, "SCRATCH_MAX", 100)
+    monkeypatch.setattr(_scratch, "MAX_FLOATS", 100)
     A, B = rng.standard_normal((40, 30)).astype(F32), rng.standard_normal((30, 50)).astype(F32)
     for blocks in (None, SMALL):
         assert np.array_equal(api.matmul(A, B, blocks=blocks).view(np.uint32), _want(mm_nn_naive, A, B, 40, 50))
-    assert api._local.mm is None
+    assert _scratch.held("matmul") is None
 
 
 @pytest.mark.parametrize("n", [0, 3])
@@ -102,7 +103,7 @@ def test_threads_keep_scratches_of_their_own():
         for _ in range(20):
             if not np.array_equal(api.matmul(A, B, blocks=SMALL).view(np.uint32), wants[i]):
                 bad.append(i)
-        seen.append(id(api._local.mm))
+        seen.append(id(_scratch.held("matmul")))
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
     for t in threads:

@@ -8,10 +8,10 @@ typing traceback.
 
 from __future__ import annotations
 
-import threading
-
 import numba
 import numpy as np
+
+from .. import _scratch
 
 from . import mm_fp32 as _mm
 from . import reduce as _red
@@ -57,35 +57,18 @@ def _blocks(blocks):
     return blocks.args()
 
 
-# One scratch per Python thread for the matmul's packs, reused from call to
-# call.  Packs allocated afresh cost a page fault per 4 KiB on every call
-# wherever the allocator maps them anew: 256 faults of a 384^3 product, which
-# then ran at 0.43 of the peak instead of 0.82 (AMD EPYC Zen 5 under KVM,
-# benchmarks/README.md, session 28).  A thread keeps its largest scratch up
-# to SCRATCH_MAX floats (a product needing more allocates its own);
-# ``release_scratch()`` frees the calling thread's.
-SCRATCH_MAX = 1 << 24  # floats (64 MiB)
-_local = threading.local()
-
-
-def _scratch(I, J, K, blocks):
-    n = int(_mm.scratch_floats(I, J, K, *blocks))
-    buf = getattr(_local, "mm", None)
-    if buf is None or buf.shape[0] < n:
-        if n > SCRATCH_MAX:
-            return np.empty(0, np.float32)
-        buf = _local.mm = np.empty(n, np.float32)
-    return buf
-
-
 def release_scratch():
-    """Free the matmul scratch this thread keeps between calls."""
-    _local.mm = None
+    """Free the scratch arrays this thread keeps between calls (the
+    matmul's packs, attention's rows: ``refreplay/_scratch.py``)."""
+    _scratch.release()
 
 
 def _run(kernel, A, B, C, accumulate, blocks, K):
     b = _blocks(blocks)
-    kernel(A, B, C, bool(accumulate), *b, numba.get_num_threads(), _scratch(C.shape[0], C.shape[1], K, b))
+    # the packs come from this thread's scratch, reused from call to call (refreplay/_scratch.py):
+    # allocated afresh, 256 page faults made a 384^3 product run at 0.43 of the peak, not 0.82
+    scratch = _scratch.get("matmul", int(_mm.scratch_floats(C.shape[0], C.shape[1], K, *b)))
+    kernel(A, B, C, bool(accumulate), *b, numba.get_num_threads(), scratch)
 
 
 def _contracted(what, ka, kb):

@@ -461,7 +461,7 @@ def scratch_floats(I, J, K, kc_max, b_cached, b_block, a_rows):
 
 
 @kernel
-def _take(scratch, off, n):
+def scratch_part(scratch, off, n):
     """scratch[off .. off+n-1] where the scratch holds it, else a new array."""
     if scratch.shape[0] >= off + n:
         return scratch[off : off + n]
@@ -502,7 +502,7 @@ def _mm_packed(
     Cf = C.reshape(-1)
     KB, blocked, nbp, nap = pack_sizes(I, J, K, kc_max, b_cached, b_block, a_rows)
     sc = np.empty(0, dtype=np.float32) if scratch is None else scratch
-    Bp = _take(sc, 0, nbp)
+    Bp = scratch_part(sc, 0, nbp)
     if not blocked:  # B stays in cache: packed whole; each row block packs its A (in L1) and runs every panel
         whole = K <= KB  # one k block: the bounds come from the packs, no scan reads A or B
         # B's first k block packed there too
@@ -534,7 +534,7 @@ def _mm_packed(
     ci = max(1, a_rows // MM_MR)
     KBK = min(KB, K)
     gp = min(nj, max(panels_per_block(KBK, b_block), a_rows // MM_NR))  # panels per packed group (pack_sizes)
-    Ap = _take(sc, nbp, nap)
+    Ap = scratch_part(sc, nbp, nap)
     for k0 in range(0, K, KB):  # k blocks in increasing order, never in parallel
         kc = min(KB, K - k0)
         nb = panels_per_block(kc, b_block)

@@ -47,6 +47,7 @@ import numba
 import numpy as np
 from numba import prange
 
+from .. import _scratch
 from .._jit import kernel, parallel_kernel
 from ..linalg._tile import MR, NR
 from ..linalg.common import NEG_ZERO
@@ -58,6 +59,7 @@ from ..linalg.mm_fp32 import (
     mag_key,
     pack_a,
     pack_b_panel,
+    scratch_part,
     rows_exp_min,
     share,
     tile_proved,
@@ -302,7 +304,7 @@ def attention_forward_kernel(q, k, v, scale, out, att):
 
 
 @parallel_kernel
-def attention_backward_kernel(dout, q, k, v, att, scale, dq, dk, dv, threads):
+def attention_backward_kernel(dout, q, k, v, att, scale, dq, dk, dv, threads, scratch):
     """dout, q, k, v [B, NH, T, HS], att [B, NH, T, T] -> dq, dk, dv
     [B, NH, T, HS] (overwritten).  For every (b, h), t = 0 .. T-1 in
     increasing order, s = 0 .. t  [attn.bwd.c1]:
@@ -315,18 +317,26 @@ def attention_backward_kernel(dout, q, k, v, att, scale, dq, dk, dv, threads):
     dk and dv start at -0 ([red.sum.c1]).  dp, dz and dq are computed MR rows
     t at a time, then dk and dv MR rows s at a time (module docstring).
     ``threads``: the parts the (b, h) pairs are cut into, each with one
-    scratch of dz and att rows for all its heads (a fresh one per head cost
-    a page fault per 4 KiB written when the allocator returned it to the
-    system); no bit depends on it.
+    scratch of dz's and att's rows for all its heads (backward_scratch_floats
+    floats in all, taken from ``scratch`` where it holds them, else
+    allocated: fresh ones cost a page fault per 4 KiB written wherever the
+    allocator maps them anew); no bit depends on either.
     """
     B, NH, T = q.shape[0], q.shape[1], q.shape[2]
     L = row_stride((T + MR - 1) // MR * MR)  # rows of whole blocks of keys (+0 past T), padded
     parts = max(1, min(threads, B * NH))
+    n = 2 * T * L
     for part in prange(parts):
-        W = np.empty((2, T, L), np.float32)  # dz's and att's rows, read down their columns by the key sums
+        W = scratch_part(scratch, part * n, n).reshape((2, T, L))  # dz's and att's rows, read down their columns
         W[:, :, T:] = ZERO
         for bh in range(share(B * NH, parts, part), share(B * NH, parts, part + 1)):
             _backward_head(dout, q, k, v, att, scale, dq, dk, dv, bh // NH, bh % NH, W[0], W[1])
+
+
+@kernel
+def backward_scratch_floats(B, NH, T, threads):
+    """Floats of scratch attention_backward_kernel takes for its parts."""
+    return max(1, min(threads, B * NH)) * 2 * T * row_stride((T + MR - 1) // MR * MR)
 
 
 @kernel
@@ -402,5 +412,9 @@ def attention_backward(dout, q, k, v, att):
     B, NH, T, HS = _check([("dout", dout), ("q", q), ("k", k), ("v", v)])
     _check([("att", att)], (B, NH, T, T))
     dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v)
-    attention_backward_kernel(dout, q, k, v, att, _scale(HS), dq, dk, dv, numba.get_num_threads())
+    threads = numba.get_num_threads()
+    # dz's and att's rows in this thread's reused scratch (refreplay/_scratch.py): allocated per
+    # call, their page faults took a quarter of the backward on a KVM host
+    scratch = _scratch.get("attention", int(backward_scratch_floats(B, NH, T, threads)))
+    attention_backward_kernel(dout, q, k, v, att, _scale(HS), dq, dk, dv, threads, scratch)
     return dq, dk, dv
