@@ -4,8 +4,9 @@ training arithmetic.  See ``spec/`` for the normative text.
 The package in layers, bottom up: a module imports only from layers below
 its own (``tests/test_layering.py`` holds the code to this map).
 
-    0      errors _env _jit _shares resources
-           exit codes, process set-up, the one compiler, independent calls on threads, where the data lies
+    0      errors _env _jit _shares _scratch resources
+           exit codes, process set-up, the one compiler, independent calls on threads, scratch kept
+           between calls, where the data lies
     1      environ untrusted files _tiles numerics state spec philox
            checked settings, files an adversary wrote, files written whole, tile moves the compiler
            misses, binary32 arithmetic, the state hash, the spec's text, the integer Philox round
