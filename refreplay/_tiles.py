@@ -42,7 +42,8 @@ against NumPy's float32 arithmetic on random bit patterns.
 element by element took as long as the tiles that read them.
 
 ``prefetch(X, i, j)`` asks the cache for the line that holds X[i, j]: a hint
-that moves no value.
+that moves no value.  ``claim(counter)`` is an atomic fetch-and-add, by
+which the parts of a parallel region share out their items of work.
 """
 
 from __future__ import annotations
@@ -282,6 +283,28 @@ def prefetch(typingctx, X, i, j):
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+_CLAIMS = types.Array(types.int64, 1, "C")
+
+
+@intrinsic
+def claim(typingctx, counter):
+    """counter[0] += 1 as one atomic step; returns the value before.  The
+    parts of a parallel region take their next item of work with it (a
+    row block, a head), so a part whose core runs slower takes fewer: with
+    fixed shares the region waited for the slowest part (2 threads on a
+    KVM host: 1024^3 products at 0.60-0.71 of the peak where claimed items
+    gave 0.69-0.76).  It orders nothing but the count: which part computes
+    an item changes no bit, since every item writes outputs of its own."""
+    if counter != _CLAIMS:
+        return None
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        return builder.atomic_rmw("add", data, ir.Constant(ir.IntType(64), 1), "monotonic")
+
+    return types.int64(counter), codegen
 
 
 @intrinsic

@@ -29,8 +29,9 @@ Structure (the classic packed GEMM, with nothing reassociated):
   machine's caches by ``blocking.py`` (no bit depends on them).
 * ``mm_tile_proved`` (``_tile``) runs one MM_MR × MM_NR tile over the k
   block with its accumulators in vector registers, skipping flushes only
-  where the exponent bounds below prove them identities.  Threads take row
-  blocks (independent outputs); the k loop never crosses threads.
+  where the exponent bounds below prove them identities.  Threads claim
+  row blocks (independent outputs) one at a time (``_tiles.claim``); the k
+  loop never crosses threads.
 
 Call from compiled code (all arrays C-contiguous float32, C not overlapping
 A or B): ``mm_nn(A, B, C)`` overwrites C, ``mm_nn(A, B, C, True)`` accumulates
@@ -49,7 +50,7 @@ import numba
 from numba import prange
 
 from .._jit import kernel, parallel_kernel
-from .._tiles import interleave4, lanes_copy, stack_lanes, transpose8
+from .._tiles import claim, interleave4, lanes_copy, stack_lanes, transpose8
 from ..numerics._bits import f32_bits
 from ..numerics.core import ZERO, add
 from ._tile import LANES, MM_MR, MM_NR, MM_NV, MR, NV, tile_variants
@@ -438,25 +439,26 @@ def _prologue(A, a_trans, B, b_trans, ni, nj, threads, Bp, kc, J, pack_b, whole=
 
 @kernel
 def pack_sizes(I, J, K, kc_max, b_cached, b_block, a_rows):
-    """(k block, column-blocked?, floats of packed B, floats of packed A) of
-    _mm_packed's packs for C: I×J over K (packed A only where column blocks
-    are used; elsewhere each thread packs one strip of its own)."""
+    """(k block, column-blocked?, panels per packed group of B, floats of
+    packed B, floats of packed A) of _mm_packed's packs for C: I×J over K
+    (groups and packed A only where column blocks are used; elsewhere B is
+    packed whole and each thread packs one strip of A of its own)."""
     ni = (I + MM_MR - 1) // MM_MR
     nj = (J + MM_NR - 1) // MM_NR
     KB, blocked = plan(nj, K, kc_max, b_cached)
     KBK = min(KB, K)
     if not blocked:
-        return KB, blocked, nj * KBK * MM_NR, 0
+        return KB, blocked, nj, nj * KBK * MM_NR, 0
     # Bp holds any k block's group: g * kc <= gp * KBK, or one column block (nb * kc <= b_block / MM_NR + kc)
-    gp = min(nj, max(panels_per_block(KBK, b_block), a_rows // MM_NR))  # panels per packed group
+    gp = min(nj, max(panels_per_block(KBK, b_block), a_rows // MM_NR))
     ci = max(1, a_rows // MM_MR)
-    return KB, blocked, min(nj * KBK, max(gp * KBK, b_block // MM_NR + KBK)) * MM_NR, min(ci, ni) * KBK * MM_MR
+    return KB, blocked, gp, min(nj * KBK, max(gp * KBK, b_block // MM_NR + KBK)) * MM_NR, min(ci, ni) * KBK * MM_MR
 
 
 @kernel
 def scratch_floats(I, J, K, kc_max, b_cached, b_block, a_rows):
     """Floats of scratch that spare _mm_packed its allocations (its packs)."""
-    _, _, nbp, nap = pack_sizes(I, J, K, kc_max, b_cached, b_block, a_rows)
+    _, _, _, nbp, nap = pack_sizes(I, J, K, kc_max, b_cached, b_block, a_rows)
     return nbp + nap
 
 
@@ -500,7 +502,7 @@ def _mm_packed(
     ni = (I + MM_MR - 1) // MM_MR
     nj = (J + MM_NR - 1) // MM_NR
     Cf = C.reshape(-1)
-    KB, blocked, nbp, nap = pack_sizes(I, J, K, kc_max, b_cached, b_block, a_rows)
+    KB, blocked, gp, nbp, nap = pack_sizes(I, J, K, kc_max, b_cached, b_block, a_rows)
     sc = np.empty(0, dtype=np.float32) if scratch is None else scratch
     Bp = scratch_part(sc, 0, nbp)
     if not blocked:  # B stays in cache: packed whole; each row block packs its A (in L1) and runs every panel
@@ -513,12 +515,15 @@ def _mm_packed(
                 for jp in prange(nj):
                     pack_b_panel(B, b_trans, jp * MM_NR, k0, kc, Bp, jp * kc * MM_NR, panel_width(J, jp))
             parts = max(1, min(threads, ni))
-            for t in prange(parts):  # a run of row blocks per thread, one strip buffer for the run
+            taken = np.zeros(1, dtype=np.int64)  # row blocks claimed so far
+            for _part in prange(parts):  # each part claims row blocks until none is left, one strip buffer for all
                 Ai = np.empty(kc * MM_MR, dtype=np.float32)
-                for ib in range(share(ni, parts, t), share(ni, parts, t + 1)):
+                ib = claim(taken)
+                while ib < ni:
                     pack_a(A, a_trans, ib * MM_MR, k0, kc, Ai, MM_MR)
                     e_i = packed_exp_min(Ai, 0, kc * MM_MR) if whole else ea[ib]
                     _row_block_tiles(Ai, 0, ib, Bp, 0, 0, nj, kc, C, Cf, e_i, eb, k0 > 0)
+                    ib = claim(taken)
         return
     ea, eb = _prologue(A, a_trans, B, b_trans, ni, nj, threads, Cf[:0], 0, J, False)
     # Column blocks of nb panels (b_block floats, in L2) that every row block
@@ -533,7 +538,6 @@ def _mm_packed(
     # when changes no bit.
     ci = max(1, a_rows // MM_MR)
     KBK = min(KB, K)
-    gp = min(nj, max(panels_per_block(KBK, b_block), a_rows // MM_NR))  # panels per packed group (pack_sizes)
     Ap = scratch_part(sc, nbp, nap)
     for k0 in range(0, K, KB):  # k blocks in increasing order, never in parallel
         kc = min(KB, K - k0)
@@ -548,16 +552,16 @@ def _mm_packed(
                 # Two parallel regions per group, not one per column block (each
                 # region wakes the sleeping threads, which can take as long as a
                 # column block's tiles): one packs the group's panels of B (with the
-                # first group the chunk's strips of A too), one runs each part's row
-                # blocks over every column block in turn.
+                # first group the chunk's strips of A too), one runs the tiles,
+                # each part claiming a row block of a column block at a time.
                 for t in prange(parts):
                     a_lo = c0 + share(na, parts, t)
                     a_hi = c0 + share(na, parts, t + 1) if g0 == 0 else a_lo
                     b_lo, b_hi = g0 + share(g1 - g0, parts, t), g0 + share(g1 - g0, parts, t + 1)
                     _pack_part(A, B, a_trans, b_trans, J, k0, kc, Ap, c0, a_lo, a_hi, Bp, g0, b_lo, b_hi)
-                for t in prange(parts):
-                    i0, i1 = c0 + share(na, parts, t), c0 + share(na, parts, t + 1)
-                    _column_blocks(Ap, c0, i0, i1, Bp, g0, g1, nb, kc, C, Cf, ea, eb, k0 > 0)
+                taken = np.zeros(1, dtype=np.int64)  # (column block, row block) items claimed so far
+                for _part in prange(parts):
+                    _column_blocks(Ap, c0, na, Bp, g0, g1, nb, kc, C, Cf, ea, eb, k0 > 0, taken)
 
 
 @kernel
@@ -581,14 +585,21 @@ def _pack_part(A, B, a_trans, b_trans, J, k0, kc, Ap, c0, a_lo, a_hi, Bp, g0, b_
 
 
 @kernel
-def _column_blocks(Ap, c0, i0, i1, Bp, g0, g1, nb, kc, C, Cf, ea, eb, load_c):
-    """The tiles of row blocks i0 .. i1-1 over panels g0 .. g1-1 (packed as
-    in _pack_part), a column block of nb panels at a time: every row block
-    runs over one block before the next, which so stays in L2."""
-    for jb in range(g0, g1, nb):
-        je = min(jb + nb, g1)
-        for ib in range(i0, i1):
-            _row_block_tiles(Ap, (ib - c0) * kc * MM_MR, ib, Bp, g0, jb, je, kc, C, Cf, ea[ib], eb, load_c)
+def _column_blocks(Ap, c0, na, Bp, g0, g1, nb, kc, C, Cf, ea, eb, load_c, taken):
+    """One part's tiles of row blocks c0 .. c0+na-1 over panels g0 .. g1-1
+    (packed as in _pack_part), a column block of nb panels at a time: the
+    items (column block, row block) are claimed one by one from ``taken``,
+    column block by column block, so every part runs over one block before
+    the next, which so stays in L2, and a part whose core runs slower
+    claims fewer (a fixed share of row blocks per part waited for the
+    slowest).  Each item writes its own tiles of C."""
+    n = (g1 - g0 + nb - 1) // nb * na
+    item = claim(taken)
+    while item < n:
+        jb = g0 + item // na * nb
+        ib = c0 + item % na
+        _row_block_tiles(Ap, (ib - c0) * kc * MM_MR, ib, Bp, g0, jb, min(jb + nb, g1), kc, C, Cf, ea[ib], eb, load_c)
+        item = claim(taken)
 
 
 @kernel
