@@ -340,9 +340,10 @@ def test_bits_do_not_depend_on_the_thread_count():
 
 @pytest.mark.parametrize("parts", [1, 2, 4, 7])
 def test_heads_sharing_a_scratch_keep_their_bits(parts):
-    """The backward's heads are cut into ``parts``, each part reusing one scratch
-    of dz's and att's rows for its heads (whatever an earlier head left past
-    the diagonal is never read): every part count gives the oracle's bits,
+    """Forward and backward run their heads in ``parts`` that claim heads one
+    at a time, each part reusing one scratch for its heads' packs, strips,
+    score rows and (backward) dz's and att's rows (whatever an earlier head
+    left, or NaN, is never read): every part count gives the oracle's bits,
     with heads of different scales beside each other and a T that is not a
     whole number of MR-key blocks."""
     rng = np.random.default_rng(40 + parts)
@@ -351,11 +352,16 @@ def test_heads_sharing_a_scratch_keep_their_bits(parts):
     with np.errstate(over="ignore"):  # a planted FLT_MAX becomes inf
         for x in (q, k, dout):
             x[0, 1] *= F32(64.0)  # a head with larger dz and att follows a small one
-    _, att = attention.attention_forward(q, k, v)
+    out, att = np.full_like(q, np.nan), np.full((2, 3, T, T), np.nan, F32)
+    scratch = np.full(attention.forward_scratch_floats(2, 3, T, HS, parts), np.nan, F32)  # what earlier calls left
+    attention.attention_forward_kernel(q, k, v, attention._scale(HS), out, att, parts, scratch)
+    want = oracle(q, k, v, dout)
+    assert_same_bits(out, want[0], NAMES[0])
+    assert_same_bits(att, want[1], NAMES[1])
     got = [np.empty_like(q) for _ in range(3)]
-    scratch = np.full(attention.backward_scratch_floats(2, 3, T, parts), np.nan, F32)  # what earlier calls left
+    scratch = np.full(attention.backward_scratch_floats(2, 3, T, HS, parts), np.nan, F32)
     attention.attention_backward_kernel(dout, q, k, v, att, attention._scale(HS), *got, parts, scratch)
-    for name, g, w in zip(NAMES[2:], got, oracle(q, k, v, dout, att)[2:]):
+    for name, g, w in zip(NAMES[2:], got, want[2:]):
         assert_same_bits(g, w, name)
 
 
@@ -369,7 +375,8 @@ def test_backward_reuses_the_thread_scratch():
     want = oracle(q, k, v, dout)
     first = tiled(q, k, v, dout)
     held = _scratch.held("attention")
-    assert held.shape[0] >= attention.backward_scratch_floats(1, 3, MR + 5, numba.get_num_threads())
+    assert held.shape[0] >= attention.backward_scratch_floats(1, 3, MR + 5, 7, numba.get_num_threads())
+    assert held.shape[0] >= attention.forward_scratch_floats(1, 3, MR + 5, 7, numba.get_num_threads())
     held[:] = np.nan
     again = tiled(q, k, v, dout)
     assert _scratch.held("attention") is held

@@ -6,9 +6,9 @@ in no arithmetic that reaches an output (they are not masked by adding
 -inf), so a NaN or inf in the future cannot leak into the past
 ([attn.mask.c1]).
 
-Each (b, h) pair is computed by one ``prange`` iteration with its own
-sequential loops, so a sequence's bits depend only on that sequence
-([attn.batch.c1]).
+Each (b, h) pair is computed by one part of a ``prange`` (the parts claim
+pairs one at a time) with its own sequential loops, so a sequence's bits
+depend only on that sequence ([attn.batch.c1]).
 
 The six products of a head (q·kᵀ, att·v forward; dout·vᵀ, dz·k, dzᵀ·q,
 attᵀ·dout backward) run through the matmul's register tiles
@@ -49,6 +49,7 @@ from numba import prange
 
 from .. import _scratch
 from .._jit import kernel, parallel_kernel
+from .._tiles import claim
 from ..linalg._tile import MR, NR
 from ..linalg.common import NEG_ZERO
 from ..linalg.mm_fp32 import (
@@ -61,7 +62,6 @@ from ..linalg.mm_fp32 import (
     pack_b_panel,
     scratch_part,
     rows_exp_min,
-    share,
     tile_proved,
     tile_strided_proved,
 )
@@ -90,27 +90,70 @@ def _scale(HS):
 
 
 @kernel
-def pack_rows(X):
-    """X [T, HS] as the B operand of a product summed over its rows:
-    panels of NR channels, Xp[(jp*T + s)*NR + j] = X[s, jp*NR + j]."""
-    T, HS = X.shape
-    nd = (HS + NR - 1) // NR
-    Xp = np.empty(nd * T * NR, np.float32)
-    for jp in range(nd):
-        pack_b_panel(X, False, jp * NR, 0, T, Xp, jp * T * NR, NR)
-    return Xp
+def rows_floats(T, HS):
+    """Floats of pack_rows's panels for X [T, HS]."""
+    return (HS + NR - 1) // NR * T * NR
 
 
 @kernel
-def pack_transposed(X):
-    """X [T, HS] as the B operand Xᵀ of a product summed over channels:
-    panels of NR positions, Xp[(sp*HS + d)*NR + j] = X[sp*NR + j, d]."""
+def transposed_floats(T, HS):
+    """Floats of pack_transposed's panels for X [T, HS]."""
+    return (T + NR - 1) // NR * HS * NR
+
+
+@kernel
+def pack_rows(X, Xp):
+    """X [T, HS] as the B operand of a product summed over its rows, into
+    Xp[:rows_floats]: panels of NR channels, Xp[(jp*T + s)*NR + j] = X[s, jp*NR + j]."""
     T, HS = X.shape
-    ns = (T + NR - 1) // NR
-    Xp = np.empty(ns * HS * NR, np.float32)
-    for sp in range(ns):
+    for jp in range((HS + NR - 1) // NR):
+        pack_b_panel(X, False, jp * NR, 0, T, Xp, jp * T * NR, NR)
+    return Xp[: rows_floats(T, HS)]
+
+
+@kernel
+def pack_transposed(X, Xp):
+    """X [T, HS] as the B operand Xᵀ of a product summed over channels, into
+    Xp[:transposed_floats]: panels of NR positions, Xp[(sp*HS + d)*NR + j] = X[sp*NR + j, d]."""
+    T, HS = X.shape
+    for sp in range((T + NR - 1) // NR):
         pack_b_panel(X, True, sp * NR, 0, HS, Xp, sp * HS * NR, NR)
-    return Xp
+    return Xp[: transposed_floats(T, HS)]
+
+
+# ---- a part's buffers, reused by every head it claims --------------------------------
+
+
+@kernel
+def head_floats(T, HS, transposed, rows):
+    """Floats of the buffers a head works in (head_buffers): ``transposed``
+    packs of pack_transposed and ``rows`` of pack_rows, then Ap, Z and O."""
+    ns = (T + NR - 1) // NR
+    nd = (HS + NR - 1) // NR
+    packs = transposed * transposed_floats(T, HS) + rows * rows_floats(T, HS)
+    return packs + max(HS, T) * MR + RB * ns * NR + MR * nd * NR
+
+
+@kernel
+def _take(S, off, n):
+    """(S[off .. off+n-1], off + n)."""
+    return S[off : off + n], off + n
+
+
+@kernel
+def head_buffers(S, T, HS, transposed, rows):
+    """S (head_floats floats) cut into (packs, Ap, Z, O): the packs as one
+    array, ``transposed`` then ``rows`` of them end to end; Ap the A strips
+    (max(HS, T) x MR), Z [RB, NR panels of T] the score rows, O one block of
+    outputs (MR x NR panels of HS).  Every float of them that a head reads
+    it has written first: what S held changes no bit."""
+    ns = (T + NR - 1) // NR
+    nd = (HS + NR - 1) // NR
+    packs, o = _take(S, 0, transposed * transposed_floats(T, HS) + rows * rows_floats(T, HS))
+    Ap, o = _take(S, o, max(HS, T) * MR)
+    Z, o = _take(S, o, RB * ns * NR)
+    O, o = _take(S, o, MR * nd * NR)
+    return packs, Ap, Z.reshape((RB, ns * NR)), O
 
 
 # ---- one block of MR query rows t0 .. t0+rows-1 ------------------------------------
@@ -272,35 +315,56 @@ def block_min(keys, i0, n):
 
 
 @parallel_kernel
-def attention_forward_kernel(q, k, v, scale, out, att):
+def attention_forward_kernel(q, k, v, scale, out, att, threads, scratch):
     """q, k, v [B, NH, T, HS] -> out [B, NH, T, HS], att [B, NH, T, T]
     (both overwritten).  For every (b, h) and t = 0 .. T-1:
         att[t, s] = dot(q[t], k[s]) * scale            s = 0 .. t   [attn.scores.c1]
         att[t, :t+1] = softmax_row(att[t, :t+1]); att[t, s>t] = +0  [attn.mask.c1]
         out[t, d] = (-0 + att[t,0]*v[0,d]) + ... + att[t,t]*v[t,d] [attn.out.c1]
-    computed MR rows t at a time (module docstring).
+    computed MR rows t at a time (module docstring).  ``threads``: the
+    parts that claim the (b, h) pairs one at a time (``_tiles.claim``: a
+    part on a slower core takes fewer), each with one set of buffers for
+    all its heads (forward_scratch_floats floats in all, taken from
+    ``scratch`` where it holds them, else allocated); no bit depends on
+    either.
     """
     B, NH, T, HS = q.shape
+    parts = max(1, min(threads, B * NH))
+    n = head_floats(T, HS, 1, 1)
+    taken = np.zeros(1, np.int64)  # heads claimed so far
+    for part in prange(parts):
+        packs, Ap, Z, O = head_buffers(scratch_part(scratch, part * n, n), T, HS, 1, 1)
+        bh = claim(taken)
+        while bh < B * NH:
+            _forward_head(q, k, v, scale, out, att, bh // NH, bh % NH, packs, Ap, Z, O)
+            bh = claim(taken)
+
+
+@kernel
+def forward_scratch_floats(B, NH, T, HS, threads):
+    """Floats of scratch attention_forward_kernel takes for its parts."""
+    return max(1, min(threads, B * NH)) * head_floats(T, HS, 1, 1)
+
+
+@kernel
+def _forward_head(q, k, v, scale, out, att, b, h, packs, Ap, Z, O):
+    """attention_forward_kernel's head (b, h), in a part's buffers (head_buffers)."""
+    T, HS = q.shape[2], q.shape[3]
     ni = (T + MR - 1) // MR
     ns = (T + NR - 1) // NR
     nd = (HS + NR - 1) // NR
-    for bh in prange(B * NH):
-        b = bh // NH
-        h = bh % NH
-        q_bh, k_bh, v_bh, att_bh, out_bh = q[b, h], k[b, h], v[b, h], att[b, h], out[b, h]
-        kp, vp = pack_transposed(k_bh), pack_rows(v_bh)
-        e_q, e_k, e_v = rows_exp_min(q_bh, ni, MR), rows_exp_min(k_bh, ns, NR), cols_exp_min(v_bh, nd, NR)
-        Ap = np.empty(max(HS, T) * MR, np.float32)
-        Z = np.empty((RB, ns * NR), np.float32)
-        O = np.empty(MR * nd * NR, np.float32)
-        for t00 in range(0, T, RB):  # RB rows' softmax sums side by side, MR rows' tiles
-            ibs = range(t00 // MR, min(ni, (t00 + RB) // MR))
-            for ib in ibs:
-                dots_block(q_bh, e_q[ib], ib * MR, kp, e_k, Ap, Z.reshape(-1), (ib * MR - t00) * ns * NR, ns * NR)
-            e_att = softmax_block(Z, scale, t00, att_bh)
-            for ib in ibs:
-                t0 = ib * MR
-                weighted_sum_block(att_bh[t0 : t0 + MR], e_att, t0, v_bh, vp, e_v, Ap, O, out_bh)
+    q_bh, k_bh, v_bh, att_bh, out_bh = q[b, h], k[b, h], v[b, h], att[b, h], out[b, h]
+    kp = pack_transposed(k_bh, packs)
+    vp = pack_rows(v_bh, packs[kp.shape[0] :])
+    e_q, e_k, e_v = rows_exp_min(q_bh, ni, MR), rows_exp_min(k_bh, ns, NR), cols_exp_min(v_bh, nd, NR)
+    for t00 in range(0, T, RB):  # RB rows' softmax sums side by side, MR rows' tiles
+        ibs = range(t00 // MR, min(ni, (t00 + RB) // MR))
+        for ib in ibs:
+            dots_block(q_bh, e_q[ib], ib * MR, kp, e_k, Ap, Z.reshape(-1), (ib * MR - t00) * ns * NR, ns * NR)
+        e_att = softmax_block(Z, scale, t00, att_bh)
+        for ib in ibs:
+            t0 = ib * MR
+            weighted_sum_block(att_bh[t0 : t0 + MR], e_att, t0, v_bh, vp, e_v, Ap, O, out_bh)
 
 
 @parallel_kernel
@@ -316,47 +380,61 @@ def attention_backward_kernel(dout, q, k, v, att, scale, dq, dk, dv, threads, sc
         dv[s,d] = dv[s,d] + att[t,s]*dout[t,d]  (so dv sums over t increasing)
     dk and dv start at -0 ([red.sum.c1]).  dp, dz and dq are computed MR rows
     t at a time, then dk and dv MR rows s at a time (module docstring).
-    ``threads``: the parts the (b, h) pairs are cut into, each with one
-    scratch of dz's and att's rows for all its heads (backward_scratch_floats
+    ``threads``: the parts that claim the (b, h) pairs one at a time, each
+    with one scratch of dz's and att's rows and the head's buffers for all
+    its heads (backward_scratch_floats
     floats in all, taken from ``scratch`` where it holds them, else
     allocated: fresh ones cost a page fault per 4 KiB written wherever the
     allocator maps them anew); no bit depends on either.
     """
-    B, NH, T = q.shape[0], q.shape[1], q.shape[2]
+    B, NH, T, HS = q.shape
     L = row_stride((T + MR - 1) // MR * MR)  # rows of whole blocks of keys (+0 past T), padded
     parts = max(1, min(threads, B * NH))
-    n = 2 * T * L
+    nw = 2 * T * L
+    n = nw + head_floats(T, HS, 1, 3)
+    taken = np.zeros(1, np.int64)  # heads claimed so far (_tiles.claim: a part on a slower core takes fewer)
     for part in prange(parts):
-        W = scratch_part(scratch, part * n, n).reshape((2, T, L))  # dz's and att's rows, read down their columns
+        S = scratch_part(scratch, part * n, n)
+        W = S[:nw].reshape((2, T, L))  # dz's and att's rows, read down their columns
         W[:, :, T:] = ZERO
-        for bh in range(share(B * NH, parts, part), share(B * NH, parts, part + 1)):
-            _backward_head(dout, q, k, v, att, scale, dq, dk, dv, bh // NH, bh % NH, W[0], W[1])
+        packs, Ap, Z, O = head_buffers(S[nw:], T, HS, 1, 3)
+        zcol = np.empty(T, np.uint32)
+        acol = np.empty(T, np.uint32)
+        bh = claim(taken)
+        while bh < B * NH:
+            _backward_head(
+                dout, q, k, v, att, scale, dq, dk, dv, bh // NH, bh % NH, W[0], W[1], packs, Ap, Z, O, zcol, acol
+            )
+            bh = claim(taken)
 
 
 @kernel
-def backward_scratch_floats(B, NH, T, threads):
+def backward_scratch_floats(B, NH, T, HS, threads):
     """Floats of scratch attention_backward_kernel takes for its parts."""
-    return max(1, min(threads, B * NH)) * 2 * T * row_stride((T + MR - 1) // MR * MR)
+    L = row_stride((T + MR - 1) // MR * MR)
+    return max(1, min(threads, B * NH)) * (2 * T * L + head_floats(T, HS, 1, 3))
 
 
 @kernel
-def _backward_head(dout, q, k, v, att, scale, dq, dk, dv, b, h, DZ, AT):
+def _backward_head(dout, q, k, v, att, scale, dq, dk, dv, b, h, DZ, AT, packs, Ap, Z, O, zcol, acol):
     """attention_backward_kernel's head (b, h); DZ and AT [T, L] scratch
-    whose columns T .. L-1 hold +0."""
+    whose columns T .. L-1 hold +0; packs, Ap, Z, O a part's buffers
+    (head_buffers); zcol and acol [T] (overwritten)."""
     T, HS = q.shape[2], q.shape[3]
     ni = (T + MR - 1) // MR
     ns = (T + NR - 1) // NR
     nd = (HS + NR - 1) // NR
     L = DZ.shape[1]
     q_bh, k_bh, v_bh, do_bh, att_bh = q[b, h], k[b, h], v[b, h], dout[b, h], att[b, h]
-    vp, kp, qp, dop = pack_transposed(v_bh), pack_rows(k_bh), pack_rows(q_bh), pack_rows(do_bh)
+    vp = pack_transposed(v_bh, packs)
+    o = vp.shape[0]
+    kp = pack_rows(k_bh, packs[o:])
+    qp = pack_rows(q_bh, packs[o + kp.shape[0] :])
+    dop = pack_rows(do_bh, packs[o + 2 * kp.shape[0] :])
     e_do, e_v = rows_exp_min(do_bh, ni, MR), rows_exp_min(v_bh, ns, NR)
     e_k, e_q, e_doc = cols_exp_min(k_bh, nd, NR), cols_exp_min(q_bh, nd, NR), cols_exp_min(do_bh, nd, NR)
-    zcol = np.full(T, NO_KEY, np.uint32)
-    acol = np.full(T, NO_KEY, np.uint32)
-    Ap = np.empty(max(HS, T) * MR, np.float32)
-    Z = np.empty((RB, ns * NR), np.float32)
-    O = np.empty(MR * nd * NR, np.float32)
+    zcol[:] = NO_KEY
+    acol[:] = NO_KEY
     for t00 in range(0, T, RB):  # as in the forward
         ibs = range(t00 // MR, min(ni, (t00 + RB) // MR))
         for ib in ibs:
@@ -403,7 +481,10 @@ def attention_forward(q, k, v, out=None):
     o_out, o_att = check_outs(out, ("out", "att"), ((B, NH, T, HS), (B, NH, T, T)), (q, k, v))
     o = np.empty_like(q) if o_out is None else o_out
     att = np.empty((B, NH, T, T), np.float32) if o_att is None else o_att
-    attention_forward_kernel(q, k, v, _scale(HS), o, att)
+    threads = numba.get_num_threads()
+    # the heads' packs and rows in this thread's reused scratch (refreplay/_scratch.py), as the backward's
+    scratch = _scratch.get("attention", int(forward_scratch_floats(B, NH, T, HS, threads)))
+    attention_forward_kernel(q, k, v, _scale(HS), o, att, threads, scratch)
     return o, att
 
 
@@ -415,6 +496,6 @@ def attention_backward(dout, q, k, v, att):
     threads = numba.get_num_threads()
     # dz's and att's rows in this thread's reused scratch (refreplay/_scratch.py): allocated per
     # call, their page faults took a quarter of the backward on a KVM host
-    scratch = _scratch.get("attention", int(backward_scratch_floats(B, NH, T, threads)))
+    scratch = _scratch.get("attention", int(backward_scratch_floats(B, NH, T, HS, threads)))
     attention_backward_kernel(dout, q, k, v, att, _scale(HS), dq, dk, dv, threads, scratch)
     return dq, dk, dv
