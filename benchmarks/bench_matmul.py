@@ -28,7 +28,14 @@ measured in a fresh worker with the same thread count just before the
 cases): the yardstick that means the same on every CPU, where the ratio to an
 FMA BLAS does not.
 
-refreplay runs with the block sizes ``refreplay.linalg.blocking`` derives from
+refreplay is called as its users call it, through ``refreplay.linalg``'s
+API (``matmul``, ``matmul_nt``, ``matmul_tn`` with ``out=``), which hands
+the kernel this thread's reused scratch for its packs and the running
+thread count, as NumPy is called through ``np.matmul(..., out=)``.  (Until
+session 29 the table timed the compiled kernel with neither: its packs
+were allocated on every call and paid a page fault per 4 KiB wherever the
+allocator mapped them anew, which no user call does since session 28.)
+It runs with the block sizes ``refreplay.linalg.blocking`` derives from
 this machine's caches (printed), or with ``--blocks KC B_CACHED B_BLOCK``.
 Results go to ``--json`` (default benchmarks/results/matmul.json) and, as
 section ``matmul``, into this CPU kind's file ``results/machine-<cpu>.json``.
@@ -116,9 +123,9 @@ def worker(repeats: int, only: str, side: str, blocks: list[int] | None = None) 
         A = load(rng.standard_normal(a_shape).astype(np.float32))
         B = load(rng.standard_normal(b_shape).astype(np.float32))
         C = np.empty((I, J), np.float32)
-        mm = {"nn": L.mm_nn, "nt": L.mm_nt, "tn": L.mm_tn}[form]
+        mm = {"nn": L.matmul, "nt": L.matmul_nt, "tn": L.matmul_tn}[form]
         fns = {
-            "ours": lambda: mm(A, B, C, False, *blk.args()),
+            "ours": lambda: mm(A, B, out=C, blocks=blk),
             "blas": {
                 "nn": lambda: np.matmul(A, B, out=C),
                 "nt": lambda: np.matmul(A, B.T, out=C),
