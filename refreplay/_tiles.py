@@ -293,10 +293,11 @@ def claim(typingctx, counter):
     """counter[0] += 1 as one atomic step; returns the value before.  The
     parts of a parallel region take their next item of work with it (a
     row block, a head), so a part whose core runs slower takes fewer: with
-    fixed shares the region waited for the slowest part (2 threads on a
-    KVM host: 1024^3 products at 0.60-0.71 of the peak where claimed items
-    gave 0.69-0.76).  It orders nothing but the count: which part computes
-    an item changes no bit, since every item writes outputs of its own."""
+    fixed shares a region waits for its slowest part (2 threads on a KVM
+    host whose second vCPU slows in bursts: 512^3 products 7-10 % faster
+    claimed; a core of a hybrid CPU is the same case).  It orders nothing
+    but the count: which part computes an item changes no bit, since every
+    item writes outputs of its own."""
     if counter != _CLAIMS:
         return None
 

@@ -358,6 +358,10 @@ def test_heads_sharing_a_scratch_keep_their_bits(parts):
     want = oracle(q, k, v, dout)
     assert_same_bits(out, want[0], NAMES[0])
     assert_same_bits(att, want[1], NAMES[1])
+    out2, att2 = np.empty_like(q), np.empty_like(att)  # no scratch: each part allocates its buffers
+    attention.attention_forward_kernel(q, k, v, attention._scale(HS), out2, att2, parts, np.empty(0, F32))
+    assert_same_bits(out2, want[0], NAMES[0])
+    assert_same_bits(att2, want[1], NAMES[1])
     got = [np.empty_like(q) for _ in range(3)]
     scratch = np.full(attention.backward_scratch_floats(2, 3, T, HS, parts), np.nan, F32)
     attention.attention_backward_kernel(dout, q, k, v, att, attention._scale(HS), *got, parts, scratch)
