@@ -8,9 +8,10 @@ backward a quarter of its time (benchmarks/README.md, session 28).  The
 Python APIs pass such kernels a scratch from here instead.  No bit depends
 on a scratch: every kernel overwrites what it reads of one.
 
-A thread keeps one array per name, grown to the largest size asked for up
-to ``MAX_FLOATS`` and aligned to a cache line (``aligned``); a larger request gets an empty array (the kernel then
-allocates its own).  ``release()`` frees the calling thread's arrays.
+A thread keeps one array per name, starting on a cache line (``aligned``)
+and grown to the largest size asked for up to ``MAX_FLOATS``; a larger
+request gets an empty array (the kernel then allocates its own).
+``release()`` frees the calling thread's arrays.
 """
 
 from __future__ import annotations
