@@ -192,13 +192,19 @@ def test_row_chunks_equal_naive(blocks, shape):
 @pytest.mark.parametrize(
     "blocks,shape",
     [pytest.param(b, s, id=f"a_rows{b.a_rows}-{s[0]}x{s[1]}x{s[2]}") for b in CHUNKED[:2] for s in _chunk_shapes(b)[:4]]
-    + [pytest.param(CHUNKED[1], (3 * MR + 1, 70, NR - 5), id="fewer-panels-than-parts")],
+    + [pytest.param(CHUNKED[1], (3 * MR + 1, 70, NR - 5), id="fewer-panels-than-parts")]
+    # B packed whole (no column blocks): one k block, and three (B packed again between them)
+    + [
+        pytest.param(Blocks(kc=64, b_cached=1 << 30, b_block=1 << 17), (7 * MR + 3, k, 2 * NR + 7), id=f"whole-B-K{k}")
+        for k in (61, 150)
+    ],
 )
 def test_thread_parts_equal_naive(blocks, shape):
     """[mm.nn.c1] [mm.nt.c1] [mm.tn.c1] the same bits for any count of parts:
-    the column-blocked path cuts a chunk's row blocks and a group's panels
-    into one part per thread (the ``threads`` argument; a part can get no
-    panel, a group of one, or more parts than rows)."""
+    the parts claim row blocks (with column blocks, a row block of a column
+    block) one at a time and share a group's panels out (the ``threads``
+    argument; a part can get no panel, a group of one, or more parts than
+    rows, and then claims nothing)."""
     I, K, J = shape
     forms, D = _three_forms(shape, I * 13 + K * 7 + J)
     for _, fast, slow, a, b in forms:
