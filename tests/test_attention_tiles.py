@@ -369,6 +369,35 @@ def test_heads_sharing_a_scratch_keep_their_bits(parts):
         assert_same_bits(g, w, name)
 
 
+@pytest.mark.parametrize("T, HS", [(1, 1), (MR + 5, 7), (NR, NR), (NR + 1, 2 * NR + 3)])
+def test_head_buffers_tile_their_floats(T, HS):
+    """head_buffers cuts exactly head_floats floats, end to end and without
+    overlap, into the sizes the kernels use (packs of pack_transposed and
+    pack_rows, an A strip of max(HS, T) rows, RB score rows of whole NR
+    panels of T, MR output rows of whole NR panels of HS); and a part's
+    scratch is its dz and att rows plus those buffers."""
+    panels = lambda n: (n + NR - 1) // NR * NR  # noqa: E731
+    for transposed, rows in [(1, 1), (1, 3), (0, 2)]:
+        n = attention.head_floats(T, HS, transposed, rows)
+        S = np.arange(n, dtype=F32)
+        packs, Ap, Z, O = attention.head_buffers(S, T, HS, transposed, rows)
+        want = transposed * panels(T) * HS + rows * panels(HS) * T
+        assert packs.shape == (want,)
+        assert Ap.shape == (max(HS, T) * MR,)
+        assert Z.shape == (RB, panels(T))
+        assert O.shape == (MR * panels(HS),)
+        pieces = [packs, Ap, Z.reshape(-1), O]
+        assert np.concatenate(pieces).tolist() == S.tolist()  # in order, each float once
+    L = attention.backward_row_stride(T)
+    assert L >= (T + MR - 1) // MR * MR
+    assert attention.backward_part_floats(T, HS) == 2 * T * L + attention.head_floats(T, HS, 1, 3)
+    assert attention.forward_part_floats(T, HS) == attention.head_floats(T, HS, 1, 1)
+    for threads in (1, 2, 7, 100):
+        parts = min(threads, 6)
+        assert attention.forward_scratch_floats(2, 3, T, HS, threads) == parts * attention.forward_part_floats(T, HS)
+        assert attention.backward_scratch_floats(2, 3, T, HS, threads) == parts * attention.backward_part_floats(T, HS)
+
+
 def test_backward_reuses_the_thread_scratch():
     """The API's backward keeps its rows in this thread's scratch between calls
     (refreplay/_scratch.py); NaN left in it by anything changes no bit."""

@@ -125,13 +125,21 @@ def pack_transposed(X, Xp):
 
 
 @kernel
-def head_floats(T, HS, transposed, rows):
-    """Floats of the buffers a head works in (head_buffers): ``transposed``
-    packs of pack_transposed and ``rows`` of pack_rows, then Ap, Z and O."""
+def _head_sizes(T, HS, transposed, rows):
+    """Floats of each buffer a head works in, in head_buffers' order: the
+    packs (``transposed`` of pack_transposed and ``rows`` of pack_rows), Ap,
+    Z and O."""
     ns = (T + NR - 1) // NR
     nd = (HS + NR - 1) // NR
     packs = transposed * transposed_floats(T, HS) + rows * rows_floats(T, HS)
-    return packs + max(HS, T) * MR + RB * ns * NR + MR * nd * NR
+    return packs, max(HS, T) * MR, RB * ns * NR, MR * nd * NR
+
+
+@kernel
+def head_floats(T, HS, transposed, rows):
+    """Floats of the buffers a head works in (head_buffers)."""
+    packs, ap, z, o = _head_sizes(T, HS, transposed, rows)
+    return packs + ap + z + o
 
 
 @kernel
@@ -147,13 +155,37 @@ def head_buffers(S, T, HS, transposed, rows):
     (max(HS, T) x MR), Z [RB, NR panels of T] the score rows, O one block of
     outputs (MR x NR panels of HS).  Every float of them that a head reads
     it has written first: what S held changes no bit."""
-    ns = (T + NR - 1) // NR
-    nd = (HS + NR - 1) // NR
-    packs, o = _take(S, 0, transposed * transposed_floats(T, HS) + rows * rows_floats(T, HS))
-    Ap, o = _take(S, o, max(HS, T) * MR)
-    Z, o = _take(S, o, RB * ns * NR)
-    O, o = _take(S, o, MR * nd * NR)
-    return packs, Ap, Z.reshape((RB, ns * NR)), O
+    n_packs, n_ap, n_z, n_o = _head_sizes(T, HS, transposed, rows)
+    packs, o = _take(S, 0, n_packs)
+    Ap, o = _take(S, o, n_ap)
+    Z, o = _take(S, o, n_z)
+    O, o = _take(S, o, n_o)
+    return packs, Ap, Z.reshape((RB, n_z // RB)), O
+
+
+@kernel
+def head_parts(B, NH, threads):
+    """The parts of a kernel's region over B * NH heads: one per thread, no more than the heads."""
+    return max(1, min(threads, B * NH))
+
+
+@kernel
+def forward_part_floats(T, HS):
+    """Floats of one forward part's scratch: a head's buffers with one pack of k and one of v."""
+    return head_floats(T, HS, 1, 1)
+
+
+@kernel
+def backward_row_stride(T):
+    """L: the backward's rows of dz and att span whole blocks of keys (+0 past T), padded (row_stride)."""
+    return row_stride((T + MR - 1) // MR * MR)
+
+
+@kernel
+def backward_part_floats(T, HS):
+    """Floats of one backward part's scratch: dz's and att's rows (2 x T x L),
+    then a head's buffers with one transposed pack and three row packs."""
+    return 2 * T * backward_row_stride(T) + head_floats(T, HS, 1, 3)
 
 
 # ---- one block of MR query rows t0 .. t0+rows-1 ------------------------------------
@@ -329,8 +361,8 @@ def attention_forward_kernel(q, k, v, scale, out, att, threads, scratch):
     either.
     """
     B, NH, T, HS = q.shape
-    parts = max(1, min(threads, B * NH))
-    n = head_floats(T, HS, 1, 1)
+    parts = head_parts(B, NH, threads)
+    n = forward_part_floats(T, HS)
     taken = np.zeros(1, np.int64)  # heads claimed so far
     for part in prange(parts):
         packs, Ap, Z, O = head_buffers(scratch_part(scratch, part * n, n), T, HS, 1, 1)
@@ -343,7 +375,7 @@ def attention_forward_kernel(q, k, v, scale, out, att, threads, scratch):
 @kernel
 def forward_scratch_floats(B, NH, T, HS, threads):
     """Floats of scratch attention_forward_kernel takes for its parts."""
-    return max(1, min(threads, B * NH)) * head_floats(T, HS, 1, 1)
+    return head_parts(B, NH, threads) * forward_part_floats(T, HS)
 
 
 @kernel
@@ -388,10 +420,10 @@ def attention_backward_kernel(dout, q, k, v, att, scale, dq, dk, dv, threads, sc
     allocator maps them anew); no bit depends on either.
     """
     B, NH, T, HS = q.shape
-    L = row_stride((T + MR - 1) // MR * MR)  # rows of whole blocks of keys (+0 past T), padded
-    parts = max(1, min(threads, B * NH))
+    L = backward_row_stride(T)
+    parts = head_parts(B, NH, threads)
     nw = 2 * T * L
-    n = nw + head_floats(T, HS, 1, 3)
+    n = backward_part_floats(T, HS)
     taken = np.zeros(1, np.int64)  # heads claimed so far (_tiles.claim: a part on a slower core takes fewer)
     for part in prange(parts):
         S = scratch_part(scratch, part * n, n)
@@ -411,8 +443,7 @@ def attention_backward_kernel(dout, q, k, v, att, scale, dq, dk, dv, threads, sc
 @kernel
 def backward_scratch_floats(B, NH, T, HS, threads):
     """Floats of scratch attention_backward_kernel takes for its parts."""
-    L = row_stride((T + MR - 1) // MR * MR)
-    return max(1, min(threads, B * NH)) * (2 * T * L + head_floats(T, HS, 1, 3))
+    return head_parts(B, NH, threads) * backward_part_floats(T, HS)
 
 
 @kernel
