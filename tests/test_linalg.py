@@ -18,6 +18,7 @@ import pytest
 import naive
 from naive import bits
 from refreplay import linalg as L
+from refreplay.linalg.blocking import Blocks
 from refreplay.numerics import load
 
 EDGE_BITS = np.array(
@@ -319,12 +320,23 @@ def test_product_flush_bound_is_exact(I, K, J):
         assert np.array_equal(bits(fn(*args)), np.full((I, J), 0x01200000, np.uint32)), name
 
 
+# The driver's paths, for I, K, J = 13, 40, 70: B packed whole (the machine's
+# blocks), and column blocks with one k block (the bounds taken from each
+# pack) or three (the bounds from the prologue's scans).
+_PATHS = {
+    "machine": None,
+    "blocked-one-k-block": Blocks(kc=64, b_cached=1, b_block=64 * 48),
+    "blocked-three-k-blocks": Blocks(kc=16, b_cached=1, b_block=16 * 48),
+}
+
+
+@pytest.mark.parametrize("path", sorted(_PATHS))
 @pytest.mark.parametrize("seed", range(4))
-def test_tiny_products_and_cancellation_equal_naive(seed):
+def test_tiny_products_and_cancellation_equal_naive(seed, path):
     """[mm.nn.c1] [num.flush.c1] magnitudes around 2^-52 (products near 2^-104) in
     pairs that cancel to a few ulps, so partial sums fall below 2^-126; with
-    odd seeds most tiles are scaled up (flush-free) and one tiny entry puts
-    one row block back on the flushing path."""
+    odd seeds most tiles are scaled up (flush-free), and one tiny entry puts
+    one row block back on the flushing path, another one column panel."""
     rng = np.random.default_rng(100 + seed)
     I, K, J = 13, 40, 70
     mant = lambda shape: (1 + rng.integers(0, 8, shape) * 2.0**-23) * rng.choice([-1, 1], shape)
@@ -337,9 +349,11 @@ def test_tiny_products_and_cancellation_equal_naive(seed):
         A, B = A * np.float32(2.0**40), B * np.float32(2.0**10)  # most tiles flush-free
         A[5] = 0
         A[5, 3] = np.float32(2.0**-90)  # ... but not the row block of row 5: 2^-90·B[3, j] is subnormal
+        B[:, 60] = 0
+        B[7, 60] = np.float32(2.0**-120)  # ... nor the panel of column 60: A[i, 7]·2^-120 is subnormal
     want = bits(naive.matmul(A, B))
     for name, fn, args in forms(A, B):
-        assert np.array_equal(bits(fn(*args)), want), name
+        assert np.array_equal(bits(fn(*args, blocks=_PATHS[path])), want), name
     # the data is sensitive: gradual underflow would give other bits
     assert not np.array_equal(bits(naive.matmul(A, B, flush_results=False)), want)
 
@@ -374,6 +388,7 @@ def test_matmul_kernels_have_no_fma_and_vectorise():
 _HASH_SCRIPT = """
 import hashlib, numpy as np
 from refreplay import linalg as L
+from refreplay.linalg.blocking import Blocks
 from refreplay.numerics import load
 rng = np.random.default_rng(99)
 A = load(rng.standard_normal((157, 211)).astype(np.float32))

@@ -505,8 +505,8 @@ def _mm_packed(
     KB, blocked, gp, nbp, nap = pack_sizes(I, J, K, kc_max, b_cached, b_block, a_rows)
     sc = np.empty(0, dtype=np.float32) if scratch is None else scratch
     Bp = scratch_part(sc, 0, nbp)
+    whole = K <= KB  # one k block: the bounds come from the packs, no scan reads A or B
     if not blocked:  # B stays in cache: packed whole; each row block packs its A (in L1) and runs every panel
-        whole = K <= KB  # one k block: the bounds come from the packs, no scan reads A or B
         # B's first k block packed there too
         ea, eb = _prologue(A, a_trans, B, b_trans, ni, nj, threads, Bp, min(KB, K), J, True, whole)
         for k0 in range(0, K, KB):  # k blocks in increasing order, never in parallel
@@ -525,7 +525,11 @@ def _mm_packed(
                     _row_block_tiles(Ai, 0, ib, Bp, 0, 0, nj, kc, C, Cf, e_i, eb, k0 > 0)
                     ib = claim(taken)
         return
-    ea, eb = _prologue(A, a_trans, B, b_trans, ni, nj, threads, Cf[:0], 0, J, False)
+    if whole:
+        ea = np.full(ni, E_IGNORED, dtype=np.int64)
+        eb = np.full(nj, E_IGNORED, dtype=np.int64)
+    else:
+        ea, eb = _prologue(A, a_trans, B, b_trans, ni, nj, threads, Cf[:0], 0, J, False)
     # Column blocks of nb panels (b_block floats, in L2) that every row block
     # of a row chunk runs over before the next: B is read from memory once
     # per k block and row chunk instead of once per row block.  A row chunk
@@ -558,30 +562,40 @@ def _mm_packed(
                     a_lo = c0 + share(na, parts, t)
                     a_hi = c0 + share(na, parts, t + 1) if g0 == 0 else a_lo
                     b_lo, b_hi = g0 + share(g1 - g0, parts, t), g0 + share(g1 - g0, parts, t + 1)
-                    _pack_part(A, B, a_trans, b_trans, J, k0, kc, Ap, c0, a_lo, a_hi, Bp, g0, b_lo, b_hi)
+                    _pack_part(A, B, a_trans, b_trans, J, k0, kc, Ap, c0, a_lo, a_hi, Bp, g0, b_lo, b_hi, whole, ea, eb)
                 taken = np.zeros(1, dtype=np.int64)  # (column block, row block) items claimed so far
                 for _part in prange(parts):
                     _column_blocks(Ap, c0, na, Bp, g0, g1, nb, kc, C, Cf, ea, eb, k0 > 0, taken)
 
 
 @kernel
-def _pack_part(A, B, a_trans, b_trans, J, k0, kc, Ap, c0, a_lo, a_hi, Bp, g0, b_lo, b_hi):
+def _pack_part(A, B, a_trans, b_trans, J, k0, kc, Ap, c0, a_lo, a_hi, Bp, g0, b_lo, b_hi, bounds, ea, eb):
     """For the k block at k0: row blocks a_lo .. a_hi-1 of A (block ib packed
     at Ap[(ib - c0) * kc * MM_MR:]) and panels b_lo .. b_hi-1 of B (panel jp
-    at Bp[(jp - g0) * kc * MM_NR:])."""
+    at Bp[(jp - g0) * kc * MM_NR:]).  With ``bounds`` (the k block is all of
+    K) ea[ib] and eb[jp] are taken from each strip and panel just packed,
+    while it is in cache (packed_exp_min)."""
     if a_trans:  # a row of A holds the strips' k-th rows side by side: A_GROUP strips per pass over k
         whole = max(a_lo, min(a_hi, A.shape[1] // MM_MR))  # blocks of MM_MR rows of op(A)
         for s0 in range(a_lo, whole, A_GROUP):
+            s1 = min(whole, s0 + A_GROUP)
             for k in range(kc):
                 src = A[k0 + k]
-                for ib in range(s0, min(whole, s0 + A_GROUP)):
+                for ib in range(s0, s1):
                     lanes_copy(Ap[((ib - c0) * kc + k) * MM_MR :], src[ib * MM_MR :], MM_MR)
+            for ib in range(s0, s1 if bounds else s0):
+                ea[ib] = packed_exp_min(Ap, (ib - c0) * kc * MM_MR, kc * MM_MR)
         a_lo = whole  # what is left: the last, partial block
     for ib in range(a_lo, a_hi):
         o = (ib - c0) * kc * MM_MR
         pack_a(A, a_trans, ib * MM_MR, k0, kc, Ap[o : o + kc * MM_MR], MM_MR)
+        if bounds:
+            ea[ib] = packed_exp_min(Ap, o, kc * MM_MR)
     for jp in range(b_lo, b_hi):
-        pack_b_panel(B, b_trans, jp * MM_NR, k0, kc, Bp, (jp - g0) * kc * MM_NR, panel_width(J, jp))
+        o = (jp - g0) * kc * MM_NR
+        pack_b_panel(B, b_trans, jp * MM_NR, k0, kc, Bp, o, panel_width(J, jp))
+        if bounds:
+            eb[jp] = packed_exp_min(Bp, o, kc * panel_width(J, jp))
 
 
 @kernel
