@@ -47,7 +47,7 @@ NACC = 12  # 12 accumulators + 12 multipliers + the broadcast: 25 of 32 vector r
 N_B = 1024  # b[] stays in L1
 
 
-def _build():
+def _build(fused: bool = False):
     import numba
     from llvmlite import ir
     from numba import types
@@ -89,8 +89,14 @@ def _build():
                         ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES),
                     )
                     for i in range(NACC):
-                        p = builder.fmul(xs[i], bv)  # rounded product
-                        builder.store(builder.fadd(builder.load(acc[i]), p), acc[i])  # rounded sum
+                        if fused:  # the FMA reference: one rounding (llvm.fma)
+                            fma = cgutils.get_or_insert_function(
+                                builder.module, ir.FunctionType(vf, [vf, vf, vf]), "llvm.fma.v16f32"
+                            )
+                            builder.store(builder.call(fma, [xs[i], bv, builder.load(acc[i])]), acc[i])
+                        else:
+                            p = builder.fmul(xs[i], bv)  # rounded product
+                            builder.store(builder.fadd(builder.load(acc[i]), p), acc[i])  # rounded sum
             for i in range(NACC):
                 builder.store(builder.load(acc[i]), vp(out, i), align=4)
             return context.get_dummy_value()
@@ -109,14 +115,15 @@ def _build():
     return run_one, run_many
 
 
-_KERNELS = None
+_KERNELS: dict = {}
 
 
-def kernels():
-    global _KERNELS
-    if _KERNELS is None:
-        _KERNELS = _build()
-    return _KERNELS
+def kernels(fused: bool = False):
+    """(run_one, run_many) of the unfused chains, or with ``fused`` of the
+    same chains as fused multiply-adds (the FMA peak, for comparison only)."""
+    if fused not in _KERNELS:
+        _KERNELS[fused] = _build(fused)
+    return _KERNELS[fused]
 
 
 def inputs(seed: int = 0):
@@ -146,10 +153,16 @@ def check() -> dict:
     ok_bits = bool(np.array_equal(out.view(np.uint32), want.view(np.uint32)))
     fused_differs = int(np.sum(fused.view(np.uint32) != want.view(np.uint32)))
     asm = "\n".join(run_one.inspect_asm().values())
-    fma = sorted(set(re.findall(r"\bv?fn?m(?:add|sub)\w*", asm)))
+    fma = _fma_instructions(asm)
     vec = sorted(set(re.findall(r"\bv(?:mul|add)ps\b", asm)))
     zmm = "zmm" in asm
+    fused_one, _ = kernels(fused=True)  # the FMA reference kernel: it must fuse, or its peak means nothing
+    out_fused = start.copy()
+    fused_one(x, b, 1, out_fused)
+    fused_asm = "\n".join(fused_one.inspect_asm().values())
+    fma_ok = bool(_fma_instructions(fused_asm)) and not np.array_equal(out_fused.view(np.uint32), want.view(np.uint32))
     return dict(
+        fma_kernel_fuses=fma_ok,
         bits_equal_numpy_mul_then_add=ok_bits,
         lanes_where_fused_differs=fused_differs,
         lanes=int(out.size),
@@ -160,7 +173,11 @@ def check() -> dict:
     )
 
 
-def measure(threads: int, repeats: int, seconds: float = 0.2) -> dict:
+def _fma_instructions(asm: str) -> list[str]:
+    return sorted(set(re.findall(r"\bv?fn?m(?:add|sub)\w*", asm)))
+
+
+def measure(threads: int, repeats: int, seconds: float = 0.2, fused: bool = False) -> dict:
     """GF/s (2 flops per lane per step: one multiply, one add) of ``threads``
     copies at once, each run for about ``seconds``, ``repeats`` times.
 
@@ -175,7 +192,7 @@ def measure(threads: int, repeats: int, seconds: float = 0.2) -> dict:
     import numba
     import numpy as np
 
-    run_one, run_many = kernels()
+    run_one, run_many = kernels(fused)
     numba.set_num_threads(threads)
     x, b, start = inputs()
     Xs = np.tile(x, (threads, 1))
@@ -205,9 +222,20 @@ def measure(threads: int, repeats: int, seconds: float = 0.2) -> dict:
     )
 
 
-def peak_table(threads_list, repeats: int) -> dict:
-    """check() and measure() for each thread count, in this process."""
-    return dict(check=check(), runs=[measure(t, repeats) for t in threads_list])
+def peak_table(threads_list, repeats: int, fma: bool = True) -> dict:
+    """check() and measure() for each thread count, in this process; with
+    ``fma`` also the same chains fused (``fma_runs``) and ``fma_ratio``: one
+    thread's FMA peak over its unfused peak.  The ratio is what issue 32's
+    step goal scales by: about 1 where the multiply and the add have pipes
+    of their own (AMD Zen), about 2 where both take an FMA port (Intel)."""
+    res = dict(check=check(), runs=[measure(t, repeats) for t in threads_list])
+    if fma:
+        res["fma_runs"] = [measure(t, repeats, fused=True) for t in threads_list]
+        one = {r["threads"]: r["gflops"] for r in res["runs"]}
+        fone = {r["threads"]: r["gflops"] for r in res["fma_runs"]}
+        if 1 in one and 1 in fone:
+            res["fma_ratio"] = fone[1] / one[1]
+    return res
 
 
 def main(argv=None) -> int:
@@ -236,6 +264,14 @@ def main(argv=None) -> int:
             f"wall median {r['gflops_wall_median']:.1f}, max {r['gflops_wall_max']:.1f}; "
             f"{r['accumulators']} x {r['lanes']}-lane chains per thread)"
         )
+    if not c["fma_kernel_fuses"]:  # no FMA instruction on this CPU, or LLVM called fmaf: no ratio
+        print("the FMA reference kernel did not fuse: no FMA peak or ratio is kept", file=sys.stderr)
+        res.pop("fma_runs", None)
+        res.pop("fma_ratio", None)
+    for r in res.get("fma_runs", []):
+        print(f"fused multiply-add peak, {r['threads']} thread(s): {r['gflops']:.1f} GF/s (for comparison only)")
+    if "fma_ratio" in res:
+        print(f"FMA peak / unfused peak, 1 thread: {res['fma_ratio']:.2f}")
     if not c["ok"]:
         print("the yardstick kernel failed its check: figures not saved", file=sys.stderr)
         return 1
@@ -249,6 +285,6 @@ if __name__ == "__main__":
     if "--worker-json" in sys.argv:  # used by bench_matmul: measure in a fresh process, print JSON
         sys.argv.remove("--worker-json")
         ts = [int(os.environ.get("NUMBA_NUM_THREADS", "1"))]
-        print(json.dumps(peak_table(ts, 9)))
+        print(json.dumps(peak_table(ts, 9, fma=False)))
         sys.exit(0)
     sys.exit(main())
