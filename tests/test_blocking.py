@@ -193,6 +193,8 @@ def test_row_chunks_equal_naive(blocks, shape):
     "blocks,shape",
     [pytest.param(b, s, id=f"a_rows{b.a_rows}-{s[0]}x{s[1]}x{s[2]}") for b in CHUNKED[:2] for s in _chunk_shapes(b)[:4]]
     + [pytest.param(CHUNKED[1], (3 * MR + 1, 70, NR - 5), id="fewer-panels-than-parts")]
+    # a part packs several groups of a transposed A's strips, k blocks of no multiple of A_KROWS rows
+    + [pytest.param(Blocks(kc=21, b_cached=1, b_block=2 * 21 * NR), (11 * MR + 3, 47, 2 * NR + 7), id="tiled-At")]
     # B packed whole (no column blocks): one k block, and three (B packed again between them)
     + [
         pytest.param(Blocks(kc=64, b_cached=1 << 30, b_block=1 << 17), (7 * MR + 3, k, 2 * NR + 7), id=f"whole-B-K{k}")
@@ -297,3 +299,33 @@ def test_pack_b_panel_copies_bits(nr, trans):
             M.pack_b_panel(B, trans, j0, k0, kc, Bp, off, nr)
             assert np.array_equal(bits(Bp[off : off + kc * nr]), _pack_b_expected(B, trans, j0, k0, kc, nr))
             assert np.isnan(Bp[:off]).all() and np.isnan(Bp[off + kc * nr :]).all()
+
+
+@pytest.mark.parametrize("bounds", [False, True])
+def test_pack_part_tiles_a_transposed_strips(bounds):
+    """_pack_part packs a transposed A in tiles of A_KROWS rows by A_GROUP
+    strips: every strip of a part's range (more strips than a group, a last
+    group of fewer, a ragged last strip after them), every k of a k block
+    that is no multiple of A_KROWS, the same bits as pack_a strip by strip,
+    and with ``bounds`` each strip's exponent bound taken from its whole
+    pack (a strip whose bound were left unset, or taken from a tile of rows,
+    would differ: one tiny value sits in the last rows of strip 5)."""
+    rng = np.random.default_rng(5)
+    strips = 2 * M.A_GROUP + 2  # whole strips, and one ragged after them
+    K, I = 3 * M.A_KROWS + 9, strips * MR + 5
+    At = edgy(rng, (K, I), 0.1)
+    At[K - 2, 5 * MR + 3] = np.float32(2.0**-140)
+    for k0, kc in ((0, K), (4, K - 4 - 3), (2, M.A_KROWS - 3)):
+        for c0, a_lo, a_hi in ((0, 0, strips + 1), (1, 1, strips + 1), (0, 2, strips - 1)):
+            Ap = np.full((strips + 2) * kc * MR, np.float32(np.nan))
+            ea = np.full(strips + 1, -999, np.int64)
+            eb = np.zeros(1, np.int64)
+            Bp = np.empty(1, np.float32)
+            M._pack_part(At, At, True, False, 1, k0, kc, Ap, c0, a_lo, a_hi, Bp, 0, 0, 0, bounds, ea, eb)
+            for ib in range(a_lo, a_hi):
+                o = (ib - c0) * kc * MR
+                assert np.array_equal(bits(Ap[o : o + kc * MR]), _pack_a_expected(At, True, ib * MR, k0, kc, MR)), ib
+                assert ea[ib] == (M.packed_exp_min(Ap, o, kc * MR) if bounds else -999), ib
+            written = (a_hi - c0) * kc * MR
+            assert np.isnan(Ap[: (a_lo - c0) * kc * MR]).all() and np.isnan(Ap[written:]).all()
+            assert (ea[:a_lo] == -999).all() and (ea[a_hi:] == -999).all()
